@@ -1,0 +1,68 @@
+"""Settings: one object, built at the entry point from GPUMUX_* variables and passed in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 7683
+
+
+def default_home() -> Path:
+    """The XDG data directory for gpumux: $XDG_DATA_HOME/gpumux or ~/.local/share/gpumux."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpumux"
+
+
+class Settings(BaseSettings):
+    """Everything configurable, from the environment (GPUMUX_ prefix) or from flags."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUMUX_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home, description="data directory")
+    db: Path | None = Field(default=None, description="SQLite file; default HOME/gpumux.db")
+    url: str = Field(
+        default=f"http://127.0.0.1:{DEFAULT_PORT}",
+        description="where the CLI finds the daemon: http://HOST:PORT or unix:/path/to.sock",
+    )
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    uds: Path | None = None
+
+    default_split: int = Field(
+        default=2, ge=1, description="trials per GPU when a sweep fixes none"
+    )
+    cpu_split: int | None = Field(
+        default=None, ge=1, description="trials on the CPU device when a sweep fixes none"
+    )
+    overhead_mb: int = Field(default=1024, ge=0, description="per-process memory beyond the slice")
+    reserve_mb: int = Field(default=512, ge=0, description="memory left free on every GPU")
+    min_memory_mb: int = Field(default=256, ge=1)
+    max_grid: int = Field(default=10_000, ge=1, description="largest grid a sweep may expand to")
+    poll_interval: float = Field(default=1.0, gt=0, description="seconds between device polls")
+    kill_grace: float = Field(default=10.0, ge=0, description="seconds from SIGTERM to SIGKILL")
+    lost_retries: int = Field(default=2, ge=0, description="requeues of a trial cut off by a stop")
+    log_tail_lines: int = Field(default=20, ge=1, description="log lines kept with a failed trial")
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file in use."""
+        return self.db if self.db is not None else self.home / "gpumux.db"
+
+    @property
+    def db_url(self) -> str:
+        """SQLAlchemy URL of the database."""
+        return f"sqlite:///{self.db_path}"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where trial logs are written, one file per trial attempt."""
+        return self.home / "logs"
+
+    @property
+    def lock_path(self) -> Path:
+        """The file a daemon holds locked while it owns the database."""
+        return self.db_path.with_name(self.db_path.name + ".lock")

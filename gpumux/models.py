@@ -1,0 +1,196 @@
+"""SQLAlchemy models: owners, sweeps, trials and the reports trials send while they run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import Enum, StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDecorator
+from sqlalchemy import Enum as SqlEnum
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC (SQLite has no time zones) and hands back aware UTC datetimes."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class TrialStatus(StrEnum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    lost = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_TRIAL_STATUSES
+
+
+FINAL_TRIAL_STATUSES = frozenset(
+    {TrialStatus.succeeded, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.lost}
+)
+ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
+
+# The only moves a trial may make; store.set_trial_status refuses any other.
+# running -> queued is a requeue: the attempt was cut off (daemon stopped) and is run again.
+TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
+    TrialStatus.queued: frozenset({TrialStatus.starting, TrialStatus.cancelled}),
+    TrialStatus.starting: frozenset(
+        {TrialStatus.running, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.queued}
+    ),
+    TrialStatus.running: frozenset(
+        {
+            TrialStatus.succeeded,
+            TrialStatus.failed,
+            TrialStatus.cancelled,
+            TrialStatus.lost,
+            TrialStatus.queued,
+        }
+    ),
+    TrialStatus.succeeded: frozenset(),
+    TrialStatus.failed: frozenset(),
+    TrialStatus.cancelled: frozenset(),
+    TrialStatus.lost: frozenset(),
+}
+
+
+class SweepStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    finished = "finished"
+    cancelled = "cancelled"
+
+
+class ObjectiveMode(StrEnum):
+    min = "min"
+    max = "max"
+
+
+def _enum_column(enum: type[Enum]) -> SqlEnum:
+    """A VARCHAR holding the enum's values (not its names), read back as enum members."""
+    return SqlEnum(
+        enum,
+        native_enum=False,
+        length=16,
+        values_callable=lambda members: [member.value for member in members],
+    )
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JSON, list[str]: JSON}
+
+
+class Owner(Base):
+    __tablename__ = "owners"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    uid: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        Index("ix_sweeps_owner_id_id", "owner_id", "id"),
+        Index("ix_sweeps_status_id", "status", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id"))
+    status: Mapped[SweepStatus] = mapped_column(
+        _enum_column(SweepStatus), default=SweepStatus.queued
+    )
+    command: Mapped[list[str]]
+    param_tokens: Mapped[list[str]]
+    workdir: Mapped[str] = mapped_column(Text)
+    env: Mapped[dict[str, Any]]
+    random_trials: Mapped[int | None]
+    seed: Mapped[int]
+    split: Mapped[int | None]
+    objective_metric: Mapped[str | None] = mapped_column(String(200))
+    objective_mode: Mapped[ObjectiveMode | None] = mapped_column(_enum_column(ObjectiveMode))
+    time_limit_s: Mapped[float | None]
+    trial_count: Mapped[int]
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    owner: Mapped[Owner] = relationship(lazy="joined")
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        Index("ix_trials_sweep_id_status", "sweep_id", "status"),
+        Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
+        Index("ix_trials_status_id", "status", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    number: Mapped[int]
+    params: Mapped[dict[str, Any]]
+    status: Mapped[TrialStatus] = mapped_column(
+        _enum_column(TrialStatus), default=TrialStatus.queued
+    )
+    attempt: Mapped[int] = mapped_column(default=1)
+    device: Mapped[str | None] = mapped_column(String(100))
+    slot: Mapped[int | None]
+    split: Mapped[int | None]
+    memory_limit_mb: Mapped[int | None]
+    cpu_threads: Mapped[int | None]
+    pid: Mapped[int | None]
+    pid_started: Mapped[int | None]
+    token_hash: Mapped[str | None] = mapped_column(String(64))
+    log_path: Mapped[str | None] = mapped_column(Text)
+    queued_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None]
+    signal: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    objective: Mapped[float | None]
+    samples_per_s: Mapped[float | None]
+    last_report_at: Mapped[datetime | None]
+
+    sweep: Mapped[Sweep] = relationship()
+
+
+class TrialReport(Base):
+    __tablename__ = "trial_reports"
+    __table_args__ = (Index("ix_trial_reports_trial_id_id", "trial_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    kind: Mapped[str] = mapped_column(String(16))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    epoch: Mapped[int | None]
+    samples: Mapped[float | None]
+    seconds: Mapped[float | None]
+    samples_per_s: Mapped[float | None]
+    metrics: Mapped[dict[str, Any]]

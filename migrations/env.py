@@ -1,0 +1,28 @@
+"""Alembic environment: runs migrations on the engine gpumux hands over (its pragmas included)."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from gpumux.config import Settings
+from gpumux.db import make_engine
+from gpumux.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def run_migrations_online() -> None:
+    """Migrate over gpumux's engine, or over the configured database when run by `alembic`."""
+    engine = config.attributes.get("engine") or make_engine(Settings().db_url)
+    with engine.begin() as connection:
+        # SQLite alters tables by copying them: batch mode does that for us.
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("gpumux migrations run online only: gpumux serve applies them at start")
+run_migrations_online()
