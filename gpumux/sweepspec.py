@@ -1,0 +1,328 @@
+"""The sweep grammar: PARAM tokens -> parameter space -> the parameter dict of every trial."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Value = int | float | str
+
+DEFAULT_POINTS = 5
+MAX_POINTS = 100_000
+SIGNIFICANT_DIGITS = 10
+# Log and :N spacing go through floats, which hold every integer exactly only up to 2**53.
+MAX_INT_END = 2**53
+
+FORMS = "name=value, name=lo..hi[:log|:lin][:N] or name=a,b,c"
+_NAME_RULE = "use letters, digits, '_' and '-', starting with a letter or '_'"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_DOTS = re.compile(r"\.{3,}")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
+
+
+class SpecError(ValueError):
+    """A sweep specification the grammar refuses; the message names the token and the fix."""
+
+    def __init__(self, message: str, *, token: str = "") -> None:
+        super().__init__(message)
+        self.token = token
+
+
+class GridTooLarge(SpecError):
+    """A full grid with more trials than the limit allows."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the grid has {size:,} trials, over the limit of {limit:,}; "
+            "use --trials K for a random search or fewer grid points (:N)"
+        )
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class Param:
+    """One swept parameter: a float or int range, a choice, or a constant."""
+
+    name: str
+    kind: Literal["float", "int", "choice", "const"]
+    low: int | float | None = None
+    high: int | float | None = None
+    scale: Literal["log", "lin"] | None = None
+    points: int | None = None
+    values: tuple[Value, ...] = ()
+
+    def grid_values(self) -> tuple[Value, ...]:
+        """The values this parameter takes in a full grid (ranges ascending, without repeats)."""
+        if self.kind in ("choice", "const"):
+            return self.values
+        lo, hi = self._ends()
+        if lo == hi:
+            return (self._clamp(lo),)
+        if self.kind == "int" and self.points is None:
+            return tuple(range(int(lo), int(hi) + 1))
+        n = max(self.points or DEFAULT_POINTS, 2)
+        inner = [self._at(i / (n - 1)) for i in range(1, n - 1)]
+        # The ends are kept exactly as typed; only the points between them are rounded.
+        return tuple(sorted({self._clamp(lo), *(self._clamp(v) for v in inner), self._clamp(hi)}))
+
+    def sample(self, rng: random.Random) -> Value:
+        """One draw, uniform in the scale for ranges (rounded like grid points) or over a choice."""
+        if self.kind == "const":
+            return self.values[0]
+        if self.kind == "choice":
+            return rng.choice(self.values)
+        lo, hi = self._ends()
+        if self.kind == "int" and self.scale != "log":
+            return rng.randint(int(lo), int(hi))
+        return self._clamp(self._at(rng.random()))
+
+    def _ends(self) -> tuple[float, float]:
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name}: a {self.kind} parameter has no range")
+        return self.low, self.high
+
+    def _at(self, t: float) -> float:
+        """The point a fraction t of the way from low to high in this parameter's scale."""
+        lo, hi = self._ends()
+        if self.scale == "log":
+            log_lo, log_hi = math.log(lo), math.log(hi)
+            return math.exp(min(max(log_lo * (1 - t) + log_hi * t, log_lo), log_hi))
+        # Weighted sum rather than lo + (hi - lo) * t: hi - lo overflows for ends near ±1e308.
+        return lo * (1 - t) + hi * t
+
+    def _clamp(self, value: float) -> int | float:
+        """Round to this parameter's type (10 significant digits for floats), inside [low, high]."""
+        lo, hi = self._ends()
+        if self.kind == "int":
+            return min(max(round(value), int(lo)), int(hi))
+        rounded = float(f"{value:.{SIGNIFICANT_DIGITS}g}") if lo < value < hi else value
+        return min(max(rounded, lo), hi)
+
+
+def parse_param(token: str) -> Param:
+    """Parse one `name=value` token, or raise SpecError saying how to fix it."""
+    name, sep, value = token.partition("=")
+    if not sep:
+        before, colon, after = token.partition(":")
+        if colon and after and _NAME.fullmatch(before):
+            raise _error(token, f"write '=' between name and value: {before}={after}")
+        where = "options go before the parameters" if token.startswith("-") else "no '='"
+        command = "if this starts the command, put '--' before it"
+        raise _error(token, f"{where}; expected {FORMS}; {command}")
+    if not name:
+        raise _error(token, f"no parameter name; expected name=value, e.g. lr{token}")
+    if not _NAME.fullmatch(name):
+        bare = name.lstrip("-")
+        if bare != name and _NAME.fullmatch(bare):
+            raise _error(token, f"drop the leading dashes (gpumux adds them): {bare}={value}")
+        raise _error(token, f"{name!r} is not a parameter name; {_NAME_RULE}")
+    value = value.strip()
+    if not value:
+        raise _error(token, f"no value; expected {FORMS}")
+    # A path such as ../data is a constant, not a range with a missing low end.
+    if ".." in value.split(":")[0] and value != ".." and not set("/\\") & set(value):
+        return _parse_range(token, name, value)
+    if value[-4:].lower() in (":log", ":lin"):
+        suffix = value[-4:]
+        raise _error(token, f"{suffix!r} applies only to a range, e.g. {name}=1e-3..1e-1{suffix}")
+    if "," in value:
+        return _parse_choice(token, name, value)
+    return Param(name, "const", values=(_typed(value),))
+
+
+def parse_params(tokens: Sequence[str]) -> list[Param]:
+    """Parse every PARAM token; a parameter given twice is an error."""
+    params: dict[str, tuple[str, Param]] = {}
+    for token, following in itertools.zip_longest(tokens, tokens[1:], fillvalue="="):
+        # The shell splits `bs=32, 64` or `lr= 0.1` into two arguments; say so, not "empty item".
+        split = token.endswith(("=", ",", "..")) or following.startswith((",", ".."))
+        if split and "=" in token and "=" not in following:
+            joined = token + following
+            message = f"{token} {following}: a space splits this value in two; write {joined}"
+            raise SpecError(message, token=token)
+        param = parse_param(token)
+        if param.name in params:
+            earlier_token, earlier = params[param.name]
+            hint = "keep one"
+            if earlier.kind in ("choice", "const") and param.kind in ("choice", "const"):
+                merged = dict.fromkeys(format_value(v) for v in earlier.values + param.values)
+                hint = f"for several values write one choice: {param.name}={','.join(merged)}"
+            raise _error(token, f"{param.name} given twice (also {earlier_token}); {hint}")
+        params[param.name] = (token, param)
+    return [param for _, param in params.values()]
+
+
+def grid_size(params: Sequence[Param]) -> int:
+    """The number of trials in the full grid, computed without expanding it."""
+    return math.prod(_grid_count(param) for param in params)
+
+
+def expand(
+    params: Sequence[Param], *, trials: int | None, seed: int, max_grid: int
+) -> list[dict[str, Value]]:
+    """The parameter dict of every trial: the full grid, or `trials` seeded random draws."""
+    if trials is None:
+        size = grid_size(params)
+        if size > max_grid:
+            raise GridTooLarge(size, max_grid)
+        names = [param.name for param in params]
+        combos = itertools.product(*(param.grid_values() for param in params))
+        return [dict(zip(names, combo, strict=True)) for combo in combos]
+    if trials < 1:
+        raise _error(
+            f"--trials {trials}", "a random search needs at least 1 trial; use --trials 1 or more"
+        )
+    rng = random.Random(seed)
+    return [{param.name: param.sample(rng) for param in params} for _ in range(trials)]
+
+
+def format_value(value: Value) -> str:
+    """The command-line text of a value; floats use repr so that they parse back unchanged."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def format_param(param: Param) -> str:
+    """The token that parses back into this Param (for display and storage)."""
+    if param.kind in ("choice", "const"):
+        return f"{param.name}={','.join(format_value(v) for v in param.values)}"
+    lo, hi = param._ends()
+    text = f"{param.name}={format_value(lo)}..{format_value(hi)}:{param.scale}"
+    return text if param.points is None else f"{text}:{param.points}"
+
+
+def render_command(command: Sequence[str], params: Mapping[str, Value]) -> list[str]:
+    """The trial's argv: `{name}` placeholders filled, other params appended as --name=value."""
+    used: set[str] = set()
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in params:
+            return match.group(0)
+        used.add(name)
+        return format_value(params[name])
+
+    argv = [_PLACEHOLDER.sub(fill, arg) for arg in command]
+    return argv + [f"--{name}={format_value(v)}" for name, v in params.items() if name not in used]
+
+
+def _error(token: str, problem: str) -> SpecError:
+    return SpecError(f"{token}: {problem}", token=token)
+
+
+def _int(text: str) -> int | None:
+    if not _INT.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts by default
+        return None
+
+
+def _float(text: str) -> float | None:
+    if not _FLOAT.fullmatch(text):
+        return None
+    number = float(text)
+    return number if math.isfinite(number) else None
+
+
+def _typed(text: str) -> Value:
+    as_int = _int(text)
+    if as_int is not None:
+        return as_int
+    as_float = _float(text)
+    return text if as_float is None else as_float
+
+
+def _parse_range(token: str, name: str, value: str) -> Param:
+    head, *suffixes = value.split(":")
+    example = f"e.g. {name}=1e-3..1e-1"
+    if dots := _DOTS.search(head):
+        fixed = token.replace(dots.group(), "..", 1)
+        raise _error(
+            token, f"{dots.group()!r} is not a range; write a range with two dots: {fixed}"
+        )
+    if "," in head:
+        raise _error(token, f"write a range or a choice, not both: {name}=lo..hi or {name}=a,b,c")
+    if head.count("..") > 1:
+        raise _error(token, f"a range has two ends; for N grid points add :N, e.g. {name}=1..10:5")
+    lo_text, hi_text = (end.strip() for end in head.split(".."))
+    if not lo_text or not hi_text:
+        raise _error(token, f"a range needs both ends; expected name=lo..hi, {example}")
+    lo, hi = _float(lo_text), _float(hi_text)
+    if lo is None or hi is None:
+        got = f"got {lo_text!r} and {hi_text!r}"
+        raise _error(token, f"range ends must be numbers ({got}); expected name=lo..hi, {example}")
+    scale, points = _parse_suffixes(token, example, suffixes)
+    if lo > hi:
+        tail = "".join(f":{suffix}" for suffix in suffixes)
+        raise _error(
+            token, f"the low end is above the high end; write {name}={hi_text}..{lo_text}{tail}"
+        )
+    if scale == "log" and lo <= 0:
+        fix = f"start the range above 0 or write {name}={lo_text}..{hi_text}:lin"
+        raise _error(token, f"':log' needs both ends above 0 (got {lo_text}); {fix}")
+    if points == 1 and lo < hi:
+        raise _error(
+            token, f"one grid point cannot span a range; use :2 or more, or {name}={lo_text}"
+        )
+    if scale is None:
+        scale = "log" if lo > 0 and hi / lo >= 10 else "lin"
+    low_int, high_int = _int(lo_text), _int(hi_text)
+    if low_int is None or high_int is None:
+        return Param(name, "float", lo, hi, scale, points)
+    if max(abs(low_int), abs(high_int)) > MAX_INT_END:
+        raise _error(token, f"integer range ends must be within ±{MAX_INT_END:,}")
+    return Param(name, "int", low_int, high_int, scale, points)
+
+
+def _parse_suffixes(
+    token: str, example: str, suffixes: list[str]
+) -> tuple[Literal["log", "lin"] | None, int | None]:
+    scale: Literal["log", "lin"] | None = None
+    points: int | None = None
+    for suffix in suffixes:
+        word = suffix.strip().lower()
+        if word in ("log", "lin"):
+            if scale is not None:
+                raise _error(token, f"the scale is given twice (:{scale} and :{word}); keep one")
+            scale = "log" if word == "log" else "lin"
+        elif _float(word) is not None:
+            count = _int(word)
+            if count is None or not 1 <= count <= MAX_POINTS:
+                limits = f"a whole number from 1 to {MAX_POINTS:,}"
+                raise _error(token, f"grid points (:{suffix}) must be {limits}, {example}:5")
+            if points is not None:
+                raise _error(token, f"grid points given twice (:{points} and :{word}); keep one")
+            points = count
+        else:
+            what = "an empty ':'" if not word else f"unknown suffix ':{suffix}'"
+            raise _error(token, f"{what}; after a range write :log, :lin or :N, {example}:log:5")
+    return scale, points
+
+
+def _parse_choice(token: str, name: str, value: str) -> Param:
+    items = [item.strip() for item in value.split(",")]
+    kept = [item for item in items if item]
+    if not kept:
+        raise _error(token, f"no value; expected {FORMS}")
+    if len(kept) < len(items):
+        raise _error(token, f"an empty item; remove the extra comma: {name}={','.join(kept)}")
+    firsts = dict.fromkeys(format_value(_typed(item)) for item in kept)
+    if len(firsts) < len(kept):
+        raise _error(token, f"an item is listed twice; write {name}={','.join(firsts)}")
+    return Param(name, "choice", values=tuple(_typed(item) for item in kept))
+
+
+def _grid_count(param: Param) -> int:
+    if param.kind == "int" and param.points is None:
+        lo, hi = param._ends()
+        return int(hi) - int(lo) + 1
+    return len(param.grid_values())
