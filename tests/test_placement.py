@@ -1,0 +1,319 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpumux.devices import DeviceSnapshot, GpuProcess
+from gpumux.placement import (
+    PackingPolicy,
+    PendingTrial,
+    Placement,
+    RunningTrial,
+    foreign_memory_mb,
+    place,
+)
+
+H100_MB = 81559
+POLICY = PackingPolicy()
+USABLE = H100_MB - POLICY.reserve_mb
+FOREIGN_PID = 424242
+
+
+def gpu(
+    index: int = 0,
+    *,
+    total: int | None = H100_MB,
+    used: int | None = 0,
+    processes: tuple[GpuProcess, ...] | None = (),
+    error: str | None = None,
+) -> DeviceSnapshot:
+    return DeviceSnapshot(
+        key=f"GPU-{index}",
+        kind="gpu",
+        index=index,
+        name="NVIDIA H100 80GB HBM3",
+        uuid=f"GPU-{index}",
+        memory_total_mb=total,
+        memory_used_mb=used,
+        memory_free_mb=None if total is None or used is None else total - used,
+        utilization_pct=0,
+        processes=processes,
+        cpu_count=None,
+        error=error,
+    )
+
+
+def cpu(count: int | None = 8) -> DeviceSnapshot:
+    return DeviceSnapshot(
+        key="cpu",
+        kind="cpu",
+        index=0,
+        name="Test CPU",
+        uuid=None,
+        memory_total_mb=16000,
+        memory_used_mb=4000,
+        memory_free_mb=12000,
+        utilization_pct=None,
+        processes=None,
+        cpu_count=count,
+    )
+
+
+def queue(count: int, split: int | None = None, first_id: int = 1) -> list[PendingTrial]:
+    return [PendingTrial(trial_id=first_id + i, split=split) for i in range(count)]
+
+
+def running_on(key: str, slots: list[int], cap: int | None) -> list[RunningTrial]:
+    return [
+        RunningTrial(trial_id=100 + slot, device_key=key, slot=slot, memory_limit_mb=cap)
+        for slot in slots
+    ]
+
+
+def test_one_gpu_split_four_gets_four_equal_slices() -> None:
+    placed = place(devices=[gpu()], running=[], pending=queue(6, split=4), policy=POLICY)
+    cap = USABLE // 4 - POLICY.overhead_mb
+    assert placed == [
+        Placement(
+            trial_id=i + 1,
+            device_key="GPU-0",
+            slot=i,
+            split=4,
+            memory_limit_mb=cap,
+            cpu_threads=None,
+        )
+        for i in range(4)
+    ]
+    assert cap == 19237
+
+
+def test_default_split_applies_when_the_sweep_fixes_none() -> None:
+    placed = place(devices=[gpu()], running=[], pending=queue(3), policy=POLICY)
+    assert [(p.split, p.memory_limit_mb) for p in placed] == [(2, USABLE // 2 - 1024)] * 2
+
+
+def test_foreign_memory_shrinks_caps() -> None:
+    device = gpu(processes=(GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),), used=30522)
+    placed = place(devices=[device], running=[], pending=queue(4, split=4), policy=POLICY)
+    assert {p.memory_limit_mb for p in placed} == {(USABLE - 30000) // 4 - 1024}
+    ours = place(
+        devices=[device],
+        running=[],
+        pending=queue(4, split=4),
+        policy=POLICY,
+        our_pids={FOREIGN_PID},
+    )
+    assert {p.memory_limit_mb for p in ours} == {USABLE // 4 - 1024}
+
+
+def test_foreign_memory_lowers_the_split_that_fits() -> None:
+    crowded = gpu(processes=(GpuProcess(pid=FOREIGN_PID, used_memory_mb=60000),))
+    assert len(place(devices=[gpu()], running=[], pending=queue(32, 32), policy=POLICY)) == 32
+    assert place(devices=[crowded], running=[], pending=queue(32, 32), policy=POLICY) == []
+    assert len(place(devices=[crowded], running=[], pending=queue(8, 8), policy=POLICY)) == 8
+
+
+def test_slices_below_the_minimum_are_not_launched() -> None:
+    policy = PackingPolicy(min_memory_mb=USABLE // 4 - 1024 + 1)
+    assert place(devices=[gpu()], running=[], pending=queue(4, 4), policy=policy) == []
+    assert len(place(devices=[gpu()], running=[], pending=queue(4, 2), policy=policy)) == 2
+
+
+def test_memory_exhaustion_stops_packing() -> None:
+    running = running_on("GPU-0", [0], cap=40000)
+    placed = place(devices=[gpu()], running=running, pending=queue(4, 4), policy=POLICY)
+    assert [p.slot for p in placed] == [1]
+    held = sum(p.memory_limit_mb or 0 for p in placed) + 40000 + 2 * POLICY.overhead_mb
+    assert held <= USABLE
+
+
+def test_running_trials_count_against_the_split() -> None:
+    running = running_on("GPU-0", [0, 2], cap=19237)
+    placed = place(devices=[gpu()], running=running, pending=queue(4, 4), policy=POLICY)
+    assert [(p.trial_id, p.slot) for p in placed] == [(1, 1), (2, 3)]
+
+
+def test_a_slot_is_reused_after_its_trial_leaves() -> None:
+    full = running_on("GPU-0", [0, 1, 2, 3], cap=19237)
+    assert place(devices=[gpu()], running=full, pending=queue(1, 4), policy=POLICY) == []
+    left = [t for t in full if t.slot != 1]
+    placed = place(devices=[gpu()], running=left, pending=queue(1, 4), policy=POLICY)
+    assert [(p.slot, p.memory_limit_mb) for p in placed] == [(1, 19237)]
+
+
+def test_two_gpus_are_both_filled() -> None:
+    placed = place(devices=[gpu(0), gpu(1)], running=[], pending=queue(5, 2), policy=POLICY)
+    assert [(p.device_key, p.slot) for p in placed] == [
+        ("GPU-0", 0),
+        ("GPU-1", 0),
+        ("GPU-0", 1),
+        ("GPU-1", 1),
+    ]
+
+
+def test_the_device_with_most_free_slots_goes_first() -> None:
+    running = running_on("GPU-0", [0], cap=19237)
+    placed = place(devices=[gpu(0), gpu(1)], running=running, pending=queue(2, 4), policy=POLICY)
+    # Then both have three free slots: the tie goes to the lower index.
+    assert [p.device_key for p in placed] == ["GPU-1", "GPU-0"]
+
+
+def test_failing_or_unmeasured_gpus_are_skipped() -> None:
+    devices = [gpu(0, error="GPU is lost"), gpu(1), gpu(2, total=None)]
+    placed = place(devices=devices, running=[], pending=queue(4, 2), policy=POLICY)
+    assert [p.device_key for p in placed] == ["GPU-1", "GPU-1"]
+    unusable = [gpu(0, error="GPU is lost"), gpu(2, total=None)]
+    assert place(devices=unusable, running=[], pending=queue(1), policy=POLICY) == []
+
+
+def test_cpu_threads_divide_the_cores() -> None:
+    placed = place(devices=[cpu(8)], running=[], pending=queue(5, 4), policy=POLICY)
+    assert [(p.device_key, p.slot, p.cpu_threads, p.memory_limit_mb) for p in placed] == [
+        ("cpu", slot, 2, None) for slot in range(4)
+    ]
+    by_default = place(devices=[cpu(8)], running=[], pending=queue(9), policy=POLICY)
+    assert [(p.split, p.cpu_threads) for p in by_default] == [(8, 1)] * 8
+    policy = PackingPolicy(cpu_default_split=2)
+    configured = place(devices=[cpu(8)], running=[], pending=queue(3), policy=policy)
+    assert [(p.split, p.cpu_threads) for p in configured] == [(2, 4)] * 2
+    crowded = place(devices=[cpu(2)], running=[], pending=queue(3, 3), policy=POLICY)
+    assert [p.cpu_threads for p in crowded] == [1, 1, 1]
+
+
+def test_strict_fifo_stops_at_the_first_trial_that_fits_nowhere() -> None:
+    running = running_on("GPU-0", [0], cap=19237)
+    pending = [PendingTrial(trial_id=1, split=1), *queue(3, split=4, first_id=2)]
+    assert place(devices=[gpu()], running=running, pending=pending, policy=POLICY) == []
+    placed = place(devices=[gpu()], running=[], pending=pending, policy=POLICY)
+    assert [p.trial_id for p in placed] == [1]
+
+
+def test_measured_overhead_overrides_the_default() -> None:
+    policy = PackingPolicy(overhead_by_device={"GPU-0": 2048})
+    placed = place(devices=[gpu(0), gpu(1)], running=[], pending=queue(2, 2), policy=policy)
+    assert {p.device_key: p.memory_limit_mb for p in placed} == {
+        "GPU-0": USABLE // 2 - 2048,
+        "GPU-1": USABLE // 2 - 1024,
+    }
+
+
+def test_foreign_memory_from_the_process_list() -> None:
+    device = gpu(
+        processes=(
+            GpuProcess(pid=1, used_memory_mb=5000),
+            GpuProcess(pid=2, used_memory_mb=700),
+            GpuProcess(pid=3, used_memory_mb=None),
+        ),
+        used=9000,
+    )
+    assert foreign_memory_mb(device, {1}, [], 1024) == 700
+
+
+def test_foreign_memory_without_a_process_list() -> None:
+    running = running_on("GPU-0", [0, 1], cap=19237)
+    assert foreign_memory_mb(gpu(processes=None, used=50000), (), running, 1024) == 9478
+    assert foreign_memory_mb(gpu(processes=None, used=1000), (), running, 1024) == 0
+    assert foreign_memory_mb(gpu(processes=None, used=None), (), running, 1024) == 0
+
+
+def test_splits_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="trial 7: split must be at least 1"):
+        PendingTrial(trial_id=7, split=0)
+    with pytest.raises(ValueError, match="default_split"):
+        PackingPolicy(default_split=0)
+    with pytest.raises(ValueError, match="cpu_default_split"):
+        PackingPolicy(cpu_default_split=0)
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+) -> tuple[list[DeviceSnapshot], list[RunningTrial], list[PendingTrial], PackingPolicy, set[int]]:
+    memory = st.integers(0, 100_000)
+    devices = []
+    for index in range(draw(st.integers(0, 3))):
+        processes = st.lists(
+            st.builds(GpuProcess, pid=st.integers(1, 12), used_memory_mb=st.none() | memory),
+            max_size=4,
+        ).map(tuple)
+        devices.append(
+            gpu(
+                index,
+                total=draw(st.none() | memory),
+                used=draw(st.none() | memory),
+                processes=draw(st.none() | processes),
+                error=draw(st.none() | st.just("GPU is lost")),
+            )
+        )
+    if draw(st.booleans()):
+        devices.append(cpu(draw(st.none() | st.integers(1, 64))))
+    running: list[RunningTrial] = []
+    for device in devices:
+        for slot in draw(st.sets(st.integers(0, 9), max_size=5)):
+            cap = draw(st.none() | st.integers(0, 40_000))
+            running.append(RunningTrial(len(running) + 1, device.key, slot, cap))
+    splits = st.none() | st.integers(1, 12)
+    pending = [PendingTrial(1000 + i, draw(splits)) for i in range(draw(st.integers(0, 30)))]
+    policy = PackingPolicy(
+        default_split=draw(st.integers(1, 8)),
+        cpu_default_split=draw(st.none() | st.integers(1, 8)),
+        overhead_mb=draw(st.integers(0, 4000)),
+        overhead_by_device=draw(st.dictionaries(st.just("GPU-0"), st.integers(0, 4000))),
+        reserve_mb=draw(st.integers(0, 2000)),
+        min_memory_mb=draw(st.integers(1, 4000)),
+    )
+    return devices, running, pending, policy, draw(st.sets(st.integers(1, 12)))
+
+
+@settings(deadline=None)
+@given(scenarios())
+def test_placement_invariants(
+    scenario: tuple[
+        list[DeviceSnapshot], list[RunningTrial], list[PendingTrial], PackingPolicy, set[int]
+    ],
+) -> None:
+    devices, running, pending, policy, our_pids = scenario
+    placed = place(
+        devices=devices, running=running, pending=pending, policy=policy, our_pids=our_pids
+    )
+    # Strict FIFO: what is placed is the head of the queue, each trial once.
+    assert [p.trial_id for p in placed] == [t.trial_id for t in pending[: len(placed)]]
+    by_key = {d.key: d for d in devices}
+    on_device = Counter(t.device_key for t in running)
+    slots = {key: {t.slot for t in running if t.device_key == key} for key in by_key}
+    for placement, trial in zip(placed, pending, strict=False):
+        device = by_key[placement.device_key]
+        assert device.error is None
+        on_device[device.key] += 1
+        assert on_device[device.key] <= placement.split
+        assert 0 <= placement.slot < placement.split
+        assert placement.slot not in slots[device.key]
+        slots[device.key].add(placement.slot)
+        if device.kind == "cpu":
+            count = device.cpu_count or 1
+            assert placement.split == (trial.split or policy.cpu_default_split or count)
+            assert placement.memory_limit_mb is None
+            assert placement.cpu_threads == max(1, count // placement.split)
+        else:
+            assert placement.split == (trial.split or policy.default_split)
+            assert placement.cpu_threads is None
+            assert placement.memory_limit_mb is not None
+            assert placement.memory_limit_mb >= policy.min_memory_mb
+    for device in devices:
+        new = [p for p in placed if p.device_key == device.key]
+        if device.kind != "gpu" or not new:
+            continue
+        overhead = policy.overhead_for(device.key)
+        mine = [t for t in running if t.device_key == device.key]
+        assert device.memory_total_mb is not None
+        usable = (
+            device.memory_total_mb
+            - policy.reserve_mb
+            - foreign_memory_mb(device, our_pids, mine, overhead)
+        )
+        held = sum((t.memory_limit_mb or 0) + overhead for t in mine)
+        held += sum((p.memory_limit_mb or 0) + overhead for p in new)
+        assert held <= usable
