@@ -1,0 +1,224 @@
+"""Pydantic models of the REST API: what clients send and what they get back."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpumux import sweepspec
+from gpumux.models import SweepStatus, TrialStatus
+
+MAX_SPLIT = 64
+Objective = str  # "metric:min" or "metric:max"
+
+
+def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
+    """Split "val_loss:min" into ("val_loss", "min"); ValueError with the expected form."""
+    metric, _, mode = objective.rpartition(":")
+    if not metric or mode not in ("min", "max"):
+        raise ValueError(
+            f"objective {objective!r} must be METRIC:min or METRIC:max, e.g. val_loss:min"
+        )
+    return metric, "min" if mode == "min" else "max"
+
+
+class SweepCreate(BaseModel):
+    """A sweep as submitted: the grammar's tokens, the command, and where and how to run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=200)
+    params: list[str] = Field(default_factory=list, description="PARAM tokens, e.g. lr=1e-3..1e-1")
+    command: list[str] = Field(min_length=1, description="argv of the training command")
+    workdir: str = Field(description="absolute directory the command runs in")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the command")
+    trials: int | None = Field(default=None, ge=1, description="random search with this many")
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    split: int | Literal["auto"] = Field(default="auto", description="trials per device, or auto")
+    objective: Objective | None = Field(default=None, description="METRIC:min or METRIC:max")
+    time_limit_s: float | None = Field(default=None, gt=0, description="per-trial limit")
+
+    @field_validator("params")
+    @classmethod
+    def _params_parse(cls, tokens: list[str]) -> list[str]:
+        try:
+            sweepspec.parse_params(tokens)
+        except sweepspec.SpecError as error:
+            raise ValueError(str(error)) from error
+        return tokens
+
+    @field_validator("command")
+    @classmethod
+    def _command_runnable(cls, command: list[str]) -> list[str]:
+        if not command[0].strip():
+            raise ValueError("the command's first word is empty; give the program to run")
+        return command
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_absolute(cls, workdir: str) -> str:
+        if not workdir.startswith("/"):
+            raise ValueError(f"workdir {workdir!r} must be an absolute path")
+        return workdir
+
+    @field_validator("split")
+    @classmethod
+    def _split_in_range(cls, split: int | Literal["auto"]) -> int | Literal["auto"]:
+        if split != "auto" and not 1 <= split <= MAX_SPLIT:
+            raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto', got {split}")
+        return split
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_form(cls, objective: str | None) -> str | None:
+        if objective is not None:
+            parse_objective(objective)
+        return objective
+
+
+class TrialPublic(BaseModel):
+    """One trial: its parameters, where it ran and how it ended."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    sweep_id: int
+    number: int
+    params: dict[str, Any]
+    status: TrialStatus
+    attempt: int
+    device: str | None
+    slot: int | None
+    split: int | None
+    memory_limit_mb: int | None
+    cpu_threads: int | None
+    pid: int | None
+    queued_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    signal: int | None
+    error: str | None
+    objective: float | None
+    samples_per_s: float | None
+    last_report_at: datetime | None
+
+
+class TrialsPublic(BaseModel):
+    data: list[TrialPublic]
+    count: int
+
+
+class SweepPublic(BaseModel):
+    """A sweep with the number of its trials in each status."""
+
+    id: int
+    name: str | None
+    owner: str
+    status: SweepStatus
+    command: list[str]
+    params: list[str]
+    workdir: str
+    trials: int | None
+    seed: int
+    split: int | Literal["auto"]
+    objective: Objective | None
+    time_limit_s: float | None
+    trial_count: int
+    cancel_requested: bool
+    created_at: datetime
+    finished_at: datetime | None
+    counts: dict[TrialStatus, int]
+
+
+class SweepDetail(SweepPublic):
+    best: TrialPublic | None
+
+
+class SweepsPublic(BaseModel):
+    data: list[SweepPublic]
+    count: int
+
+
+class ReportIn(BaseModel):
+    """What a trial's runtime sends: samples processed in `seconds`, and its metrics."""
+
+    trial_id: int
+    attempt: int = Field(ge=1)
+    kind: Literal["batch", "epoch", "manual"]
+    epoch: int | None = None
+    samples: float | None = Field(default=None, ge=0)
+    seconds: float | None = Field(default=None, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite(cls, metrics: dict[str, float]) -> dict[str, float]:
+        return {name: value for name, value in metrics.items() if math.isfinite(value)}
+
+
+class ReportPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    attempt: int
+    kind: str
+    at: datetime
+    epoch: int | None
+    samples: float | None
+    seconds: float | None
+    samples_per_s: float | None
+    metrics: dict[str, float]
+
+
+class ReportsPublic(BaseModel):
+    data: list[ReportPublic]
+    count: int
+
+
+class LogChunk(BaseModel):
+    """A piece of a trial's log; ask again from `next_offset` to follow it."""
+
+    trial_id: int
+    attempt: int
+    offset: int
+    next_offset: int
+    size: int
+    data: str
+    complete: bool = Field(description="the trial has ended and this chunk reaches the end")
+
+
+class DeviceTrial(BaseModel):
+    trial_id: int
+    sweep_id: int
+    slot: int | None
+    memory_limit_mb: int | None
+    samples_per_s: float | None
+
+
+class DevicePublic(BaseModel):
+    """A device as last probed, with the trials packed on it."""
+
+    key: str
+    kind: Literal["gpu", "cpu"]
+    index: int
+    name: str
+    uuid: str | None
+    memory_total_mb: int | None
+    memory_used_mb: int | None
+    memory_free_mb: int | None
+    utilization_pct: int | None
+    cpu_count: int | None
+    error: str | None
+    trials: list[DeviceTrial]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    database: str
+    devices: int
+    queued_trials: int
+    active_trials: int

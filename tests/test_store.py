@@ -1,0 +1,188 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import sweep_in
+from sqlalchemy.orm import Session
+
+from gpumux import store
+from gpumux.db import Sessions
+from gpumux.models import TRIAL_TRANSITIONS, Sweep, SweepStatus, TrialStatus
+from gpumux.schemas import ReportIn
+
+
+def make_sweep(session: Session, tmp_path: Path, n: int = 3, **fields: Any) -> Sweep:
+    owner = store.get_or_create_owner(session=session, name="alice")
+    return store.create_sweep(
+        session=session,
+        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
+        owner=owner,
+        seed=7,
+        trial_params=[{"x": i} for i in range(1, n + 1)],
+    )
+
+
+def test_create_sweep_queues_one_trial_per_parameter_set(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = make_sweep(session, tmp_path, 4).id
+    with sessions.read() as session:
+        trials, count = store.list_trials(session=session, sweep_id=sweep_id)
+        sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+        assert sweep is not None and sweep.status == SweepStatus.queued
+    assert count == 4
+    assert [t.params for t in trials] == [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}]
+    assert {t.status for t in trials} == {TrialStatus.queued}
+
+
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        (start, target)
+        for start in TrialStatus
+        for target in TrialStatus
+        if target not in TRIAL_TRANSITIONS[start]
+    ],
+)
+def test_the_gate_refuses_every_illegal_transition(
+    sessions: Sessions, tmp_path: Path, start: TrialStatus, target: TrialStatus
+) -> None:
+    with sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=make_sweep(session, tmp_path, 1).id)[0][
+            0
+        ]
+        trial.status = start
+        with pytest.raises(store.IllegalTransition, match=f"{start} -> {target}"):
+            store.set_trial_status(session=session, trial=trial, status=target)
+        assert trial.status == start
+
+
+def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        sweep = make_sweep(session, tmp_path, 2)
+        first, second = store.list_trials(session=session, sweep_id=sweep.id)[0]
+        store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
+        assert sweep.status == SweepStatus.running
+        store.set_trial_status(session=session, trial=first, status=TrialStatus.running)
+        store.set_trial_status(session=session, trial=first, status=TrialStatus.succeeded)
+        assert sweep.status == SweepStatus.running and sweep.finished_at is None
+        store.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
+        store.set_trial_status(session=session, trial=second, status=TrialStatus.failed)
+        assert sweep.status == SweepStatus.finished and sweep.finished_at is not None
+
+
+def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        sweep = make_sweep(session, tmp_path, 5)
+        first = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
+        store.request_cancel(session=session, sweep=sweep)
+        assert store.sweeps_to_cancel(session=session) == [sweep]
+        assert store.cancel_queued_trials(session=session, sweep=sweep) == 4
+        assert sweep.status == SweepStatus.running
+        store.set_trial_status(session=session, trial=first, status=TrialStatus.cancelled)
+        assert sweep.status == SweepStatus.cancelled
+        assert store.sweeps_to_cancel(session=session) == []
+
+
+def test_queued_trials_are_first_come_first_served_and_skip_cancelled_sweeps(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        older, cancelled, newer = (make_sweep(session, tmp_path, 2) for _ in range(3))
+        store.request_cancel(session=session, sweep=cancelled)
+        queued = store.queued_trials(session=session, limit=10)
+    assert [t.sweep_id for t in queued] == [older.id, older.id, newer.id, newer.id]
+    assert [t.id for t in queued] == sorted(t.id for t in queued)
+
+
+def running_trial(sessions: Sessions, tmp_path: Path, token: str) -> int:
+    with sessions.write.begin() as session:
+        sweep = make_sweep(session, tmp_path, 1, objective="val_loss:min")
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.starting,
+            token_hash=store.token_hash(token),
+        )
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        return trial.id
+
+
+def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path: Path) -> None:
+    trial_id = running_trial(sessions, tmp_path, "secret")
+    report = ReportIn(
+        trial_id=trial_id,
+        attempt=1,
+        kind="epoch",
+        samples=1000,
+        seconds=4,
+        metrics={"val_loss": 0.5},
+    )
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        store.add_report(session=session, trial=trial, token="secret", report_in=report)
+    with sessions.read() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        assert trial.samples_per_s == 250 and trial.objective == 0.5
+        reports, count = store.list_reports(session=session, trial_id=trial_id)
+        assert count == 1 and reports[0].metrics == {"val_loss": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("token", "attempt", "message"),
+    [("wrong", 1, "token does not match"), ("secret", 2, "report from attempt 2")],
+)
+def test_reports_with_a_wrong_token_or_attempt_are_refused(
+    sessions: Sessions, tmp_path: Path, token: str, attempt: int, message: str
+) -> None:
+    trial_id = running_trial(sessions, tmp_path, "secret")
+    report = ReportIn(trial_id=trial_id, attempt=attempt, kind="manual", metrics={"val_loss": 1})
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        with pytest.raises(store.ReportRefused, match=message):
+            store.add_report(session=session, trial=trial, token=token, report_in=report)
+        assert trial.objective is None
+
+
+def test_best_trial_follows_the_objective_direction(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        low = make_sweep(session, tmp_path, 3, objective="acc:min")
+        high = make_sweep(session, tmp_path, 3, objective="acc:max")
+        plain = make_sweep(session, tmp_path, 3)
+        for sweep in (low, high, plain):
+            for trial, value in zip(
+                store.list_trials(session=session, sweep_id=sweep.id)[0],
+                [0.2, 0.9, 0.5],
+                strict=True,
+            ):
+                trial.objective = value
+        session.flush()
+        best_low = store.best_trial(session=session, sweep=low)
+        best_high = store.best_trial(session=session, sweep=high)
+        assert best_low is not None and best_low.objective == 0.2
+        assert best_high is not None and best_high.objective == 0.9
+        assert store.best_trial(session=session, sweep=plain) is None
+
+
+def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        ids = [make_sweep(session, tmp_path, 1).id for _ in range(5)]
+        bob = store.get_or_create_owner(session=session, name="bob")
+        store.create_sweep(
+            session=session, sweep_in=sweep_in(tmp_path), owner=bob, seed=1, trial_params=[{}]
+        )
+    with sessions.read() as session:
+        page, count = store.list_sweeps(session=session, owner="alice", offset=1, limit=2)
+        assert count == 5 and [s.id for s in page] == ids[::-1][1:3]
+        _, bobs = store.list_sweeps(session=session, owner="bob")
+        assert bobs == 1
+        _, finished = store.list_sweeps(session=session, status=SweepStatus.finished)
+        assert finished == 0
