@@ -1,0 +1,36 @@
+"""Route for the devices as last probed, with the trials packed on each."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter
+
+from gpumux import store
+from gpumux.api.deps import ReadSessionDep, StateDep
+from gpumux.schemas import DevicePublic, DeviceTrial
+
+router = APIRouter(tags=["devices"])
+
+
+@router.get("/devices")
+def list_devices(state: StateDep, session: ReadSessionDep) -> list[DevicePublic]:
+    """Every device the scheduler sees: memory, utilisation, and its running trials."""
+    packed: dict[str, list[DeviceTrial]] = {}
+    for trial in store.active_trials(session=session):
+        if trial.device is not None:
+            packed.setdefault(trial.device, []).append(
+                DeviceTrial(
+                    trial_id=trial.id,
+                    sweep_id=trial.sweep_id,
+                    slot=trial.slot,
+                    memory_limit_mb=trial.memory_limit_mb,
+                    samples_per_s=trial.samples_per_s,
+                )
+            )
+    devices = []
+    for snapshot in state.devices_view():
+        fields = asdict(snapshot)
+        fields.pop("processes")
+        devices.append(DevicePublic(**fields, trials=packed.get(snapshot.key, [])))
+    return devices

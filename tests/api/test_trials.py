@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from builders import sweep_in
+
+from gpumux import store
+from gpumux.db import Sessions
+from gpumux.models import TrialStatus
+
+
+def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> int:
+    log_path = tmp_path / "trial.log"
+    log_path.write_bytes(log_text)
+    with sessions.write.begin() as session:
+        owner = store.get_or_create_owner(session=session, name="alice")
+        sweep = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path, objective="loss:min"),
+            owner=owner,
+            seed=1,
+            trial_params=[{}],
+        )
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.starting,
+            token_hash=store.token_hash("tok"),
+            log_path=str(log_path),
+        )
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        return trial.id
+
+
+def test_the_log_tail_and_following_by_offset(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    trial_id = running_trial(sessions, tmp_path, b"line 1\nline 2\n")
+    tail = api.get(f"/trials/{trial_id}/log").json()
+    assert tail["data"] == "line 1\nline 2\n" and tail["next_offset"] == 14
+    assert tail["complete"] is False
+    with open(tmp_path / "trial.log", "ab") as log_file:
+        log_file.write(b"line 3\n")
+    more = api.get(f"/trials/{trial_id}/log", params={"offset": tail["next_offset"]}).json()
+    assert more["data"] == "line 3\n" and more["offset"] == 14 and more["next_offset"] == 21
+
+
+def test_a_chunk_never_splits_a_character(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    trial_id = running_trial(sessions, tmp_path, "ab€cd".encode())
+    first = api.get(f"/trials/{trial_id}/log", params={"offset": 0, "limit": 3}).json()
+    assert first["data"] == "ab" and first["next_offset"] == 2
+    rest = api.get(f"/trials/{trial_id}/log", params={"offset": first["next_offset"]}).json()
+    assert rest["data"] == "€cd"
+
+
+def report(trial_id: int, attempt: int = 1) -> dict[str, object]:
+    return {
+        "trial_id": trial_id,
+        "attempt": attempt,
+        "kind": "epoch",
+        "epoch": 0,
+        "samples": 500,
+        "seconds": 2,
+        "metrics": {"loss": 0.25},
+    }
+
+
+def test_reports_need_the_trial_token(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    trial_id = running_trial(sessions, tmp_path)
+    assert api.post("/reports", json=report(trial_id)).status_code == 401
+    wrong = api.post("/reports", json=report(trial_id), headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 409 and "token does not match" in wrong.text
+    stale = api.post("/reports", json=report(trial_id, 2), headers={"Authorization": "Bearer tok"})
+    assert stale.status_code == 409 and "attempt 2" in stale.text
+    unknown = api.post("/reports", json=report(424242), headers={"Authorization": "Bearer tok"})
+    assert unknown.status_code == 404
+    assert api.get(f"/trials/{trial_id}/reports").json()["count"] == 0
+
+    good = api.post("/reports", json=report(trial_id), headers={"Authorization": "Bearer tok"})
+    assert good.status_code == 204
+    reports = api.get(f"/trials/{trial_id}/reports").json()
+    assert reports["count"] == 1 and reports["data"][0]["samples_per_s"] == 250
+    trial = api.get(f"/trials/{trial_id}").json()
+    assert trial["objective"] == 0.25 and trial["samples_per_s"] == 250
