@@ -1,0 +1,246 @@
+"""The daemon: uvicorn and the scheduler in one event loop, one database, one lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import uvicorn
+
+from gpumux.api import create_app
+from gpumux.config import Settings
+from gpumux.db import Sessions, make_engine, make_sessions, upgrade
+from gpumux.devices import DeviceProbe, make_probe
+from gpumux.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class DaemonAlreadyRunning(DaemonError):
+    """Another daemon holds the database; `url` is where it answers."""
+
+    def __init__(self, message: str, url: str | None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class _Server(uvicorn.Server):
+    # The daemon owns SIGINT/SIGTERM (warm, then cold stop); uvicorn must not take them.
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+def acquire_lock(settings: Settings) -> IO[str]:
+    """Hold the database's lock file for the daemon's life; refuse if another daemon holds it."""
+    lock_file = open(settings.lock_path, "a+")  # noqa: SIM115 - held open until the daemon exits
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        holder = lock_file.read().split()
+        lock_file.close()
+        pid, url = (holder + ["?", ""])[:2] if holder else ("?", "")
+        raise DaemonAlreadyRunning(
+            f"another gpumux daemon (pid {pid}, {url or 'address unknown'}) is using "
+            f"{settings.db_path}; stop it first, or give this one its own --db",
+            url or None,
+        ) from None
+    return lock_file
+
+
+def bind(settings: Settings, *, fallback_port: bool = False) -> tuple[socket.socket, str]:
+    """The listening socket, and the URL that clients and trials use to reach it."""
+    if settings.uds is not None:
+        path = settings.uds
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # we hold the lock, so a socket file left here is stale
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        return sock, f"unix:{path}"
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE or not fallback_port:
+            sock.close()
+            raise DaemonError(
+                f"cannot listen on {settings.host}:{settings.port}: {error.strerror}; "
+                "pick another with --port"
+            ) from error
+        sock.bind((settings.host, 0))
+    sock.listen(128)
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{host}:{port}"
+
+
+class Daemon:
+    """One gpumux daemon: `start()` prepares it, `serve()` runs it until stopped."""
+
+    def __init__(self, settings: Settings, *, probe: DeviceProbe | None = None) -> None:
+        self.settings = settings
+        self._probe = probe
+        self._lock: IO[str] | None = None
+        self._socket: socket.socket | None = None
+        self.url = ""
+        self.sessions: Sessions | None = None
+        self.scheduler: Scheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signals: asyncio.Queue[int] | None = None
+        self._stop_requests = 0
+
+    def start(self, *, fallback_port: bool = False) -> None:
+        """Take the lock, migrate the database, bind the socket."""
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.settings.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = acquire_lock(self.settings)
+        engine = make_engine(self.settings.db_url)
+        upgrade(engine)
+        self.sessions = make_sessions(engine)
+        self._socket, self.url = bind(self.settings, fallback_port=fallback_port)
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"{os.getpid()} {self.url}\n")
+        self._lock.flush()
+
+    async def serve(self) -> None:
+        """Run the API and the scheduler until a stop is requested, then stop in order."""
+        assert self.sessions is not None and self._socket is not None, "start() first"
+        self._loop = asyncio.get_running_loop()
+        self._signals = asyncio.Queue()
+        probe = self._probe or make_probe()
+        self.scheduler = Scheduler(
+            settings=self.settings, sessions=self.sessions, probe=probe, url=self.url
+        )
+        scheduler = self.scheduler
+        app = create_app(
+            settings=self.settings,
+            sessions=self.sessions,
+            devices_view=lambda: scheduler.devices,
+            notify=scheduler.wake,
+        )
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        server = _Server(config)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
+        stop_scheduling = asyncio.Event()
+        server_task = asyncio.create_task(server.serve(sockets=[self._socket]))
+        scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
+        log.info("daemon: serving on %s (database %s)", self.url, self.settings.db_path)
+        try:
+            first = asyncio.create_task(self._signals.get())
+            await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
+            if scheduler_task.done():
+                first.cancel()
+                log.critical("daemon: the scheduler stopped unexpectedly; stopping the trials")
+            else:
+                log.info("daemon: warm stop: launching nothing new, stopping trials")
+            stop_scheduling.set()
+            await asyncio.wait([scheduler_task])
+            drain = asyncio.create_task(scheduler.drain())
+            while not drain.done():
+                second = asyncio.create_task(self._signals.get())
+                await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+                if second.done():
+                    log.warning("daemon: cold stop: killing every trial now")
+                    scheduler.force()
+                else:
+                    second.cancel()
+        finally:
+            server.should_exit = True
+            await server_task
+            if scheduler_task.done() and scheduler_task.exception() is not None:
+                log.critical("daemon: scheduler failed", exc_info=scheduler_task.exception())
+            probe.close()
+            if threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    self._loop.remove_signal_handler(signum)
+            self.close()
+
+    def request_stop(self) -> None:
+        """Warm stop the first time, cold stop the second; safe from any thread."""
+        if self._loop is not None and self._signals is not None:
+            self._loop.call_soon_threadsafe(self._signals.put_nowait, signal.SIGTERM)
+
+    def close(self) -> None:
+        """Release the socket, the database and the lock."""
+        if self._socket is not None:
+            self._socket.close()
+            if self.settings.uds is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.settings.uds.unlink()
+            self._socket = None
+        if self.sessions is not None:
+            self.sessions.engine.dispose()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+@contextlib.contextmanager
+def embedded(settings: Settings) -> Iterator[Daemon]:
+    """A daemon on a background thread for the length of a `with` block (the CLI's default)."""
+    daemon = Daemon(settings)
+    daemon.start(fallback_port=True)
+    ready = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        async def main() -> None:
+            task = asyncio.create_task(daemon.serve())
+            await asyncio.sleep(0)
+            ready.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # reported to the caller's thread
+            failure.append(error)
+            ready.set()
+
+    thread = threading.Thread(target=run, name="gpumux-daemon", daemon=True)
+    thread.start()
+    ready.wait()
+    try:
+        yield daemon
+    finally:
+        daemon.request_stop()
+        thread.join()
+        if failure:
+            raise DaemonError(f"the embedded daemon failed: {failure[0]}") from failure[0]
+
+
+def serve_forever(settings: Settings) -> None:
+    """`gpumux serve`: run in the foreground until SIGTERM or Ctrl-C."""
+    daemon = Daemon(settings)
+    daemon.start()
+    print(f"gpumux: serving on {daemon.url} (database {settings.db_path})", flush=True)
+    asyncio.run(daemon.serve())
+
+
+def read_lock_url(lock_path: Path) -> str | None:
+    """The URL written in a daemon's lock file, if a daemon holds it."""
+    try:
+        holder = lock_path.read_text().split()
+    except OSError:
+        return None
+    return holder[1] if len(holder) >= 2 else None

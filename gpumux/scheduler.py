@@ -1,0 +1,414 @@
+"""The scheduler: the one loop that starts, watches and stops trial processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+import time
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from sqlalchemy.orm import Session
+
+from gpumux import placement, store, sweepspec
+from gpumux.config import Settings
+from gpumux.db import Sessions
+from gpumux.devices import DeviceProbe, DeviceSnapshot, NvmlUnavailable
+from gpumux.launcher import (
+    LaunchError,
+    LaunchSpec,
+    TrialProcess,
+    group_pids,
+    process_start_ticks,
+    signal_group,
+    tail_lines,
+)
+from gpumux.models import Trial, TrialStatus, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class StopReason(StrEnum):
+    cancel = "cancel"
+    timeout = "timeout"
+    shutdown = "shutdown"
+
+
+@dataclass
+class Running:
+    """A trial process the scheduler owns, and why it is being stopped, if it is."""
+
+    process: TrialProcess
+    deadline: float | None
+    stop: StopReason | None = None
+    kill_at: float | None = None
+
+
+class Scheduler:
+    """Fills device slots from the queue; the only writer of trial lifecycle state."""
+
+    def __init__(
+        self, *, settings: Settings, sessions: Sessions, probe: DeviceProbe, url: str
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.probe = probe
+        self.url = url
+        self.devices: list[DeviceSnapshot] = []
+        self._probed_at = float("-inf")
+        self._running: dict[int, Running] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def wake(self) -> None:
+        """Ask for a tick soon; safe to call from any thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until `stop` is set, waking on trial exits, new work and deadlines."""
+        self._loop = asyncio.get_running_loop()
+        self.reconcile()
+        while not stop.is_set():
+            await self.tick()
+            self._wake.clear()
+            waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, timeout=self._next_wait(), return_when="FIRST_COMPLETED")
+            for waiter in waits:
+                waiter.cancel()
+
+    async def run_until_idle(self) -> None:
+        """Burst mode: tick until no trial is queued or running (for tests and tools)."""
+        self._loop = asyncio.get_running_loop()
+        self.reconcile()
+        while True:
+            await self.tick()
+            with self.sessions.read() as session:
+                if not self._running and store.pending_work(session=session) == 0:
+                    return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+            except TimeoutError:
+                pass
+
+    async def tick(self) -> None:
+        """One pass: reap exits, act on cancels and deadlines, then fill free slots."""
+        self.reap()
+        self.apply_cancels()
+        self.apply_deadlines()
+        if not self._draining:
+            self.place_and_launch()
+
+    def reconcile(self) -> None:
+        """At start: trials the database calls active but no one supervises are requeued."""
+        with self.sessions.write.begin() as session:
+            for trial in store.active_trials(session=session):
+                if trial.id in self._running:
+                    continue
+                pid = trial.pid
+                if pid is not None and process_start_ticks(pid) == trial.pid_started:
+                    log.warning("trial %s: pid %d outlived its daemon; killing it", trial.id, pid)
+                    signal_group(pid, signal.SIGKILL)
+                self._requeue_or_lose(session, trial, "the daemon stopped while it ran")
+
+    def reap(self) -> None:
+        """Record the end of every trial process that has exited."""
+        for trial_id, entry in list(self._running.items()):
+            if not entry.process.exited():
+                continue
+            if self._loop is not None and entry.process.pidfd is not None:
+                self._loop.remove_reader(entry.process.pidfd)
+            exit_status = entry.process.reap()
+            del self._running[trial_id]
+            with self.sessions.write.begin() as session:
+                trial = store.get_trial(session=session, trial_id=trial_id)
+                if trial is None:
+                    continue
+                fields = {
+                    "exit_code": exit_status.exit_code,
+                    "signal": exit_status.signal,
+                    "ended_at": utcnow(),
+                }
+                if entry.stop is StopReason.shutdown:
+                    self._requeue_or_lose(session, trial, "stopped by a daemon shutdown")
+                elif entry.stop is StopReason.cancel:
+                    store.set_trial_status(
+                        session=session, trial=trial, status=TrialStatus.cancelled, **fields
+                    )
+                elif entry.stop is StopReason.timeout:
+                    limit = trial.sweep.time_limit_s
+                    store.set_trial_status(
+                        session=session,
+                        trial=trial,
+                        status=TrialStatus.failed,
+                        error=f"time limit of {limit:g} s exceeded; stopped",
+                        **fields,
+                    )
+                elif exit_status.exit_code == 0:
+                    store.set_trial_status(
+                        session=session, trial=trial, status=TrialStatus.succeeded, **fields
+                    )
+                else:
+                    tail = tail_lines(trial.log_path, self.settings.log_tail_lines)
+                    store.set_trial_status(
+                        session=session,
+                        trial=trial,
+                        status=TrialStatus.failed,
+                        error=f"{exit_status.describe()}; last lines of its log:\n{tail}",
+                        **fields,
+                    )
+                log.info("trial %s: %s -> %s", trial_id, exit_status.describe(), trial.status)
+
+    def apply_cancels(self) -> None:
+        """Drop the queued trials of cancelled sweeps and stop their running ones."""
+        with self.sessions.write.begin() as session:
+            for sweep in store.sweeps_to_cancel(session=session):
+                store.cancel_queued_trials(session=session, sweep=sweep)
+        for trial_id in self._trials_of_cancelled_sweeps():
+            self.stop_trial(trial_id, StopReason.cancel)
+
+    def _trials_of_cancelled_sweeps(self) -> list[int]:
+        sweep_ids = {entry.process.spec.sweep_id for entry in self._running.values()}
+        if not sweep_ids:
+            return []
+        with self.sessions.read() as session:
+            cancelled = {
+                sweep_id
+                for sweep_id in sweep_ids
+                if (sweep := store.get_sweep(session=session, sweep_id=sweep_id))
+                and sweep.cancel_requested
+            }
+        return [
+            trial_id
+            for trial_id, entry in self._running.items()
+            if entry.process.spec.sweep_id in cancelled and entry.stop is None
+        ]
+
+    def apply_deadlines(self) -> None:
+        """Stop trials past their time limit; SIGKILL groups past their grace period."""
+        now = time.monotonic()
+        for trial_id, entry in self._running.items():
+            if entry.stop is None and entry.deadline is not None and now >= entry.deadline:
+                log.info("trial %s: time limit reached", trial_id)
+                self.stop_trial(trial_id, StopReason.timeout)
+            elif entry.kill_at is not None and now >= entry.kill_at:
+                log.warning("trial %s: still alive after SIGTERM; sending SIGKILL", trial_id)
+                entry.process.kill()
+                entry.kill_at = None
+
+    def stop_trial(self, trial_id: int, reason: StopReason, *, cold: bool = False) -> None:
+        """SIGTERM the trial's group now and SIGKILL it after the grace period (at once if cold)."""
+        entry = self._running[trial_id]
+        entry.stop = entry.stop or reason
+        if cold:
+            entry.process.kill()
+            entry.kill_at = None
+            return
+        entry.process.terminate()
+        entry.kill_at = time.monotonic() + self.settings.kill_grace
+
+    def place_and_launch(self) -> None:
+        """Fill free device slots with queued trials, first come first served."""
+        devices = self._devices()
+        with self.sessions.read() as session:
+            active = store.active_trials(session=session)
+            queued = store.queued_trials(session=session, limit=self._free_slot_bound(devices))
+            pending = [placement.PendingTrial(trial_id=t.id, split=t.sweep.split) for t in queued]
+        if not pending:
+            return
+        running = [
+            placement.RunningTrial(
+                trial_id=t.id,
+                device_key=t.device,
+                slot=t.slot or 0,
+                memory_limit_mb=t.memory_limit_mb,
+            )
+            for t in active
+            if t.device is not None
+        ]
+        our_pids: set[int] = set()
+        if any(device.kind == "gpu" for device in devices):
+            our_pids = group_pids({entry.process.pgid for entry in self._running.values()})
+        plan = placement.place(
+            devices=devices,
+            running=running,
+            pending=pending,
+            policy=self._policy(),
+            our_pids=our_pids,
+        )
+        by_key = {device.key: device for device in devices}
+        for chosen in plan:
+            self.launch(chosen, by_key[chosen.device_key])
+
+    def launch(self, chosen: placement.Placement, device: DeviceSnapshot) -> None:
+        """Start one placed trial: claim its slot, spawn it, record its pid."""
+        token = secrets.token_urlsafe(32)
+        with self.sessions.write.begin() as session:
+            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+            if trial is None or trial.status is not TrialStatus.queued:
+                return
+            log_path = (
+                self.settings.logs_dir
+                / f"sweep-{trial.sweep_id}"
+                / (f"trial-{trial.id}.{trial.attempt}.log")
+            )
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.starting,
+                device=chosen.device_key,
+                slot=chosen.slot,
+                split=chosen.split,
+                memory_limit_mb=chosen.memory_limit_mb,
+                cpu_threads=chosen.cpu_threads,
+                token_hash=store.token_hash(token),
+                log_path=str(log_path),
+                exit_code=None,
+                signal=None,
+                error=None,
+            )
+            sweep = trial.sweep
+            spec = LaunchSpec(
+                trial_id=trial.id,
+                sweep_id=sweep.id,
+                attempt=trial.attempt,
+                argv=sweepspec.render_command(sweep.command, trial.params),
+                workdir=sweep.workdir,
+                base_env=sweep.env,
+                params=trial.params,
+                url=self.url,
+                token=token,
+                log_path=log_path,
+                device_kind=device.kind,
+                visible_device=visible_device(device),
+                device_memory_mb=device.memory_total_mb,
+                split=chosen.split,
+                memory_limit_mb=chosen.memory_limit_mb,
+                cpu_threads=chosen.cpu_threads,
+            )
+            time_limit = sweep.time_limit_s
+        try:
+            process = TrialProcess.spawn(spec)
+        except LaunchError as error:
+            log.warning("trial %s: %s", chosen.trial_id, error)
+            with self.sessions.write.begin() as session:
+                trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+                if trial is not None:
+                    store.set_trial_status(
+                        session=session,
+                        trial=trial,
+                        status=TrialStatus.failed,
+                        error=str(error),
+                        ended_at=utcnow(),
+                    )
+            return
+        deadline = time.monotonic() + time_limit if time_limit else None
+        self._running[chosen.trial_id] = Running(process=process, deadline=deadline)
+        if process.pidfd is not None and self._loop is not None:
+            self._loop.add_reader(process.pidfd, self._on_exit, process)
+        with self.sessions.write.begin() as session:
+            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+            if trial is not None:
+                store.set_trial_status(
+                    session=session,
+                    trial=trial,
+                    status=TrialStatus.running,
+                    pid=process.pid,
+                    pid_started=process.start_ticks,
+                    started_at=utcnow(),
+                )
+
+    def _on_exit(self, process: TrialProcess) -> None:
+        if self._loop is not None and process.pidfd is not None:
+            self._loop.remove_reader(process.pidfd)
+        self._wake.set()
+
+    async def drain(self, *, cold: bool = False) -> None:
+        """Warm stop: launch nothing more, stop every trial (SIGTERM, SIGKILL later), requeue."""
+        self._draining = True
+        for trial_id in list(self._running):
+            self.stop_trial(trial_id, StopReason.shutdown, cold=cold)
+        while self._running:
+            self._wake.clear()
+            self.reap()
+            self.apply_deadlines()
+            if self._running:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+                except TimeoutError:
+                    pass
+
+    def force(self) -> None:
+        """Cold stop: SIGKILL every trial group now."""
+        for trial_id in list(self._running):
+            self.stop_trial(trial_id, StopReason.shutdown, cold=True)
+        self._wake.set()
+
+    def _requeue_or_lose(self, session: Session, trial: Trial, why: str) -> None:
+        if trial.attempt <= self.settings.lost_retries:
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.queued,
+                attempt=trial.attempt + 1,
+                error=f"attempt {trial.attempt} {why}; requeued",
+                queued_at=utcnow(),
+                pid=None,
+            )
+        else:
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.lost,
+                error=f"attempt {trial.attempt} {why}; no retries left",
+                ended_at=utcnow(),
+            )
+
+    def _devices(self) -> list[DeviceSnapshot]:
+        now = time.monotonic()
+        if now - self._probed_at >= self.settings.poll_interval:
+            self._probed_at = now
+            try:
+                self.devices = self.probe.snapshot()
+            except NvmlUnavailable as error:
+                # Keep the last snapshot: trials on it run on; nothing new is placed blindly.
+                log.error("devices: NVML failed (%s); placing nothing until it answers", error)
+                self.devices = [replace(d, error=str(error)) for d in self.devices]
+        return self.devices
+
+    def _policy(self) -> placement.PackingPolicy:
+        return placement.PackingPolicy(
+            default_split=self.settings.default_split,
+            cpu_default_split=self.settings.cpu_split,
+            overhead_mb=self.settings.overhead_mb,
+            reserve_mb=self.settings.reserve_mb,
+            min_memory_mb=self.settings.min_memory_mb,
+        )
+
+    def _free_slot_bound(self, devices: list[DeviceSnapshot]) -> int:
+        # No device takes more than 64 trials (schemas.MAX_SPLIT): bounds the queue read.
+        return 64 * max(1, len(devices))
+
+    def _next_wait(self) -> float:
+        now = time.monotonic()
+        moments = [self.settings.poll_interval]
+        for entry in self._running.values():
+            for moment in (entry.deadline if entry.stop is None else None, entry.kill_at):
+                if moment is not None:
+                    moments.append(max(0.0, moment - now))
+        return min(moments)
+
+
+def visible_device(device: DeviceSnapshot) -> str:
+    """CUDA_VISIBLE_DEVICES for a trial on this device: the GPU's UUID, its index without one."""
+    if device.kind == "cpu":
+        return ""
+    return device.uuid or str(device.index)

@@ -1,0 +1,278 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from builders import sweep_in
+
+from gpumux import store, sweepspec
+from gpumux.config import Settings
+from gpumux.db import Sessions
+from gpumux.devices import CpuProbe
+from gpumux.launcher import process_start_ticks
+from gpumux.models import SweepStatus, Trial, TrialStatus
+from gpumux.scheduler import Scheduler
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DEADLINE = 60.0
+
+
+class Harness:
+    """A real scheduler over the test database, with helpers to submit and inspect."""
+
+    def __init__(self, settings: Settings, sessions: Sessions, tmp_path: Path) -> None:
+        self.sessions = sessions
+        self.tmp_path = tmp_path
+        self.scheduler = Scheduler(
+            settings=settings, sessions=sessions, probe=CpuProbe(), url="http://127.0.0.1:9"
+        )
+
+    def submit(self, *params: str, command: list[str], **fields: object) -> int:
+        sweep = sweep_in(self.tmp_path, *params, command=command, **fields)
+        trial_params = sweepspec.expand(
+            sweepspec.parse_params(sweep.params), trials=None, seed=1, max_grid=100
+        )
+        with self.sessions.write.begin() as session:
+            owner = store.get_or_create_owner(session=session, name="tester")
+            return store.create_sweep(
+                session=session, sweep_in=sweep, owner=owner, seed=1, trial_params=trial_params
+            ).id
+
+    def trials(self, sweep_id: int) -> list[Trial]:
+        with self.sessions.read() as session:
+            return store.list_trials(session=session, sweep_id=sweep_id)[0]
+
+    def sweep_status(self, sweep_id: int) -> SweepStatus:
+        with self.sessions.read() as session:
+            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            assert sweep is not None
+            return sweep.status
+
+    def cancel(self, sweep_id: int) -> None:
+        with self.sessions.write.begin() as session:
+            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            assert sweep is not None
+            store.request_cancel(session=session, sweep=sweep)
+        self.scheduler.wake()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for a condition that the running scheduler will bring about, with a deadline."""
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (a zombie runs nothing; PID 1 here may never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def wait_gone(pids: list[int]) -> list[int]:
+    """The pids still running once they all ended or 10 s passed (SIGKILL needs a moment)."""
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [pid for pid in pids if not gone(pid)]
+
+
+@pytest.fixture
+def harness(settings: Settings, sessions: Sessions, tmp_path: Path) -> Harness:
+    return Harness(settings, sessions, tmp_path)
+
+
+def test_split_2_never_runs_more_than_2_at_once(harness: Harness) -> None:
+    work = "import time, sys; time.sleep(0.3)"
+    sweep_id = harness.submit("x=1..6", command=[sys.executable, "-c", work], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    trials = harness.trials(sweep_id)
+    assert {t.status for t in trials} == {TrialStatus.succeeded}
+    events = sorted(
+        [(t.started_at, 1) for t in trials] + [(t.ended_at, -1) for t in trials],
+        key=lambda event: (event[0], event[1]),
+    )
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    assert peak == 2, f"peak concurrency {peak}"
+    assert {t.slot for t in trials} == {0, 1}
+    assert harness.sweep_status(sweep_id) == SweepStatus.finished
+
+
+def test_a_crashing_trial_fails_with_its_code_and_log_while_others_finish(harness: Harness) -> None:
+    sweep_id = harness.submit(
+        "code=0,3", "n=1,2", command=[sys.executable, str(FIXTURES / "crash.py")], split=2
+    )
+    asyncio.run(harness.scheduler.run_until_idle())
+    by_code: dict[int, list[Trial]] = {0: [], 3: []}
+    for trial in harness.trials(sweep_id):
+        by_code[trial.params["code"]].append(trial)
+    assert [t.status for t in by_code[0]] == [TrialStatus.succeeded] * 2
+    for crashed in by_code[3]:
+        assert crashed.status == TrialStatus.failed and crashed.exit_code == 3
+        assert crashed.error is not None
+        assert "exited with code 3" in crashed.error
+        assert "crash: giving up with code 3" in crashed.error
+        assert "crash: line 29" in crashed.error and "crash: line 0\n" not in crashed.error
+
+
+def test_the_trial_contract_reaches_the_process(harness: Harness, tmp_path: Path) -> None:
+    os.environ["SUBMITTER_MARK"] = "from-the-submitter"
+    try:
+        sweep_id = harness.submit(
+            "lr=1e-3..1e-1:3",
+            "opt=adam",
+            command=[sys.executable, str(FIXTURES / "echo_env.py"), "--opt-is={opt}"],
+            split=2,
+        )
+    finally:
+        del os.environ["SUBMITTER_MARK"]
+    asyncio.run(harness.scheduler.run_until_idle())
+    trial = harness.trials(sweep_id)[0]
+    assert trial.status == TrialStatus.succeeded and trial.log_path is not None
+    output = json.loads(Path(trial.log_path).read_text().splitlines()[-1])
+    assert output["argv"] == ["--opt-is=adam", "--lr=0.001"]
+    assert output["cwd"] == str(tmp_path)
+    env = output["env"]
+    assert env["SUBMITTER_MARK"] == "from-the-submitter"
+    assert env["GPUMUX_TRIAL_ID"] == str(trial.id) and env["GPUMUX_SWEEP_ID"] == str(sweep_id)
+    assert json.loads(env["GPUMUX_PARAMS"]) == {"lr": 0.001, "opt": "adam"}
+    assert env["GPUMUX_SPLIT"] == "2" and env["GPUMUX_CPU_THREADS"] == env["OMP_NUM_THREADS"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["GPUMUX_DEVICE_KIND"] == "cpu"
+    assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("gpumux/runtime/bootstrap")
+    assert len(env["GPUMUX_TRIAL_TOKEN"]) > 30 and env["GPUMUX_URL"] == "http://127.0.0.1:9"
+
+
+def test_a_command_that_cannot_start_fails_with_the_reason(harness: Harness) -> None:
+    sweep_id = harness.submit("x=1,2", command=["no-such-program-gpumux"], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    for trial in harness.trials(sweep_id):
+        assert trial.status == TrialStatus.failed
+        assert (
+            trial.error is not None and "command not found: 'no-such-program-gpumux'" in trial.error
+        )
+
+
+def test_cancel_kills_trials_and_their_grandchildren(harness: Harness, tmp_path: Path) -> None:
+    pidfiles = [tmp_path / f"pids-{i}" for i in range(2)]
+    sweep_id = harness.submit(
+        "n=0,1,2",
+        command=[sys.executable, str(FIXTURES / "sleeper.py"), str(tmp_path / "pids-{n}")],
+        split=2,
+    )
+
+    async def scenario() -> list[int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(lambda: all(p.exists() for p in pidfiles), "both trials to start")
+        pids = [int(pid) for p in pidfiles for pid in p.read_text().split()]
+        harness.cancel(sweep_id)
+        await until(lambda: harness.sweep_status(sweep_id) == SweepStatus.cancelled, "cancel")
+        stop.set()
+        await task
+        return pids
+
+    pids = asyncio.run(scenario())
+    statuses = [t.status for t in harness.trials(sweep_id)]
+    assert statuses == [TrialStatus.cancelled] * 3
+    assert not (tmp_path / "pids-2").exists(), "the queued trial must never start"
+    assert wait_gone(pids) == []
+
+
+def test_a_trial_that_ignores_sigterm_is_killed_after_the_grace_period(
+    harness: Harness, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pids"
+    sweep_id = harness.submit(
+        command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    )
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(pidfile.exists, "the trial to start")
+        harness.cancel(sweep_id)
+        cancelled_at = time.monotonic()
+        await until(lambda: harness.sweep_status(sweep_id) == SweepStatus.cancelled, "cancel")
+        stop.set()
+        await task
+        return time.monotonic() - cancelled_at
+
+    asyncio.run(scenario())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.cancelled
+    assert trial.signal == signal.SIGKILL, "SIGTERM was ignored: only SIGKILL ends it"
+
+
+def test_a_trial_past_its_time_limit_fails(harness: Harness, tmp_path: Path) -> None:
+    sweep_id = harness.submit(
+        command=[sys.executable, str(FIXTURES / "sleeper.py"), str(tmp_path / "pids")],
+        time_limit_s=0.5,
+    )
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.failed
+    assert trial.error == "time limit of 0.5 s exceeded; stopped"
+    assert trial.signal == signal.SIGTERM
+
+
+def test_a_warm_stop_requeues_running_trials_for_the_next_daemon(
+    harness: Harness, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pids"
+    sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(pidfile.exists, "the trial to start")
+        stop.set()
+        await task
+        await harness.scheduler.drain()
+
+    asyncio.run(scenario())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.queued and trial.attempt == 2
+    assert trial.error == "attempt 1 stopped by a daemon shutdown; requeued"
+    assert wait_gone([int(pid) for pid in pidfile.read_text().split()]) == []
+
+
+def test_at_start_a_trial_left_running_by_a_dead_daemon_is_killed_and_requeued(
+    harness: Harness, tmp_path: Path
+) -> None:
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
+    sweep_id = harness.submit(command=["true"])
+    with harness.sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.running,
+            pid=orphan.pid,
+            pid_started=process_start_ticks(orphan.pid),
+        )
+    harness.scheduler.reconcile()
+    assert orphan.wait(timeout=10) == -signal.SIGKILL
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.queued and trial.attempt == 2
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.succeeded and trial.attempt == 2
