@@ -1,0 +1,55 @@
+"""The in-trial library: a trial's parameters, and its reports to the gpumux daemon.
+
+Runs inside the user's training process, which may be another interpreter without gpumux installed
+(the bootstrap sitecustomize makes this package importable there). It imports only the standard
+library, lazily, and nothing else from gpumux. Outside gpumux every function is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["in_trial", "params", "report"]
+
+# The interval of the first report() starts when the runtime is loaded, which under gpumux is
+# when the interpreter starts (the bootstrap loads it).
+_previous_report_at = time.monotonic()
+
+
+def in_trial() -> bool:
+    """Whether this process runs as a gpumux trial."""
+    return bool(os.environ.get("GPUMUX_TRIAL_ID"))
+
+
+def params() -> dict[str, Any]:
+    """This trial's parameters (GPUMUX_PARAMS); {} outside gpumux."""
+    raw = os.environ.get("GPUMUX_PARAMS")
+    if not in_trial() or not raw:
+        return {}
+    import json
+
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"GPUMUX_PARAMS is not a JSON object: {raw!r}")
+    return value
+
+
+def report(samples: float | None = None, **metrics: float) -> None:
+    """Report samples processed since the previous report() and metrics; a no-op outside gpumux.
+
+    The interval is measured here; the first one starts when gpumux.runtime was loaded, which
+    under gpumux is at interpreter start.
+    """
+    global _previous_report_at
+    now = time.monotonic()
+    seconds, _previous_report_at = now - _previous_report_at, now
+    if not in_trial():
+        return
+    from gpumux.runtime import reporter
+
+    reporter.submit(kind="manual", epoch=None, samples=samples, seconds=seconds, metrics=metrics)

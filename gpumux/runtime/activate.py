@@ -1,0 +1,38 @@
+"""Trial start-up, run by the bootstrap sitecustomize before the user's script.
+
+It sets JAX's environment and hooks the frameworks; each framework's own set-up waits for the
+script to import it, so a trial that never imports TensorFlow pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpumux.runtime import context, frameworks, importhook
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def activate() -> None:
+    """Prepare this trial process for its slice and its measurement; nothing outside gpumux."""
+    trial = context.current()
+    if trial is None:
+        return
+    frameworks.set_jax_environment(trial, os.environ)
+
+    def on_tensorflow(tf: ModuleType) -> None:
+        frameworks.cap_tensorflow(tf, trial)
+
+    def on_torch(torch: ModuleType) -> None:
+        frameworks.cap_torch(torch, trial)
+
+    importhook.install({"tensorflow": on_tensorflow, "keras": _on_keras, "torch": on_torch})
+
+
+def _on_keras(keras: ModuleType) -> None:
+    # Imported here: inspect and functools cost milliseconds that a trial without Keras keeps.
+    from gpumux.runtime import keras_fit
+
+    keras_fit.instrument(keras)

@@ -1,0 +1,150 @@
+"""This trial's slice of its device, applied to TensorFlow, PyTorch and JAX.
+
+On a GPU the slice is a memory limit; on the CPU device it is a thread count. Each function here
+runs right after its framework is imported (see importhook), and says on stderr what it applied.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpumux.runtime.context import TrialContext, say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from types import ModuleType
+
+TOO_LATE_FIX = (
+    "make sure nothing runs a TensorFlow operation before `import tensorflow` returns "
+    "(a .pth file, another sitecustomize, a plugin) and that the script does not configure "
+    "TensorFlow's devices itself"
+)
+
+
+def memory_fraction(trial: TrialContext) -> float | None:
+    """The slice as a fraction of the whole GPU, rounded down; None when either size is unknown."""
+    if not trial.memory_limit_mb or not trial.device_memory_mb:
+        return None
+    # Rounded down so that the framework's own rounding cannot grant more than the slice.
+    return min(1.0, math.floor(trial.memory_limit_mb / trial.device_memory_mb * 1e4) / 1e4)
+
+
+def cap_tensorflow(tf: ModuleType, trial: TrialContext) -> None:
+    """Give TensorFlow this trial's slice: a logical GPU with a memory limit, or CPU threads."""
+    if trial.device_kind == "gpu":
+        _cap_tensorflow_gpu(tf, trial)
+    else:
+        _cap_tensorflow_cpu(tf, trial)
+
+
+def _cap_tensorflow_gpu(tf: ModuleType, trial: TrialContext) -> None:
+    limit = trial.memory_limit_mb
+    if limit is None:
+        say("tensorflow: no GPUMUX_MEMORY_LIMIT_MB; TensorFlow's GPU memory is left as it is")
+        return
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        say(f"WARNING: TensorFlow sees no GPU; the {limit} MB slice is not applied")
+        return
+    config = tf.config.LogicalDeviceConfiguration(memory_limit=limit)
+    try:
+        tf.config.set_logical_device_configuration(gpus[0], [config])
+    except RuntimeError as err:
+        _warn_too_late(f"its {limit} MB memory limit", err)
+        return
+    say(
+        f"tensorflow: GPU:0 capped at {limit} MB{trial.split_note}, "
+        "applied before TensorFlow initialised"
+    )
+    _ignore_memory_growth(tf, limit)
+
+
+def _ignore_memory_growth(tf: ModuleType, limit: int) -> None:
+    # Scripts often turn memory growth on; TensorFlow refuses it on a GPU split into logical
+    # devices (ValueError), which would end an unmodified script. The slice already bounds memory.
+    experimental = tf.config.experimental
+    original = experimental.set_memory_growth
+
+    def set_memory_growth(device: object, enable: bool) -> None:
+        if getattr(device, "device_type", None) != "GPU":
+            original(device, enable)
+            return
+        say(
+            f"tensorflow: ignored set_memory_growth(..., {enable}): gpumux caps this trial's "
+            f"GPU memory at {limit} MB instead"
+        )
+
+    experimental.set_memory_growth = set_memory_growth
+
+
+def _cap_tensorflow_cpu(tf: ModuleType, trial: TrialContext) -> None:
+    threads = trial.cpu_threads
+    if threads is None:
+        say("tensorflow: CPU device without GPUMUX_CPU_THREADS; thread counts left as they are")
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError as err:
+        _warn_too_late(f"its limit of {threads} thread(s)", err)
+        return
+    say(
+        f"tensorflow: CPU device, {threads} intra-op and {threads} inter-op thread(s)"
+        f"{trial.split_note}, applied before TensorFlow initialised"
+    )
+
+
+def _warn_too_late(what: str, err: RuntimeError) -> None:
+    if "cannot be modified" not in str(err):
+        raise err
+    say(
+        f"WARNING: TensorFlow was initialised before gpumux could apply the slice ({err}); "
+        f"this trial runs WITHOUT {what}. To fix it, {TOO_LATE_FIX}."
+    )
+
+
+def cap_torch(torch: ModuleType, trial: TrialContext) -> None:
+    """Give PyTorch this trial's slice: a CUDA memory fraction, or CPU threads."""
+    if trial.device_kind != "gpu":
+        threads = trial.cpu_threads
+        if threads is None:
+            say("torch: CPU device without GPUMUX_CPU_THREADS; thread count left as it is")
+            return
+        torch.set_num_threads(threads)
+        say(f"torch: CPU device, {threads} thread(s){trial.split_note}")
+        return
+    fraction = memory_fraction(trial)
+    if fraction is None:
+        say(
+            "torch: no GPUMUX_MEMORY_LIMIT_MB or GPUMUX_DEVICE_MEMORY_MB; CUDA memory left as it is"
+        )
+        return
+    message = (
+        f"torch: cuda:0 capped at {trial.memory_limit_mb} MB{trial.split_note}, memory fraction "
+        f"{fraction} of {trial.device_memory_mb} MB, applied as CUDA initialised"
+    )
+
+    def apply() -> None:
+        # Runs inside torch's CUDA initialisation: raising would fail the script's first CUDA call.
+        try:
+            torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        except Exception as err:
+            say(f"WARNING: torch: could not cap CUDA memory ({err}); this trial runs WITHOUT it")
+            return
+        say(message)
+
+    # Queued until the script first uses CUDA: initialising it here would cost a context in
+    # scripts that never use the GPU and break CUDA in children forked before their first use.
+    torch.cuda._lazy_call(apply)
+
+
+def set_jax_environment(trial: TrialContext, environ: MutableMapping[str, str]) -> None:
+    """Turn JAX's preallocation off and cap its memory; JAX reads these only when it starts."""
+    fraction = memory_fraction(trial)
+    if trial.device_kind != "gpu" or fraction is None:
+        return
+    environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # JAX accepts the old and the new name; setting both can fail its CUDA plugin, so only one.
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" not in environ and "XLA_CLIENT_MEM_FRACTION" not in environ:
+        environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(fraction)

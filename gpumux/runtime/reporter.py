@@ -1,0 +1,241 @@
+"""Reports to the gpumux daemon: POST {GPUMUX_URL}/reports from a background thread.
+
+Training never waits on HTTP: reports go into a bounded queue that one daemon thread drains. A
+daemon that does not answer costs one warning line; the reports meanwhile are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import json
+import math
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections import deque
+
+from gpumux.runtime import context
+from gpumux.runtime.context import say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+MAX_PENDING = 1000
+REQUEST_TIMEOUT_S = 5.0
+EXIT_FLUSH_TIMEOUT_S = 2.0
+# After a failed delivery, reports are dropped for this long rather than sent to a dead daemon.
+RETRY_AFTER_S = 5.0
+
+
+class ReportRejected(Exception):
+    """The daemon answered a report with an error status."""
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket, for GPUMUX_URL='unix:/path/to/socket'."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        """Connect to the socket path instead of a host and port."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def finite_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The numeric, finite values as floats; JSON cannot carry NaN and logs hold other things."""
+    numbers: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            numbers[str(name)] = number
+    return numbers
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+class Reporter:
+    """Queues this trial's reports and delivers them to the daemon on a daemon thread."""
+
+    def __init__(self, *, url: str | None, token: str | None, trial_id: int, attempt: int) -> None:
+        self.url = url
+        self.token = token
+        self.trial_id = trial_id
+        self.attempt = attempt
+        self.delivered = 0
+        self.dropped = 0
+        self._pending: deque[bytes] = deque()
+        self._sending = False
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._warned = False
+        self._retry_at = 0.0
+
+    def submit(
+        self,
+        *,
+        kind: str,
+        epoch: int | None,
+        samples: float | None,
+        seconds: float | None,
+        metrics: Mapping[str, object],
+    ) -> None:
+        """Queue one report; samples were processed in the interval of `seconds`."""
+        body = {
+            "trial_id": self.trial_id,
+            "attempt": self.attempt,
+            "kind": kind,
+            "epoch": epoch,
+            "samples": _finite_or_none(samples),
+            "seconds": _finite_or_none(seconds),
+            "metrics": finite_metrics(metrics),
+        }
+        data = json.dumps(body, allow_nan=False).encode()
+        with self._changed:
+            if len(self._pending) >= MAX_PENDING:
+                self.dropped += 1
+                return
+            self._pending.append(data)
+            self._changed.notify_all()
+            if self._thread is None:
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="gpumux-reporter", daemon=True
+                )
+                self._thread.start()
+                atexit.register(self._flush_at_exit)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued report was delivered or dropped; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._pending and not self._sending, timeout)
+
+    def _flush_at_exit(self) -> None:
+        # A forked child inherits this handler but not the thread that would drain the queue.
+        if os.getpid() != self._pid or self.flush(EXIT_FLUSH_TIMEOUT_S):
+            return
+        with self._changed:
+            unsent = len(self._pending) + int(self._sending)
+        say(f"WARNING: {unsent} report(s) not sent at exit: the gpumux daemon answers too slowly")
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._pending))
+                data = self._pending.popleft()
+                self._sending = True
+            delivered = self._deliver(data)
+            with self._changed:
+                self._sending = False
+                if delivered:
+                    self.delivered += 1
+                else:
+                    self.dropped += 1
+                self._changed.notify_all()
+
+    def _deliver(self, data: bytes) -> bool:
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            self._post(data)
+        except (OSError, http.client.HTTPException, ValueError, ReportRejected) as err:
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
+            if not self._warned:
+                self._warned = True
+                say(
+                    f"WARNING: cannot report to the gpumux daemon at {self.url} ({err}); "
+                    "training goes on, reports are dropped while the daemon does not answer"
+                )
+            return False
+        return True
+
+    def _post(self, data: bytes) -> None:
+        connection, path = self._connect()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            connection.request("POST", path, body=data, headers=headers)
+            response = connection.getresponse()
+            response.read()
+        finally:
+            connection.close()
+        if not 200 <= response.status < 300:
+            raise ReportRejected(f"HTTP {response.status} {response.reason}")
+
+    def _connect(self) -> tuple[http.client.HTTPConnection, str]:
+        url = self.url or ""
+        if url.startswith("unix:"):
+            return UnixHTTPConnection(url.removeprefix("unix:"), REQUEST_TIMEOUT_S), "/reports"
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"GPUMUX_URL={url!r} is not http://HOST:PORT or unix:/PATH")
+        connection = http.client.HTTPConnection(
+            parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S
+        )
+        return connection, parts.path.rstrip("/") + "/reports"
+
+
+_lock = threading.Lock()
+_reporter: Reporter | None = None
+
+
+def current() -> Reporter | None:
+    """This process's reporter, made on first use from its environment; None outside gpumux."""
+    global _reporter
+    with _lock:
+        if _reporter is None:
+            trial = context.current()
+            if trial is None:
+                return None
+            _reporter = Reporter(
+                url=trial.url, token=trial.token, trial_id=trial.trial_id, attempt=trial.attempt
+            )
+        return _reporter
+
+
+def submit(
+    *,
+    kind: str,
+    epoch: int | None,
+    samples: float | None,
+    seconds: float | None,
+    metrics: Mapping[str, object],
+) -> None:
+    """Queue one report for the daemon; a no-op outside gpumux."""
+    reporter = current()
+    if reporter is not None:
+        reporter.submit(kind=kind, epoch=epoch, samples=samples, seconds=seconds, metrics=metrics)
+
+
+def _forget_in_child() -> None:
+    # A forked child has the parent's queue but not its thread: it starts its own on first use.
+    global _lock, _reporter
+    _lock = threading.Lock()
+    _reporter = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,1 @@
+"""Tests of gpumux.runtime, the library inside trial processes."""

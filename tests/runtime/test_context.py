@@ -1,0 +1,44 @@
+"""The launcher's contract as the trial reads it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumux.runtime import context
+
+
+def test_context_reads_the_launcher_contract() -> None:
+    trial = context.current(
+        {
+            "GPUMUX_TRIAL_ID": "12",
+            "GPUMUX_ATTEMPT": "3",
+            "GPUMUX_URL": "unix:/run/gpumux.sock",
+            "GPUMUX_TRIAL_TOKEN": "t",
+            "GPUMUX_DEVICE_KIND": "gpu",
+            "GPUMUX_MEMORY_LIMIT_MB": "4096",
+            "GPUMUX_DEVICE_MEMORY_MB": "143771",
+            "GPUMUX_SPLIT": "4",
+        }
+    )
+
+    assert trial is not None
+    assert (trial.trial_id, trial.attempt, trial.url, trial.token) == (
+        12,
+        3,
+        "unix:/run/gpumux.sock",
+        "t",
+    )
+    assert (trial.memory_limit_mb, trial.device_memory_mb, trial.split) == (4096, 143771, 4)
+    assert trial.cpu_threads is None
+    assert context.current({}) is None
+
+
+def test_malformed_numbers_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    trial = context.current({"GPUMUX_TRIAL_ID": "5", "GPUMUX_SPLIT": "four"})
+
+    assert trial is not None
+    assert trial.split is None
+    assert trial.attempt == 1
+    assert (
+        capsys.readouterr().err == "gpumux: WARNING: ignoring GPUMUX_SPLIT='four': not an integer\n"
+    )

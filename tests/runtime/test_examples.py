@@ -1,0 +1,70 @@
+"""The examples run as gpumux trials (CPU device, one thread) and report what a sweep needs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from .support import EXAMPLES, ReportServer, gpumux_lines, run_python, trial_env
+
+
+@pytest.mark.slow
+def test_digits_keras_is_measured_without_knowing_gpumux(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    args = [str(EXAMPLES / "digits_keras.py"), "--epochs=2", "--batch-size=64", "--lr=0.01"]
+
+    result = run_python(args, trial_env(report_server.url), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[-1].startswith("final val_loss=")
+    epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
+    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 1437.0), (2, 1437.0)]
+    assert epochs[-1]["metrics"]["val_accuracy"] > 0.5
+
+
+@pytest.mark.slow
+def test_cifar_cnn_is_measured(report_server: ReportServer, tmp_path: Path) -> None:
+    args = [str(EXAMPLES / "cifar_cnn.py"), "--samples=320", "--epochs=1", "--width=8"]
+
+    result = run_python(args, trial_env(report_server.url), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
+    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 256.0)]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= epochs[0]["metrics"].keys()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="PyTorch is not installed here (pip install torch); torch_mlp.py needs it",
+)
+def test_torch_mlp_reports_training_then_validation(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    args = [str(EXAMPLES / "torch_mlp.py"), "--epochs=2", "--width=32", "--batch_size=64"]
+
+    result = run_python(args, trial_env(report_server.url), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert "gpumux: torch: CPU device, 1 thread(s) (split 2)" in result.stdout
+    reports = report_server.reports
+    assert [(r["kind"], r["samples"], sorted(r["metrics"])) for r in reports] == [
+        ("manual", None, []),
+        ("manual", 1438.0, ["loss"]),
+        ("manual", None, ["val_accuracy", "val_loss"]),
+        ("manual", 1438.0, ["loss"]),
+        ("manual", None, ["val_accuracy", "val_loss"]),
+    ]
+    assert all(r["seconds"] > 0 for r in reports)
+
+
+def test_noop_trial_runs_and_says_nothing(report_server: ReportServer, tmp_path: Path) -> None:
+    result = run_python([str(EXAMPLES / "noop.py")], trial_env(report_server.url), tmp_path)
+
+    assert result.returncode == 0
+    assert gpumux_lines(result.stdout) == []
+    assert result.stdout == ""
+    assert report_server.requests == []

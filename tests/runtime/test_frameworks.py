@@ -1,0 +1,219 @@
+"""The slice applied to TensorFlow, PyTorch and JAX; the plain warning when it comes too late."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpumux.runtime import frameworks
+from gpumux.runtime.context import TrialContext
+
+from .support import FIXTURES, gpumux_lines, run_python, trial_env
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NO_TORCH = "PyTorch is not installed here (pip install torch) so its hook cannot be exercised"
+
+
+def gpu_trial(**changes: Any) -> TrialContext:
+    """A trial on a 143,771 MB GPU with a 4096 MB slice, split 4."""
+    fields: dict[str, Any] = {
+        "trial_id": 1,
+        "attempt": 1,
+        "url": None,
+        "token": None,
+        "device_kind": "gpu",
+        "memory_limit_mb": 4096,
+        "device_memory_mb": 143771,
+        "split": 4,
+        "cpu_threads": None,
+    }
+    fields.update(changes)
+    return TrialContext(**fields)
+
+
+GPU = SimpleNamespace(name="/physical_device:GPU:0", device_type="GPU")
+CPU = SimpleNamespace(name="/physical_device:CPU:0", device_type="CPU")
+
+
+class RecordingTfConfig:
+    """Stand-in for tf.config on a machine with one GPU; the real one needs a GPU build and GPU."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[str, Any, Any]] = []
+        self.experimental = SimpleNamespace(set_memory_growth=self.set_memory_growth)
+
+    def list_physical_devices(self, device_type: str) -> list[Any]:
+        return [GPU] if device_type == "GPU" else []
+
+    def set_memory_growth(self, device: Any, enable: bool) -> None:
+        self.calls.append(("set_memory_growth", device, enable))
+
+    def LogicalDeviceConfiguration(self, memory_limit: int) -> tuple[str, int]:  # noqa: N802
+        return ("LogicalDeviceConfiguration", memory_limit)
+
+    def set_logical_device_configuration(self, device: str, logical_devices: list[Any]) -> None:
+        self.calls.append(("set_logical_device_configuration", device, logical_devices))
+        if self.error is not None:
+            raise self.error
+
+
+def stand_in_tensorflow(config: RecordingTfConfig) -> Any:
+    """A `tensorflow` whose only part is the recording tf.config."""
+    return SimpleNamespace(config=config)
+
+
+def test_tensorflow_gpu_gets_one_logical_device_with_the_memory_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = RecordingTfConfig()
+
+    frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial())
+
+    assert config.calls == [
+        (
+            "set_logical_device_configuration",
+            GPU,
+            [("LogicalDeviceConfiguration", 4096)],
+        )
+    ]
+    assert capsys.readouterr().err == (
+        "gpumux: tensorflow: GPU:0 capped at 4096 MB (split 4), "
+        "applied before TensorFlow initialised\n"
+    )
+
+
+def test_tensorflow_memory_growth_on_the_capped_gpu_is_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = RecordingTfConfig()
+    tf = stand_in_tensorflow(config)
+    frameworks.cap_tensorflow(tf, gpu_trial())
+    capsys.readouterr()
+
+    tf.config.experimental.set_memory_growth(GPU, True)
+    tf.config.experimental.set_memory_growth(CPU, True)
+
+    assert config.calls[1:] == [("set_memory_growth", CPU, True)]
+    assert capsys.readouterr().err == (
+        "gpumux: tensorflow: ignored set_memory_growth(..., True): gpumux caps this trial's "
+        "GPU memory at 4096 MB instead\n"
+    )
+
+
+def test_tensorflow_gpu_initialised_too_early_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    config = RecordingTfConfig(
+        RuntimeError("Virtual devices cannot be modified after being initialized")
+    )
+
+    frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial())
+
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "gpumux: WARNING: TensorFlow was initialised before gpumux could apply the slice "
+        "(Virtual devices cannot be modified after being initialized); "
+        "this trial runs WITHOUT its 4096 MB memory limit. To fix it, make sure nothing runs"
+    )
+    assert err.count("\n") == 1
+
+
+def test_tensorflow_without_a_visible_gpu_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    config = RecordingTfConfig()
+    config.list_physical_devices = lambda device_type: []  # type: ignore[method-assign]
+
+    frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial())
+
+    assert config.calls == []
+    assert "WARNING: TensorFlow sees no GPU; the 4096 MB slice is not applied" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+def test_real_tensorflow_initialised_first_gets_the_plain_warning(tmp_path: Path) -> None:
+    env = trial_env(None, PYTHONPATH=None)  # no bootstrap: the script applies the slice itself
+
+    result = run_python([str(FIXTURES / "tf_too_late.py")], env, tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert gpumux_lines(result.stdout) == [
+        "gpumux: WARNING: TensorFlow was initialised before gpumux could apply the slice "
+        "(Intra op parallelism cannot be modified after initialization.); this trial runs "
+        f"WITHOUT its limit of 1 thread(s). To fix it, {frameworks.TOO_LATE_FIX}."
+    ]
+    assert "script: done" in result.stdout
+
+
+def test_memory_fraction_rounds_down() -> None:
+    assert frameworks.memory_fraction(gpu_trial()) == 0.0284
+    assert frameworks.memory_fraction(gpu_trial(memory_limit_mb=200_000)) == 1.0
+    assert frameworks.memory_fraction(gpu_trial(device_memory_mb=None)) is None
+
+
+def test_jax_environment_on_a_gpu() -> None:
+    environ: dict[str, str] = {}
+
+    frameworks.set_jax_environment(gpu_trial(), environ)
+
+    assert environ == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.0284",
+    }
+
+
+def test_jax_environment_keeps_the_users_settings() -> None:
+    environ = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_CLIENT_MEM_FRACTION": ".5"}
+
+    frameworks.set_jax_environment(gpu_trial(), environ)
+
+    assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_CLIENT_MEM_FRACTION": ".5"}
+
+
+def test_jax_environment_untouched_on_the_cpu_device() -> None:
+    environ: dict[str, str] = {}
+
+    frameworks.set_jax_environment(gpu_trial(device_kind="cpu", cpu_threads=1), environ)
+
+    assert environ == {}
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_torch_on_the_cpu_device_gets_its_threads(tmp_path: Path) -> None:
+    script = "import torch; print(f'script: torch threads {torch.get_num_threads()}')"
+
+    result = run_python(["-c", script], trial_env(None, GPUMUX_CPU_THREADS="1"), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines() == [
+        "gpumux: torch: CPU device, 1 thread(s) (split 2)",
+        "script: torch threads 1",
+    ]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_torch_gpu_cap_waits_for_cuda_initialisation(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    queued: list[Any] = []
+    applied: list[tuple[float, int]] = []
+    monkeypatch.setattr(torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: applied.append((f, d))
+    )
+
+    frameworks.cap_torch(torch, gpu_trial())
+
+    assert applied == []  # CUDA is not initialised by the import
+    assert capsys.readouterr().err == ""
+    queued[0]()  # what torch does when the script first uses CUDA
+    assert applied == [(0.0284, 0)]
+    assert capsys.readouterr().err == (
+        "gpumux: torch: cuda:0 capped at 4096 MB (split 4), memory fraction 0.0284 of 143771 MB, "
+        "applied as CUDA initialised\n"
+    )
