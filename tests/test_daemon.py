@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumux.config import Settings
+from gpumux.daemon import DaemonAlreadyRunning, DaemonError, embedded, listen_where_clients_look
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_finished(client: httpx.Client, sweep_id: int) -> dict[str, object]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sweep = client.get(f"/sweeps/{sweep_id}").json()
+        if sweep["status"] in ("finished", "cancelled"):
+            return dict(sweep)
+        time.sleep(0.05)
+    raise AssertionError(f"sweep {sweep_id} did not finish")
+
+
+def test_the_embedded_daemon_runs_a_sweep_over_http(tmp_path: Path) -> None:
+    port = free_port()
+    settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{port}")
+    with embedded(settings) as daemon:
+        assert daemon.url == f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=daemon.url, timeout=10) as client:
+            assert client.get("/health").json()["status"] == "ok"
+            created = client.post(
+                "/sweeps",
+                json={
+                    "params": ["x=1,2,3"],
+                    "command": [sys.executable, str(FIXTURES / "echo_env.py")],
+                    "workdir": str(tmp_path),
+                    "env": dict(os.environ),
+                    "split": 2,
+                },
+            )
+            assert created.status_code == 201
+            sweep = wait_finished(client, created.json()["id"])
+            assert sweep["counts"] == {"succeeded": 3}
+            devices = client.get("/devices").json()
+            assert [d["key"] for d in devices] == ["cpu"]
+    assert (tmp_path / "home" / "gpumux.db").exists()
+
+
+def test_a_second_daemon_on_one_database_is_refused_and_told_where_the_first_is(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")
+    with embedded(settings) as first:
+        with pytest.raises(DaemonAlreadyRunning) as refused:
+            with embedded(settings):
+                pass
+        assert refused.value.url == first.url
+        assert f"pid {os.getpid()}" in str(refused.value)
+
+
+def test_a_unix_socket_url_makes_the_daemon_listen_there(tmp_path: Path) -> None:
+    sock = tmp_path / "gpumux.sock"
+    settings = Settings(home=tmp_path / "home", url=f"unix:{sock}")
+    with embedded(settings) as daemon:
+        assert daemon.url == f"unix:{sock}"
+        assert oct(sock.stat().st_mode & 0o777) == "0o600"
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport, base_url="http://gpumux") as client:
+            assert client.get("/health").json()["status"] == "ok"
+    assert not sock.exists()
+
+
+def test_a_url_that_is_neither_http_nor_unix_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DaemonError, match="must be http://HOST:PORT or unix:/PATH"):
+        listen_where_clients_look(Settings(home=tmp_path, url="ftp://x"))

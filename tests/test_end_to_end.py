@@ -1,0 +1,59 @@
+"""A real sweep of the Keras digits example through a real daemon, with real TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumux.config import Settings
+from gpumux.daemon import embedded
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")
+    with embedded(settings) as daemon, httpx.Client(base_url=daemon.url, timeout=30) as client:
+        created = client.post(
+            "/sweeps",
+            json={
+                "params": ["lr=1e-3,3e-2", "epochs=3"],
+                "command": [sys.executable, "examples/digits_keras.py", "--width=32"],
+                "workdir": str(ROOT),
+                "env": dict(os.environ),
+                "split": 2,
+                "objective": "val_accuracy:max",
+            },
+        ).json()
+        deadline = time.monotonic() + 300
+        while (sweep := client.get(f"/sweeps/{created['id']}").json())["status"] != "finished":
+            assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
+            time.sleep(0.2)
+        trials = client.get(f"/sweeps/{created['id']}/trials").json()["data"]
+        assert [t["status"] for t in trials] == ["succeeded", "succeeded"]
+        for trial in trials:
+            assert trial["cpu_threads"] == 1 and trial["split"] == 2
+            reports = client.get(f"/trials/{trial['id']}/reports").json()["data"]
+            epochs = [r for r in reports if r["kind"] == "epoch"]
+            assert [r["epoch"] for r in epochs] == [1, 2, 3]
+            assert all(r["samples"] == 1437 and r["samples_per_s"] > 0 for r in epochs)
+            assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(epochs[-1]["metrics"])
+            assert trial["objective"] == epochs[-1]["metrics"]["val_accuracy"]
+            log = client.get(f"/trials/{trial['id']}/log", params={"offset": 0}).json()["data"]
+            applied = log.index("gpumux: tensorflow: CPU device, 1 intra-op and 1 inter-op")
+            assert applied < log.index("Epoch 1/3"), "the slice must precede the first op"
+        best = client.get(f"/sweeps/{created['id']}").json()["best"]
+        assert best["objective"] == max(t["objective"] for t in trials)
