@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -196,10 +197,26 @@ class Daemon:
             self._lock = None
 
 
+def listen_where_clients_look(settings: Settings) -> Settings:
+    """Settings that make a daemon listen at settings.url, where the CLI looks for one."""
+    if settings.url.startswith("unix:"):
+        return settings.model_copy(update={"uds": Path(settings.url.removeprefix("unix:"))})
+    address = urlsplit(settings.url)
+    if address.scheme != "http" or address.hostname is None:
+        raise DaemonError(f"GPUMUX_URL {settings.url!r} must be http://HOST:PORT or unix:/PATH")
+    return settings.model_copy(
+        update={"host": address.hostname, "port": address.port or 80, "uds": None}
+    )
+
+
 @contextlib.contextmanager
 def embedded(settings: Settings) -> Iterator[Daemon]:
-    """A daemon on a background thread for the length of a `with` block (the CLI's default)."""
-    daemon = Daemon(settings)
+    """A daemon on a background thread for the length of a `with` block (the CLI's default).
+
+    It listens at settings.url, so other gpumux commands find it while it runs; when that
+    port is taken by something else, on a free one.
+    """
+    daemon = Daemon(listen_where_clients_look(settings))
     daemon.start(fallback_port=True)
     ready = threading.Event()
     failure: list[BaseException] = []
