@@ -145,7 +145,7 @@ class Sweep(Base):
 class Trial(Base):
     __tablename__ = "trials"
     __table_args__ = (
-        Index("ix_trials_sweep_id_status", "sweep_id", "status"),
+        Index("ix_trials_sweep_id_status_number", "sweep_id", "status", "number"),
         Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
         Index("ix_trials_status_id", "status", "id"),
     )

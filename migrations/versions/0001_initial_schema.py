@@ -120,7 +120,9 @@ def upgrade() -> None:
     with op.batch_alter_table("trials", schema=None) as batch_op:
         batch_op.create_index("ix_trials_status_id", ["status", "id"], unique=False)
         batch_op.create_index("ix_trials_sweep_id_number", ["sweep_id", "number"], unique=True)
-        batch_op.create_index("ix_trials_sweep_id_status", ["sweep_id", "status"], unique=False)
+        batch_op.create_index(
+            "ix_trials_sweep_id_status_number", ["sweep_id", "status", "number"], unique=False
+        )
 
     op.create_table(
         "trial_reports",
@@ -147,7 +149,7 @@ def downgrade() -> None:
 
     op.drop_table("trial_reports")
     with op.batch_alter_table("trials", schema=None) as batch_op:
-        batch_op.drop_index("ix_trials_sweep_id_status")
+        batch_op.drop_index("ix_trials_sweep_id_status_number")
         batch_op.drop_index("ix_trials_sweep_id_number")
         batch_op.drop_index("ix_trials_status_id")
 
