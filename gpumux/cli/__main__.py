@@ -1,0 +1,7 @@
+"""`python -m gpumux.cli`, the same as the `gpumux` script."""
+
+from __future__ import annotations
+
+from gpumux.cli.app import main
+
+main()

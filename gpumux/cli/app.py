@@ -1,0 +1,104 @@
+"""The typer app: global options, user errors as one red line, and `--` for `gpumux sweep`."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, ParamSpec
+
+import typer
+
+from gpumux import __version__
+from gpumux.cli import commands
+from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
+from gpumux.cli.sweep import SWEEP_HELP, sweep
+from gpumux.client import ApiError, DaemonUnreachable
+from gpumux.sweepspec import SpecError
+
+# The daemon answers these for a request it finds malformed: the user's input, so exit 2.
+BAD_INPUT_STATUSES = (400, 422)
+P = ParamSpec("P")
+
+
+def user_errors(command: Callable[P, None]) -> Callable[P, None]:
+    """Wrap a command so that errors the user can fix end as one red line, not a traceback."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+            return
+        except CliError as error:
+            message, code = str(error), error.exit_code
+        except SpecError as error:
+            message, code = str(error), EXIT_USAGE
+        except ApiError as error:
+            message = str(error)
+            code = EXIT_USAGE if error.status_code in BAD_INPUT_STATUSES else 1
+        except DaemonUnreachable as error:
+            message, code = str(error), 1
+        print_error(message)
+        raise typer.Exit(code)
+
+    return run
+
+
+app = typer.Typer(
+    name="gpumux",
+    help="Hyper-parameter sweeps packed onto every GPU of a host, each trial in its own slice.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"gpumux {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option(help="the daemon: http://HOST:PORT or unix:/path (default GPUMUX_URL)"),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    get_state(ctx).url = url
+
+
+app.command(help=SWEEP_HELP)(user_errors(sweep))
+for command in (
+    commands.serve,
+    commands.ls,
+    commands.show,
+    commands.cancel,
+    commands.logs,
+    commands.best,
+    commands.devices,
+):
+    app.command()(user_errors(command))
+
+
+def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split `gpumux sweep PARAMS -- COMMAND` at the first `--` (click would swallow it)."""
+    args = list(args)
+    if "--" in args:
+        cut = args.index("--")
+        if "sweep" in args[:cut]:
+            return args[:cut], args[cut + 1 :]
+    return args, None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The `gpumux` console script."""
+    args, command = split_command(sys.argv[1:] if argv is None else argv)
+    app(args=args, obj=CliState(command=command), prog_name="gpumux")

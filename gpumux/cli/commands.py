@@ -1,0 +1,257 @@
+"""The commands besides `sweep`: serve, ls, show, cancel, logs, best, devices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpumux import sweepspec
+from gpumux.cli import follow, render
+from gpumux.cli.connect import connect
+from gpumux.cli.state import EXIT_INTERRUPTED, CliError, CliState, build_settings, get_state
+from gpumux.client import Client
+from gpumux.models import SweepStatus, TrialStatus
+from gpumux.schemas import parse_objective
+
+SHOW_ROWS = 100
+FAILURES_SHOWN = 3
+LS_PAGE = 500
+POLL_S = 0.5
+
+SweepId = Annotated[int, typer.Argument(help="the sweep's id (gpumux ls)", show_default=False)]
+TrialId = Annotated[
+    int, typer.Argument(help="the trial's id (gpumux show SWEEP)", show_default=False)
+]
+Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")]
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="address to listen on (TCP)")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on (TCP)")] = None,
+    uds: Annotated[
+        Path | None, typer.Option(help="listen on this Unix socket instead", resolve_path=True)
+    ] = None,
+    db: Annotated[
+        Path | None, typer.Option(help="SQLite file (default HOME/gpumux.db)", resolve_path=True)
+    ] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="data directory (GPUMUX_HOME)", resolve_path=True)
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the daemon in the foreground: the API and the scheduler (Ctrl-C or SIGTERM stops it)."""
+    flags: dict[str, Any] = dict(host=host, port=port, uds=uds, db=db, home=home)
+    settings = build_settings(**{name: value for name, value in flags.items() if value is not None})
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise CliError(f"--log-level {log_level}: expected debug, info, warning or error", 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level > logging.DEBUG:
+        # Alembic's INFO lines (plugins set up, DDL mode) tell an operator nothing.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    # Imported here: uvicorn and FastAPI are needed by `serve` alone.
+    from gpumux import daemon
+
+    try:
+        daemon.serve_forever(settings)
+    except daemon.DaemonError as error:
+        raise CliError(str(error)) from error
+
+
+def ls(
+    ctx: typer.Context,
+    status: Annotated[SweepStatus | None, typer.Option(help="only sweeps in this status")] = None,
+    owner: Annotated[str | None, typer.Option(help="only this user's sweeps")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every sweep, not the newest few")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=LS_PAGE, help="how many sweeps")] = 20,
+    url: Url = None,
+) -> None:
+    """List sweeps, newest first, with their progress."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        page = client.list_sweeps(status=status, owner=owner, limit=LS_PAGE if all_ else limit)
+        sweeps, count = page.data, page.count
+        while all_ and page.data and len(sweeps) < count:
+            page = client.list_sweeps(status=status, owner=owner, offset=len(sweeps), limit=LS_PAGE)
+            sweeps.extend(page.data)
+    if not sweeps:
+        state.note("no sweeps" + (" match" if status or owner else " yet"))
+        return
+    state.out.print(render.sweeps_table(sweeps))
+    if len(sweeps) < count:
+        state.note(f"{len(sweeps)} of {count} sweeps shown; --all or --limit N for more")
+
+
+def show(
+    ctx: typer.Context,
+    sweep_id: SweepId,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="follow its progress until it ends first")
+    ] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help=f"every trial, not the first {SHOW_ROWS}")
+    ] = False,
+    url: Url = None,
+) -> None:
+    """A sweep's settings, counts by status, best trial, trials, and why trials failed."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        if follow_:
+            _follow_or_interrupt(state, client, sweep_id)
+        sweep = client.get_sweep(sweep_id)
+        if all_:
+            trials = client.all_trials(sweep_id)
+        else:
+            trials = client.list_trials(sweep_id, limit=SHOW_ROWS).data
+        failed = client.list_trials(sweep_id, status=TrialStatus.failed, limit=FAILURES_SHOWN)
+    out = state.out
+    out.print(render.sweep_summary(sweep))
+    best = render.best_text(sweep.best, sweep.objective)
+    if best is not None:
+        out.print(best)
+    out.print(render.trials_table(trials, objective=sweep.objective, errors=False))
+    if len(trials) < sweep.trial_count:
+        out.print(f"... {sweep.trial_count - len(trials)} more trials: --all")
+    errors = render.failures(failed.data, total=failed.count)
+    if errors is not None:
+        out.print(errors)
+
+
+def _follow_or_interrupt(state: CliState, client: Client, sweep_id: int) -> None:
+    try:
+        follow.follow(client, sweep_id, state.out)
+    except KeyboardInterrupt:
+        state.note(f"stopped following; sweep {sweep_id} goes on")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def cancel(
+    ctx: typer.Context,
+    sweep_id: SweepId,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="ask for the cancel and return at once")
+    ] = False,
+    url: Url = None,
+) -> None:
+    """Cancel a sweep: drop its queued trials, stop its running ones, and wait for that."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        sweep = client.cancel_sweep(sweep_id)
+        if follow.sweep_ended(sweep) and sweep.status != SweepStatus.cancelled:
+            state.note(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
+            return
+        if no_wait and not follow.sweep_ended(sweep):
+            state.out.print(f"sweep {sweep_id}: cancel requested")
+            return
+        try:
+            with state.err.status(f"cancelling sweep {sweep_id}: stopping its trials"):
+                while not follow.sweep_ended(sweep):
+                    time.sleep(POLL_S)
+                    sweep = client.get_sweep(sweep_id)
+        except KeyboardInterrupt:
+            state.note(f"stopped waiting; the daemon goes on cancelling sweep {sweep_id}")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+    state.out.print(f"sweep {sweep_id} {sweep.status}: {render.counts_text(sweep.counts)}")
+
+
+def logs(
+    ctx: typer.Context,
+    trial_id: TrialId,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing until the trial ends")
+    ] = False,
+    url: Url = None,
+) -> None:
+    """Print a trial's output (stdout and stderr); -f follows it until the trial ends."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        try:
+            size = _print_log(client, trial_id, follow=follow_)
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        if size == 0 and not follow_:
+            trial = client.get_trial(trial_id)
+            state.note(f"trial {trial_id} is {trial.status}; its log is empty")
+
+
+def _print_log(client: Client, trial_id: int, *, follow: bool) -> int:
+    """Write the trial's log to stdout (until the trial ends, if `follow`); its size."""
+    offset, attempt = 0, None
+    while True:
+        chunk = client.get_log(trial_id, offset)
+        if attempt is not None and (chunk.attempt != attempt or chunk.size < offset):
+            # Requeued: the new attempt writes a new log file, so start from its beginning.
+            sys.stdout.write(f"--- gpumux: attempt {chunk.attempt} ---\n")
+            offset, attempt = 0, chunk.attempt
+            continue
+        attempt = chunk.attempt
+        sys.stdout.write(chunk.data)
+        sys.stdout.flush()
+        offset = chunk.next_offset
+        if offset < chunk.size:
+            continue
+        if chunk.complete or not follow:
+            return chunk.size
+        time.sleep(POLL_S)
+
+
+def best(
+    ctx: typer.Context,
+    sweep_id: SweepId,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON, for scripts")] = False,
+    url: Url = None,
+) -> None:
+    """The best trial of a sweep by its objective: parameters, value, command line."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        sweep = client.get_sweep(sweep_id)
+    if sweep.objective is None:
+        raise CliError(
+            f"sweep {sweep_id} has no objective; submit it with --objective METRIC:min "
+            "or METRIC:max to rank its trials"
+        )
+    metric, mode = parse_objective(sweep.objective)
+    trial = sweep.best
+    if trial is None or trial.objective is None:
+        raise CliError(
+            f"no trial of sweep {sweep_id} has reported {metric} yet "
+            f"({render.counts_text(sweep.counts)}); a trial reports it with "
+            f"gpumux.runtime.report({metric}=...) or as a Keras metric"
+        )
+    argv = sweepspec.render_command(sweep.command, trial.params)
+    if as_json:
+        document = dict(
+            sweep=sweep_id,
+            trial=trial.id,
+            objective={metric: trial.objective, "mode": mode},
+            params=trial.params,
+            command=argv,
+        )
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    out = state.out
+    out.print(
+        f"trial {trial.id} of sweep {sweep_id}: {metric}={render.number(trial.objective)} "
+        f"({mode} of {render.finished_count(sweep.counts)} finished trials)",
+    )
+    for name, value in trial.params.items():
+        out.print(f"  {name}={sweepspec.format_value(value)}")
+    out.print(f"command: {shlex.join(argv)}")
+
+
+def devices(ctx: typer.Context, url: Url = None) -> None:
+    """The devices the daemon packs trials onto: memory, utilisation, trials on each."""
+    state = get_state(ctx)
+    with connect(state, url) as client:
+        found = client.devices()
+    if not found:
+        state.note("the daemon sees no device")
+        return
+    state.out.print(render.devices_table(found))

@@ -1,0 +1,297 @@
+"""How sweeps, trials and devices look on a terminal: rich tables and one-line summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpumux.models import FINAL_TRIAL_STATUSES, TrialStatus
+from gpumux.schemas import DevicePublic, SweepPublic, TrialPublic, parse_objective
+from gpumux.sweepspec import format_value
+
+NONE = "-"
+STATUS_STYLES = {
+    "queued": "dim",
+    "starting": "cyan",
+    "running": "bold cyan",
+    "succeeded": "green",
+    "finished": "green",
+    "failed": "bold red",
+    "cancelled": "yellow",
+    "lost": "magenta",
+}
+# Order in which counts by status are listed: the interesting ones first.
+STATUS_ORDER = (
+    TrialStatus.running,
+    TrialStatus.starting,
+    TrialStatus.queued,
+    TrialStatus.succeeded,
+    TrialStatus.failed,
+    TrialStatus.lost,
+    TrialStatus.cancelled,
+)
+
+
+def plural(count: int, noun: str) -> str:
+    """ "1 trial", "3 trials"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    """A trial's parameters as they reach its command: "lr=0.01 bs=32"."""
+    return " ".join(f"{name}={format_value(value)}" for name, value in params.items()) or NONE
+
+
+def number(value: float | None, *, digits: int = 6) -> str:
+    """A metric value in `digits` significant digits."""
+    return NONE if value is None else f"{value:.{digits}g}"
+
+
+def rate(value: float | None) -> str:
+    """Samples per second, with thousands separators."""
+    return NONE if value is None else f"{value:,.1f}"
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as 4.2s under a minute, H:MM:SS above."""
+    if seconds is None:
+        return NONE
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def since(moment: datetime, now: datetime | None = None) -> float:
+    """Seconds from `moment` to now (never negative)."""
+    return max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
+
+
+def local_time(moment: datetime | None, *, year: bool = True) -> str:
+    """A timestamp in the local time zone, to the minute."""
+    if moment is None:
+        return NONE
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M" if year else "%m-%d %H:%M")
+
+
+def status_text(status: str) -> Text:
+    """A status word in its colour."""
+    return Text(str(status), style=STATUS_STYLES.get(str(status), ""))
+
+
+def counts_text(counts: Mapping[TrialStatus, int]) -> str:
+    """ "2 running, 3 succeeded, 1 failed" (statuses with no trial left out)."""
+    parts = [f"{counts[status]} {status}" for status in STATUS_ORDER if counts.get(status)]
+    return ", ".join(parts) or "no trials"
+
+
+def finished_count(counts: Mapping[TrialStatus, int]) -> int:
+    """How many trials have ended, whichever way."""
+    return sum(count for status, count in counts.items() if status in FINAL_TRIAL_STATUSES)
+
+
+def error_summary(error: str | None) -> str:
+    """One line from a trial's error: how it ended, and the last line of its log."""
+    if not error:
+        return ""
+    head, _, tail = error.partition("\n")
+    head = head.split("; last lines of its log:")[0]
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+    return f"{head}: {last}" if last else head
+
+
+def device_text(trial: TrialPublic) -> str:
+    """Where a trial runs or ran: "cpu/0" (device key / slot)."""
+    if trial.device is None:
+        return NONE
+    return trial.device if trial.slot is None else f"{trial.device}/{trial.slot}"
+
+
+def trial_seconds(trial: TrialPublic) -> float | None:
+    """How long the trial has run (so far, if it is still running)."""
+    if trial.started_at is None:
+        return None
+    return since(trial.started_at, trial.ended_at)
+
+
+def objective_header(objective: str | None) -> str | None:
+    """The objective column's header: "val_loss (min)"."""
+    if objective is None:
+        return None
+    metric, mode = parse_objective(objective)
+    return f"{metric} ({mode})"
+
+
+def rank_by_objective(trials: Iterable[TrialPublic], objective: str | None) -> list[TrialPublic]:
+    """Trials best first by the objective (those without a value last); by number without one."""
+    ordered = sorted(trials, key=lambda trial: trial.number)
+    if objective is None:
+        return ordered
+    _, mode = parse_objective(objective)
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted(
+        ordered,
+        key=lambda t: (t.objective is None, sign * t.objective if t.objective is not None else 0),
+    )
+
+
+def trials_table(
+    trials: Sequence[TrialPublic],
+    *,
+    objective: str | None,
+    title: str | None = None,
+    errors: bool = True,
+) -> Table:
+    """One row per trial: parameters, status, device, time, samples/s, objective, error."""
+    header = objective_header(objective)
+    show_errors = errors and any(trial.error for trial in trials if trial.status != "succeeded")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("trial", justify="right", no_wrap=True)
+    table.add_column("params", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("device", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
+    table.add_column("samples/s", justify="right", no_wrap=True)
+    if header is not None:
+        table.add_column(header, justify="right")
+    if show_errors:
+        table.add_column("error", overflow="fold", style="red")
+    for trial in trials:
+        row: list[RenderableType] = [
+            str(trial.id),
+            params_text(trial.params),
+            status_text(trial.status),
+            device_text(trial),
+            duration(trial_seconds(trial)),
+            rate(trial.samples_per_s),
+        ]
+        if header is not None:
+            row.append(number(trial.objective))
+        if show_errors:
+            row.append(error_summary(trial.error) if trial.status != "succeeded" else "")
+        table.add_row(*row)
+    return table
+
+
+def sweeps_table(sweeps: Sequence[SweepPublic]) -> Table:
+    """One row per sweep: progress, counts by status, objective, owner, when."""
+    table = Table(header_style="bold")
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("name", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("done", justify="right", no_wrap=True)
+    table.add_column("trials", overflow="fold")
+    table.add_column("objective", overflow="fold")
+    table.add_column("owner")
+    table.add_column("created", no_wrap=True)
+    for sweep in sweeps:
+        table.add_row(
+            str(sweep.id),
+            sweep.name or NONE,
+            status_text(sweep.status),
+            f"{finished_count(sweep.counts)}/{sweep.trial_count}",
+            counts_text(sweep.counts),
+            sweep.objective or NONE,
+            sweep.owner,
+            local_time(sweep.created_at, year=False),
+        )
+    return table
+
+
+def sweep_summary(sweep: SweepPublic) -> Table:
+    """A sweep's settings and state as label: value lines."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    split = str(sweep.split)
+    search = f"random, {sweep.trials} trials" if sweep.trials else "grid"
+    rows: list[tuple[str, RenderableType]] = [
+        ("sweep", f"{sweep.id}" + (f" ({sweep.name})" if sweep.name else "")),
+        ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
+        ("command", " ".join(sweep.command)),
+        ("params", " ".join(sweep.params) or NONE),
+        ("search", f"{search}, seed {sweep.seed}, split {split}"),
+        ("objective", sweep.objective or NONE),
+        ("workdir", sweep.workdir),
+        ("owner", sweep.owner),
+        ("created", local_time(sweep.created_at)),
+    ]
+    if sweep.time_limit_s is not None:
+        rows.append(("time limit", f"{sweep.time_limit_s:g}s per trial"))
+    if sweep.finished_at is not None:
+        took = duration(since(sweep.created_at, sweep.finished_at))
+        rows.append(("ended", f"{local_time(sweep.finished_at)} (after {took})"))
+    if sweep.cancel_requested and sweep.status != "cancelled":
+        rows.append(("cancel", "requested; trials are being stopped"))
+    for label, value in rows:
+        grid.add_row(label, value)
+    return grid
+
+
+def best_text(best: TrialPublic | None, objective: str | None) -> Text | None:
+    """ "best: trial 7  lr=0.01  val_loss=0.123", or why there is none."""
+    if objective is None:
+        return None
+    metric, _ = parse_objective(objective)
+    if best is None or best.objective is None:
+        return Text(f"best: no trial has reported {metric}", style="yellow")
+    return Text.assemble(
+        ("best: ", "bold"),
+        f"trial {best.id}  {params_text(best.params)}  ",
+        (f"{metric}={number(best.objective)}", "bold green"),
+    )
+
+
+def failures(
+    failed: Sequence[TrialPublic], *, total: int, log_lines: int = 5
+) -> RenderableType | None:
+    """Failed trials' errors: exit status and last `log_lines` log lines, of `total` failed."""
+    if not failed:
+        return None
+    parts: list[RenderableType] = []
+    for trial in failed:
+        head, _, tail = (trial.error or "no error recorded").partition("\n")
+        lines = [head.removesuffix(" last lines of its log:").rstrip(";")]
+        lines += ["  " + line for line in tail.splitlines()[-log_lines:]]
+        title = f"trial {trial.id} ({params_text(trial.params)}) failed: "
+        parts.append(Text.assemble((title, "bold red"), "\n  ".join(lines)))
+    more = f"; {total - len(failed)} more failed trials" if total > len(failed) else ""
+    parts.append(Text(f"whole logs: gpumux logs TRIAL{more}", style="dim"))
+    return Group(*parts)
+
+
+def memory(used: int | None, total: int | None) -> str:
+    """ "3.2/80.0 GiB" from MiB figures."""
+    if total is None:
+        return NONE
+    shown = NONE if used is None else f"{used / 1024:.1f}"
+    return f"{shown}/{total / 1024:.1f} GiB"
+
+
+def devices_table(devices: Sequence[DevicePublic]) -> Table:
+    """One row per device: memory, utilisation and the trials packed on it."""
+    table = Table(header_style="bold")
+    table.add_column("device")
+    table.add_column("name")
+    table.add_column("memory used", justify="right")
+    table.add_column("util", justify="right")
+    table.add_column("trials", justify="right")
+    table.add_column("trial ids", overflow="fold")
+    for device in devices:
+        util = NONE if device.utilization_pct is None else f"{device.utilization_pct}%"
+        name = device.name if device.error is None else f"{device.name} ({device.error})"
+        table.add_row(
+            device.key,
+            name,
+            memory(device.memory_used_mb, device.memory_total_mb),
+            util,
+            str(len(device.trials)),
+            ", ".join(str(trial.trial_id) for trial in device.trials) or NONE,
+        )
+    return table

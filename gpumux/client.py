@@ -1,0 +1,198 @@
+"""A small synchronous client for the daemon's REST API, over TCP or a Unix socket."""
+
+from __future__ import annotations
+
+import socket
+from types import TracebackType
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from gpumux.models import SweepStatus, TrialStatus
+from gpumux.schemas import (
+    DevicePublic,
+    Health,
+    LogChunk,
+    ReportsPublic,
+    SweepCreate,
+    SweepDetail,
+    SweepsPublic,
+    TrialPublic,
+    TrialsPublic,
+)
+
+DEFAULT_TIMEOUT = 30.0
+UNIX_PREFIX = "unix:"
+# The API's largest page of trials (GET /sweeps/{id}/trials?limit=).
+TRIALS_PAGE = 1000
+
+_devices = TypeAdapter(list[DevicePublic])
+
+
+class ApiError(RuntimeError):
+    """The daemon refused a request; str() is its explanation."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+
+
+class DaemonUnreachable(ConnectionError):
+    """No gpumux daemon answers at `url`."""
+
+    def __init__(self, url: str, reason: str = "") -> None:
+        super().__init__(f"no gpumux daemon answers at {url}" + (f" ({reason})" if reason else ""))
+        self.url = url
+        self.reason = reason
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The daemon's explanation of an error response, one line per problem."""
+    try:
+        detail = response.json()["detail"]
+    except (ValueError, KeyError, TypeError):
+        return response.text.strip() or f"HTTP {response.status_code} {response.reason_phrase}"
+    if isinstance(detail, list):
+        return "\n".join(_validation_line(item) for item in detail)
+    return str(detail)
+
+
+def _validation_line(item: Any) -> str:
+    """One FastAPI validation error as "field: message"."""
+    if not isinstance(item, dict):
+        return str(item)
+    # loc starts with where the field came from (body, query, path): the field is the rest.
+    where = [str(part) for part in item.get("loc", [])[1:]]
+    message = str(item.get("msg", item))
+    message = message.removeprefix("Value error, ")
+    return f"{'.'.join(where)}: {message}" if where else message
+
+
+class Client:
+    """The daemon at `url`: http://HOST:PORT, or unix:/path/to.sock."""
+
+    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.url = url
+        self._uds: str | None = None
+        if url.startswith(UNIX_PREFIX):
+            self._uds = url.removeprefix(UNIX_PREFIX)
+            transport = httpx.HTTPTransport(uds=self._uds)
+            self._http = httpx.Client(
+                transport=transport, base_url="http://gpumux", timeout=timeout
+            )
+        else:
+            self._http = httpx.Client(base_url=url, timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise DaemonUnreachable(self.url, str(error) or type(error).__name__) from error
+        if response.is_error:
+            raise ApiError(response.status_code, error_detail(response))
+        return response.json()
+
+    def health(self) -> Health:
+        """The daemon's version, database and queue."""
+        if self._uds is not None:
+            _check_unix_socket(self.url, self._uds)
+        return Health.model_validate(self._request("GET", "/health"))
+
+    def create_sweep(self, sweep_in: SweepCreate) -> SweepDetail:
+        """Submit a sweep; its trials are queued when this returns."""
+        body = sweep_in.model_dump(mode="json")
+        return SweepDetail.model_validate(self._request("POST", "/sweeps", json=body))
+
+    def list_sweeps(
+        self,
+        *,
+        status: SweepStatus | None = None,
+        owner: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> SweepsPublic:
+        """A page of sweeps, newest first."""
+        query = _query(status=status, owner=owner, offset=offset, limit=limit)
+        return SweepsPublic.model_validate(self._request("GET", "/sweeps", params=query))
+
+    def get_sweep(self, sweep_id: int) -> SweepDetail:
+        """One sweep with its counts by status and its best trial."""
+        return SweepDetail.model_validate(self._request("GET", f"/sweeps/{sweep_id}"))
+
+    def cancel_sweep(self, sweep_id: int) -> SweepDetail:
+        """Ask the daemon to cancel a sweep (it stops the trials soon after)."""
+        return SweepDetail.model_validate(self._request("POST", f"/sweeps/{sweep_id}/cancel"))
+
+    def list_trials(
+        self,
+        sweep_id: int,
+        *,
+        status: TrialStatus | None = None,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> TrialsPublic:
+        """A page of a sweep's trials in their order."""
+        query = _query(status=status, offset=offset, limit=limit)
+        path = f"/sweeps/{sweep_id}/trials"
+        return TrialsPublic.model_validate(self._request("GET", path, params=query))
+
+    def all_trials(self, sweep_id: int, *, status: TrialStatus | None = None) -> list[TrialPublic]:
+        """Every trial of a sweep (or those in `status`), page by page."""
+        trials: list[TrialPublic] = []
+        while True:
+            page = self.list_trials(sweep_id, status=status, offset=len(trials), limit=TRIALS_PAGE)
+            trials.extend(page.data)
+            if not page.data or len(trials) >= page.count:
+                return trials
+
+    def get_trial(self, trial_id: int) -> TrialPublic:
+        """One trial; a failed one carries its exit status and last log lines in `error`."""
+        return TrialPublic.model_validate(self._request("GET", f"/trials/{trial_id}"))
+
+    def get_log(self, trial_id: int, offset: int | None = None) -> LogChunk:
+        """A chunk of the trial's log from `offset` (its tail when None)."""
+        query = _query(offset=offset)
+        return LogChunk.model_validate(
+            self._request("GET", f"/trials/{trial_id}/log", params=query)
+        )
+
+    def list_reports(self, trial_id: int) -> ReportsPublic:
+        """What the trial reported: samples/s and metrics over time."""
+        return ReportsPublic.model_validate(self._request("GET", f"/trials/{trial_id}/reports"))
+
+    def devices(self) -> list[DevicePublic]:
+        """Every device the scheduler sees, with the trials packed on it."""
+        return _devices.validate_python(self._request("GET", "/devices"))
+
+
+def _check_unix_socket(url: str, path: str) -> None:
+    """DaemonUnreachable if nothing accepts connections at the Unix socket `path`."""
+    # httpcore 1.0.9 leaves the socket of a failed Unix connect open (a ResourceWarning):
+    # find out with a socket closed here, before httpx tries.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError as error:
+            raise DaemonUnreachable(url, error.strerror or str(error)) from error
+
+
+def _query(**values: Any) -> dict[str, Any]:
+    """Query parameters without the ones left out (None)."""
+    return {name: str(value) for name, value in values.items() if value is not None}

@@ -1,0 +1,146 @@
+"""The HTTP client against a real daemon (embedded, on a real socket)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumux import client as client_module
+from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
+from gpumux.config import Settings
+from gpumux.daemon import embedded
+from gpumux.models import SweepStatus, TrialStatus
+from gpumux.schemas import SweepCreate, SweepDetail
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MAX_GRID = 50
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ended(client: Client, sweep_id: int) -> SweepDetail:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sweep = client.get_sweep(sweep_id)
+        if sweep.status in (SweepStatus.finished, SweepStatus.cancelled):
+            return sweep
+        time.sleep(0.05)
+    raise AssertionError(f"sweep {sweep_id} did not end within 60 s")
+
+
+@pytest.fixture(scope="module")
+def daemon_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    home = tmp_path_factory.mktemp("client") / "home"
+    url = f"http://127.0.0.1:{free_port()}"
+    settings = Settings(home=home, url=url, max_grid=MAX_GRID, poll_interval=0.2)
+    with embedded(settings) as running:
+        yield running.url
+
+
+@pytest.fixture
+def client(daemon_url: str) -> Iterator[Client]:
+    with Client(daemon_url, timeout=10) as api:
+        yield api
+
+
+def echo_sweep(tmp_path: Path, *params: str) -> SweepCreate:
+    return SweepCreate(
+        params=list(params),
+        command=[sys.executable, str(FIXTURES / "echo_params.py")],
+        workdir=str(tmp_path),
+        env=dict(os.environ),
+        split=2,
+    )
+
+
+def test_health_names_the_database(client: Client) -> None:
+    health = client.health()
+    assert health.status == "ok"
+    assert health.database.endswith("gpumux.db")
+    assert health.devices >= 1
+
+
+def test_a_sweep_round_trips_through_every_read(client: Client, tmp_path: Path) -> None:
+    created = client.create_sweep(echo_sweep(tmp_path, "x=1,2", "mode=fast"))
+    assert created.trial_count == 2
+    sweep = wait_ended(client, created.id)
+    assert sweep.counts == {TrialStatus.succeeded: 2}
+    assert created.id in [s.id for s in client.list_sweeps(status=SweepStatus.finished).data]
+    trials = client.list_trials(created.id).data
+    assert [t.params for t in trials] == [{"x": 1, "mode": "fast"}, {"x": 2, "mode": "fast"}]
+    assert client.get_trial(trials[1].id).status == TrialStatus.succeeded
+    log = client.get_log(trials[1].id, 0)
+    assert log.complete
+    assert 'argv: ["--x=2", "--mode=fast"]' in log.data
+    assert client.list_reports(trials[1].id).count == 0
+    assert [device.key for device in client.devices()] == ["cpu"]
+
+
+def test_all_trials_pages_through_a_sweep(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = client.create_sweep(echo_sweep(tmp_path, "x=1,2,3"))
+    monkeypatch.setattr(client_module, "TRIALS_PAGE", 2)
+    assert [trial.params["x"] for trial in client.all_trials(created.id)] == [1, 2, 3]
+    wait_ended(client, created.id)
+
+
+def test_an_unknown_id_is_an_api_error_with_the_daemons_message(client: Client) -> None:
+    with pytest.raises(ApiError) as raised:
+        client.get_sweep(999_999)
+    assert raised.value.status_code == 404
+    assert str(raised.value) == "sweep 999999 not found"
+    with pytest.raises(ApiError, match=r"^trial 999999 not found$"):
+        client.get_log(999_999)
+
+
+def test_validation_errors_become_field_lines(client: Client) -> None:
+    with pytest.raises(ApiError) as raised:
+        client.list_sweeps(limit=0)
+    assert raised.value.status_code == 422
+    assert str(raised.value).startswith("limit: ")
+    assert "greater than or equal to 1" in str(raised.value)
+
+
+def test_the_daemon_refuses_a_grid_over_its_limit(client: Client, tmp_path: Path) -> None:
+    before = client.list_sweeps().count
+    with pytest.raises(ApiError) as raised:
+        client.create_sweep(echo_sweep(tmp_path, "x=1..100"))
+    assert raised.value.status_code == 422
+    assert f"the grid has 100 trials, over the limit of {MAX_GRID}" in str(raised.value)
+    assert client.list_sweeps().count == before
+
+
+def test_no_daemon_on_a_port_is_daemon_unreachable() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url, timeout=5) as api, pytest.raises(DaemonUnreachable) as raised:
+        api.health()
+    assert raised.value.url == url
+    assert str(raised.value).startswith(f"no gpumux daemon answers at {url}")
+
+
+def test_a_daemon_on_a_unix_socket(tmp_path: Path) -> None:
+    url = f"unix:{tmp_path / 'gpumux.sock'}"
+    with embedded(Settings(home=tmp_path / "home", url=url)) as running:
+        assert running.url == url
+        with Client(url, timeout=10) as api:
+            assert api.health().status == "ok"
+    with Client(url, timeout=5) as api, pytest.raises(DaemonUnreachable):
+        api.health()
+
+
+def test_error_detail_of_responses_that_are_not_fastapis() -> None:
+    assert error_detail(httpx.Response(502, text="bad gateway\n")) == "bad gateway"
+    assert error_detail(httpx.Response(500)) == "HTTP 500 Internal Server Error"
+    assert error_detail(httpx.Response(409, json={"detail": "busy"})) == "busy"
