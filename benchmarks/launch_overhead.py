@@ -1,0 +1,165 @@
+"""What gpumux adds to each trial: N no-op trials through a real daemon vs. a bare process pool.
+
+    python benchmarks/launch_overhead.py [--trials 200] [--split 4] [--repeats 3]
+
+Each repeat runs both variants, interleaved, on the same interpreter and script:
+- bare:   a pool keeping `split` plain `python examples/noop.py` processes running;
+- gpumux: one sweep of `trials` trials at --split `split` through `gpumux serve` (a real
+          daemon process on a fresh database), submitted over HTTP.
+Makespan is taken from the first start to the last end (gpumux: as recorded in its database).
+Overhead per trial = (gpumux makespan - bare makespan) x split / trials: the time each slot
+loses per trial to scheduling, bookkeeping and the in-trial bootstrap. Medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+NOOP = ROOT / "examples" / "noop.py"
+console = Console()
+
+
+def bare_pool(trials: int, split: int) -> tuple[float, list[float]]:
+    """Makespan and per-trial durations of `trials` plain processes, `split` at a time."""
+    started = time.perf_counter()
+    durations: list[float] = []
+    running: dict[subprocess.Popen[bytes], float] = {}
+    launched = 0
+    while launched < trials or running:
+        while launched < trials and len(running) < split:
+            running[subprocess.Popen([sys.executable, str(NOOP)])] = time.perf_counter()
+            launched += 1
+        pid, _ = os.wait()
+        for process, began in list(running.items()):
+            if process.pid == pid:
+                process.returncode = 0
+                durations.append(time.perf_counter() - began)
+                del running[process]
+    return time.perf_counter() - started, durations
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gpumux_sweep(trials: int, split: int) -> tuple[float, list[float], float]:
+    """Makespan and durations recorded by a real daemon, and the submit-to-done wall time."""
+    with tempfile.TemporaryDirectory(prefix="gpumux-bench-") as home:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--home", home],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                wait_for_health(client)
+                submitted = time.perf_counter()
+                sweep = client.post(
+                    "/sweeps",
+                    json={
+                        "params": [f"n=1..{trials}"],
+                        "command": [sys.executable, str(NOOP)],
+                        "workdir": str(ROOT),
+                        "env": dict(os.environ),
+                        "split": split,
+                    },
+                ).json()
+                while client.get(f"/sweeps/{sweep['id']}").json()["status"] != "finished":
+                    time.sleep(0.05)
+                wall = time.perf_counter() - submitted
+                rows = []
+                for offset in range(0, trials, 1000):
+                    page = client.get(
+                        f"/sweeps/{sweep['id']}/trials", params={"offset": offset, "limit": 1000}
+                    ).json()
+                    rows.extend(page["data"])
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+    failed = [row for row in rows if row["status"] != "succeeded"]
+    if failed:
+        raise SystemExit(f"{len(failed)} no-op trials did not succeed: {failed[0]['error']}")
+    starts = [datetime.fromisoformat(row["started_at"]) for row in rows]
+    ends = [datetime.fromisoformat(row["ended_at"]) for row in rows]
+    durations = [(end - start).total_seconds() for start, end in zip(starts, ends, strict=True)]
+    return (max(ends) - min(starts)).total_seconds(), durations, wall
+
+
+def wait_for_health(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.get("/health").raise_for_status()
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--split", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    console.print(f"$ python benchmarks/launch_overhead.py {' '.join(sys.argv[1:])}".rstrip())
+    console.print(
+        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{args.trials} trials at split {args.split}, {args.repeats} repeats (interleaved)"
+    )
+    results: dict[str, list[float]] = {key: [] for key in ("bare", "gpumux", "wall", "over")}
+    durations: dict[str, list[float]] = {"bare": [], "gpumux": []}
+    for repeat in range(1, args.repeats + 1):
+        bare, bare_durations = bare_pool(args.trials, args.split)
+        packed, packed_durations, wall = gpumux_sweep(args.trials, args.split)
+        overhead = (packed - bare) * args.split / args.trials
+        for key, value in (("bare", bare), ("gpumux", packed), ("wall", wall), ("over", overhead)):
+            results[key].append(value)
+        durations["bare"].extend(bare_durations)
+        durations["gpumux"].extend(packed_durations)
+        console.print(
+            f"repeat {repeat}: bare {bare:.2f} s, gpumux {packed:.2f} s "
+            f"(submit to done {wall:.2f} s), overhead {overhead * 1000:.1f} ms/trial"
+        )
+    table = Table(
+        title=f"{args.trials} no-op trials, split {args.split}: medians of {args.repeats}"
+    )
+    for column in ("variant", "makespan s", "trials/s", "median trial s"):
+        table.add_column(column, justify="right")
+    for key in ("bare", "gpumux"):
+        makespan = statistics.median(results[key])
+        table.add_row(
+            key,
+            f"{makespan:.2f}",
+            f"{args.trials / makespan:.1f}",
+            f"{statistics.median(durations[key]):.3f}",
+        )
+    console.print(table)
+    console.print(
+        f"overhead per trial over a bare start: {statistics.median(results['over']) * 1000:.1f} ms "
+        f"(median; target <= 50 ms); submit to done: {statistics.median(results['wall']):.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
