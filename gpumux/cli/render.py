@@ -141,6 +141,13 @@ def rank_by_objective(trials: Iterable[TrialPublic], objective: str | None) -> l
     )
 
 
+def swept_names(trials: Sequence[TrialPublic]) -> list[str]:
+    """The parameters whose values differ between trials (all of them when none differ)."""
+    names = list(dict.fromkeys(name for trial in trials for name in trial.params))
+    varying = [n for n in names if len({repr(t.params.get(n)) for t in trials}) > 1]
+    return varying or names
+
+
 def trials_table(
     trials: Sequence[TrialPublic],
     *,
@@ -148,12 +155,14 @@ def trials_table(
     title: str | None = None,
     errors: bool = True,
 ) -> Table:
-    """One row per trial: parameters, status, device, time, samples/s, objective, error."""
+    """A row per trial: a column per swept parameter, status, device, time, samples/s, objective."""
     header = objective_header(objective)
     show_errors = errors and any(trial.error for trial in trials if trial.status != "succeeded")
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("trial", justify="right", no_wrap=True)
-    table.add_column("params", overflow="fold")
+    names = swept_names(trials)
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("device", no_wrap=True)
     table.add_column("time", justify="right", no_wrap=True)
@@ -165,7 +174,7 @@ def trials_table(
     for trial in trials:
         row: list[RenderableType] = [
             str(trial.id),
-            params_text(trial.params),
+            *(format_value(trial.params[n]) if n in trial.params else NONE for n in names),
             status_text(trial.status),
             device_text(trial),
             duration(trial_seconds(trial)),
