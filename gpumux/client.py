@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
-from gpumux.models import SweepStatus, TrialStatus
 from gpumux.schemas import (
     DevicePublic,
     Health,
@@ -21,6 +20,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
+from gpumux.status import SweepStatus, TrialStatus
 
 DEFAULT_TIMEOUT = 30.0
 UNIX_PREFIX = "unix:"

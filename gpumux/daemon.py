@@ -241,7 +241,12 @@ def embedded(settings: Settings) -> Iterator[Daemon]:
         yield daemon
     finally:
         daemon.request_stop()
-        thread.join()
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:
+                # A second Ctrl-C while trials are stopping: a cold stop, as with `serve`.
+                daemon.request_stop()
         if failure:
             raise DaemonError(f"the embedded daemon failed: {failure[0]}") from failure[0]
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDecorator
 from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
 
 
 def utcnow() -> datetime:
@@ -32,60 +34,6 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
-
-
-class TrialStatus(StrEnum):
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-    lost = "lost"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_TRIAL_STATUSES
-
-
-FINAL_TRIAL_STATUSES = frozenset(
-    {TrialStatus.succeeded, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.lost}
-)
-ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
-
-# The only moves a trial may make; store.set_trial_status refuses any other.
-# running -> queued is a requeue: the attempt was cut off (daemon stopped) and is run again.
-TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
-    TrialStatus.queued: frozenset({TrialStatus.starting, TrialStatus.cancelled}),
-    TrialStatus.starting: frozenset(
-        {TrialStatus.running, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.queued}
-    ),
-    TrialStatus.running: frozenset(
-        {
-            TrialStatus.succeeded,
-            TrialStatus.failed,
-            TrialStatus.cancelled,
-            TrialStatus.lost,
-            TrialStatus.queued,
-        }
-    ),
-    TrialStatus.succeeded: frozenset(),
-    TrialStatus.failed: frozenset(),
-    TrialStatus.cancelled: frozenset(),
-    TrialStatus.lost: frozenset(),
-}
-
-
-class SweepStatus(StrEnum):
-    queued = "queued"
-    running = "running"
-    finished = "finished"
-    cancelled = "cancelled"
-
-
-class ObjectiveMode(StrEnum):
-    min = "min"
-    max = "max"
 
 
 def _enum_column(enum: type[Enum]) -> SqlEnum:

@@ -25,7 +25,8 @@ from gpumux.launcher import (
     signal_group,
     tail_lines,
 )
-from gpumux.models import Trial, TrialStatus, utcnow
+from gpumux.models import Trial, utcnow
+from gpumux.status import TrialStatus
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpumux import sweepspec
-from gpumux.models import SweepStatus, TrialStatus
+from gpumux.status import SweepStatus, TrialStatus
 
 MAX_SPLIT = 64
 Objective = str  # "metric:min" or "metric:max"

@@ -11,20 +11,16 @@ from typing import Any
 from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.models import (
+from gpumux.models import Owner, Sweep, Trial, TrialReport, utcnow
+from gpumux.schemas import ReportIn, SweepCreate, parse_objective
+from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
     TRIAL_TRANSITIONS,
     ObjectiveMode,
-    Owner,
-    Sweep,
     SweepStatus,
-    Trial,
-    TrialReport,
     TrialStatus,
-    utcnow,
 )
-from gpumux.schemas import ReportIn, SweepCreate, parse_objective
 
 log = logging.getLogger(__name__)
 

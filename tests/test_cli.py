@@ -19,8 +19,8 @@ import pytest
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
 from gpumux.daemon import embedded
-from gpumux.models import SweepStatus, TrialStatus
 from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ECHO = str(FIXTURES / "echo_params.py")

@@ -16,8 +16,8 @@ from gpumux import client as client_module
 from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
 from gpumux.config import Settings
 from gpumux.daemon import embedded
-from gpumux.models import SweepStatus, TrialStatus
 from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAX_GRID = 50

@@ -18,8 +18,9 @@ from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import CpuProbe
 from gpumux.launcher import process_start_ticks
-from gpumux.models import SweepStatus, Trial, TrialStatus
+from gpumux.models import Trial
 from gpumux.scheduler import Scheduler
+from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEADLINE = 60.0

@@ -9,8 +9,9 @@ from sqlalchemy.orm import Session
 
 from gpumux import store
 from gpumux.db import Sessions
-from gpumux.models import TRIAL_TRANSITIONS, Sweep, SweepStatus, TrialStatus
+from gpumux.models import Sweep
 from gpumux.schemas import ReportIn
+from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
 
 
 def make_sweep(session: Session, tmp_path: Path, n: int = 3, **fields: Any) -> Sweep:

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from gpumux import store
 from gpumux.db import Sessions
-from gpumux.models import Trial, TrialStatus, utcnow
+from gpumux.models import Trial, utcnow
+from gpumux.status import TrialStatus
 
 TRIALS = 100_000
 

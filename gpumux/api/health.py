@@ -7,8 +7,9 @@ from sqlalchemy import func, select
 
 from gpumux import __version__, store
 from gpumux.api.deps import ReadSessionDep, StateDep
-from gpumux.models import Trial, TrialStatus
+from gpumux.models import Trial
 from gpumux.schemas import Health
+from gpumux.status import TrialStatus
 
 router = APIRouter(tags=["health"])
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from gpumux import store, sweepspec
 from gpumux.api.deps import ReadSessionDep, StateDep, UserDep
-from gpumux.models import Sweep, SweepStatus, TrialStatus
+from gpumux.models import Sweep
 from gpumux.schemas import (
     SweepCreate,
     SweepDetail,
@@ -19,6 +19,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
+from gpumux.status import SweepStatus, TrialStatus
 
 router = APIRouter(tags=["sweeps"])
 

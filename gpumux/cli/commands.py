@@ -17,8 +17,8 @@ from gpumux.cli import follow, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_INTERRUPTED, CliError, CliState, build_settings, get_state
 from gpumux.client import Client
-from gpumux.models import SweepStatus, TrialStatus
 from gpumux.schemas import parse_objective
+from gpumux.status import SweepStatus, TrialStatus
 
 SHOW_ROWS = 100
 FAILURES_SHOWN = 3

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from gpumux.cli import render
 from gpumux.client import TRIALS_PAGE, Client
-from gpumux.models import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
 from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
 
 POLL_S = 0.5
 RECENT_FINISHED = 5

@@ -10,8 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpumux.models import FINAL_TRIAL_STATUSES, TrialStatus
 from gpumux.schemas import DevicePublic, SweepPublic, TrialPublic, parse_objective
+from gpumux.status import FINAL_TRIAL_STATUSES, TrialStatus
 from gpumux.sweepspec import format_value
 
 NONE = "-"

@@ -21,8 +21,8 @@ from gpumux.cli.state import (
     validation_message,
 )
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.models import SweepStatus, TrialStatus
 from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
+from gpumux.status import SweepStatus, TrialStatus
 
 NO_COMMAND = (
     "no command: write gpumux sweep PARAMS -- COMMAND, "

@@ -7,7 +7,7 @@ from builders import sweep_in
 
 from gpumux import store
 from gpumux.db import Sessions
-from gpumux.models import TrialStatus
+from gpumux.status import TrialStatus
 
 
 def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> int:

@@ -1,0 +1,59 @@
+"""Statuses of sweeps and trials and the moves between them: light, for the CLI to import."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TrialStatus(StrEnum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    lost = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_TRIAL_STATUSES
+
+
+FINAL_TRIAL_STATUSES = frozenset(
+    {TrialStatus.succeeded, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.lost}
+)
+ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
+
+# The only moves a trial may make; store.set_trial_status refuses any other.
+# running -> queued is a requeue: the attempt was cut off (daemon stopped) and is run again.
+TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
+    TrialStatus.queued: frozenset({TrialStatus.starting, TrialStatus.cancelled}),
+    TrialStatus.starting: frozenset(
+        {TrialStatus.running, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.queued}
+    ),
+    TrialStatus.running: frozenset(
+        {
+            TrialStatus.succeeded,
+            TrialStatus.failed,
+            TrialStatus.cancelled,
+            TrialStatus.lost,
+            TrialStatus.queued,
+        }
+    ),
+    TrialStatus.succeeded: frozenset(),
+    TrialStatus.failed: frozenset(),
+    TrialStatus.cancelled: frozenset(),
+    TrialStatus.lost: frozenset(),
+}
+
+
+class SweepStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    finished = "finished"
+    cancelled = "cancelled"
+
+
+class ObjectiveMode(StrEnum):
+    min = "min"
+    max = "max"
