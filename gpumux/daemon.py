@@ -127,7 +127,7 @@ class Daemon:
         assert self.sessions is not None and self._socket is not None, "start() first"
         self._loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
-        probe = self._probe or make_probe()
+        probe = self._probe or make_probe(visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.scheduler = Scheduler(
             settings=self.settings, sessions=self.sessions, probe=probe, url=self.url
         )

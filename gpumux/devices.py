@@ -64,10 +64,11 @@ def _text(value: bytes | str) -> str:
 class NvmlProbe:
     """The GPUs NVML reports; starts NVML on the first snapshot and shuts it down at exit."""
 
-    def __init__(self, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, nvml: ModuleType | Any | None = None, *, visible: str | None = None) -> None:
         # The pynvml module or a stand-in with its names; pynvml ships no type hints.
         self._nvml: Any = nvml
         self._started = False
+        self._visible = visible
 
     def _start(self) -> Any:
         if self._nvml is None:
@@ -99,7 +100,7 @@ class NvmlProbe:
                 snapshots.append(_failed_gpu(index, str(exc)))
                 continue
             snapshots.append(self._read_gpu(index, handle))
-        return snapshots
+        return [gpu for gpu in snapshots if is_visible(gpu, self._visible)]
 
     def close(self) -> None:
         """Shut NVML down if this probe started it."""
@@ -262,9 +263,25 @@ def _read_cpu_times(path: Path) -> tuple[int, int]:
     return total - idle, total
 
 
-def make_probe(*, nvml: Any | None = None) -> DeviceProbe:
-    """NVML's GPUs when NVML starts and sees one, otherwise the host CPU as one device."""
-    probe = NvmlProbe(nvml)
+def is_visible(gpu: DeviceSnapshot, visible: str | None) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES (indices or UUIDs, comma-separated; None: all) shows the GPU."""
+    if visible is None:
+        return True
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry == str(gpu.index):
+            return True
+        if entry.startswith("GPU-") and gpu.uuid is not None and gpu.uuid.startswith(entry):
+            return True
+    return False
+
+
+def make_probe(*, nvml: Any | None = None, visible: str | None = None) -> DeviceProbe:
+    """NVML's GPUs when NVML starts and sees one, otherwise the host CPU as one device.
+
+    `visible` is the daemon's own CUDA_VISIBLE_DEVICES: a daemon given some GPUs of a host
+    (by Slurm, or by hand) packs trials onto those alone.
+    """
+    probe = NvmlProbe(nvml, visible=visible)
     try:
         gpus = probe.snapshot()
     except NvmlUnavailable as exc:
@@ -272,7 +289,10 @@ def make_probe(*, nvml: Any | None = None) -> DeviceProbe:
         probe.close()
         return CpuProbe()
     if not gpus:
-        logger.warning("devices: NVML started but reports no GPU; offering the CPU as one device")
+        shown = "" if visible is None else f" visible through CUDA_VISIBLE_DEVICES={visible!r}"
+        logger.warning(
+            "devices: NVML started but reports no GPU%s; offering the CPU as one device", shown
+        )
         probe.close()
         return CpuProbe()
     return probe

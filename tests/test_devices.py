@@ -288,3 +288,33 @@ def test_nvml_that_cannot_count_gpus_falls_back_and_shuts_down(
     assert isinstance(make_probe(nvml=nvml), CpuProbe)
     assert nvml.shutdown_calls == 1
     assert [r.getMessage() for r in devices_log.records] == [UNAVAILABLE_LINE % "Unknown Error"]
+
+
+@pytest.mark.parametrize(
+    ("visible", "indices"),
+    [(None, [0, 1]), ("1", [1]), ("0,1", [0, 1]), ("7", []), ("", [])],
+)
+def test_the_daemons_cuda_visible_devices_limits_its_gpus(
+    visible: str | None, indices: list[int]
+) -> None:
+    probe = NvmlProbe(scripted_nvml("two_gpus"), visible=visible)
+    assert [gpu.index for gpu in probe.snapshot()] == indices
+    probe.close()
+
+
+def test_visible_devices_may_name_gpus_by_uuid() -> None:
+    nvml = scripted_nvml("two_gpus")
+    second = nvml.gpus[1].uuid
+    probe = NvmlProbe(nvml, visible=f"{second},GPU-ffff")
+    assert [gpu.uuid for gpu in probe.snapshot()] == [second]
+    probe.close()
+
+
+def test_no_visible_gpu_falls_back_to_cpu_and_says_why(
+    devices_log: pytest.LogCaptureFixture,
+) -> None:
+    assert isinstance(make_probe(nvml=scripted_nvml("two_gpus"), visible="5"), CpuProbe)
+    assert [r.getMessage() for r in devices_log.records] == [
+        "devices: NVML started but reports no GPU visible through "
+        "CUDA_VISIBLE_DEVICES='5'; offering the CPU as one device"
+    ]
