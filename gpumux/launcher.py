@@ -112,17 +112,18 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[19])
 
 
-def group_pids(pgids: Collection[int]) -> set[int]:
-    """Every live process that belongs to one of these process groups."""
-    pids = set()
+def group_members(pgids: Collection[int]) -> dict[int, int]:
+    """Every live process in one of these process groups, mapped to its group."""
+    members = {}
     wanted = set(pgids)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError):
-            if os.getpgid(int(entry.name)) in wanted:
-                pids.add(int(entry.name))
-    return pids
+            group = os.getpgid(int(entry.name))
+            if group in wanted:
+                members[int(entry.name)] = group
+    return members
 
 
 def signal_group(pgid: int, signum: int) -> bool:

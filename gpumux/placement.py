@@ -81,6 +81,26 @@ def foreign_memory_mb(
     return max(0, device.memory_used_mb - ours)
 
 
+def measured_overhead_mb(
+    device: DeviceSnapshot, group_of: Mapping[int, int], caps: Mapping[int, int]
+) -> int | None:
+    """The largest memory one of our trials holds beyond its slice, as NVML sees it.
+
+    `group_of` maps our pids to their trial's process group, `caps` a group to its slice.
+    A trial's processes are summed (a script may fork workers that touch the GPU). None
+    when no trial on the device has passed its slice yet (frameworks allocate lazily).
+    """
+    if device.kind != "gpu" or not device.processes:
+        return None
+    held: dict[int, int] = {}
+    for process in device.processes:
+        group = group_of.get(process.pid)
+        if group is not None and group in caps and process.used_memory_mb is not None:
+            held[group] = held.get(group, 0) + process.used_memory_mb
+    beyond = [used - caps[group] for group, used in held.items() if used > caps[group]]
+    return max(beyond, default=None)
+
+
 @dataclass
 class _Device:
     """The running trials and remaining room of one usable device during one place() call."""

@@ -20,7 +20,7 @@ from gpumux.launcher import (
     LaunchError,
     LaunchSpec,
     TrialProcess,
-    group_pids,
+    group_members,
     process_start_ticks,
     signal_group,
     tail_lines,
@@ -58,6 +58,9 @@ class Scheduler:
         self.probe = probe
         self.url = url
         self.devices: list[DeviceSnapshot] = []
+        # Per GPU: the most memory a trial was seen to hold beyond its slice (NVML), which
+        # replaces the configured overhead in the packing budget once measured.
+        self.overhead: dict[str, int] = {}
         self._probed_at = float("-inf")
         self._running: dict[int, Running] = {}
         self._wake = asyncio.Event()
@@ -235,15 +238,16 @@ class Scheduler:
             for t in active
             if t.device is not None
         ]
-        our_pids: set[int] = set()
+        group_of: dict[int, int] = {}
         if any(device.kind == "gpu" for device in devices):
-            our_pids = group_pids({entry.process.pgid for entry in self._running.values()})
+            group_of = group_members({entry.process.pgid for entry in self._running.values()})
+            self._measure_overhead(devices, group_of)
         plan = placement.place(
             devices=devices,
             running=running,
             pending=pending,
             policy=self._policy(),
-            our_pids=our_pids,
+            our_pids=group_of.keys(),
         )
         by_key = {device.key: device for device in devices}
         for chosen in plan:
@@ -385,11 +389,24 @@ class Scheduler:
                 self.devices = [replace(d, error=str(error)) for d in self.devices]
         return self.devices
 
+    def _measure_overhead(self, devices: list[DeviceSnapshot], group_of: dict[int, int]) -> None:
+        caps = {
+            entry.process.pgid: entry.process.spec.memory_limit_mb
+            for entry in self._running.values()
+            if entry.process.spec.memory_limit_mb is not None
+        }
+        for device in devices:
+            measured = placement.measured_overhead_mb(device, group_of, caps)
+            if measured is not None and measured > self.overhead.get(device.key, 0):
+                log.info("device %s: a trial holds %d MB beyond its slice", device.key, measured)
+                self.overhead[device.key] = measured
+
     def _policy(self) -> placement.PackingPolicy:
         return placement.PackingPolicy(
             default_split=self.settings.default_split,
             cpu_default_split=self.settings.cpu_split,
             overhead_mb=self.settings.overhead_mb,
+            overhead_by_device=dict(self.overhead),
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )

@@ -13,6 +13,7 @@ from gpumux.placement import (
     Placement,
     RunningTrial,
     foreign_memory_mb,
+    measured_overhead_mb,
     place,
 )
 
@@ -317,3 +318,38 @@ def test_placement_invariants(
         held = sum((t.memory_limit_mb or 0) + overhead for t in mine)
         held += sum((p.memory_limit_mb or 0) + overhead for p in new)
         assert held <= usable
+
+
+def test_measured_overhead_is_what_a_trial_group_holds_beyond_its_slice() -> None:
+    device = gpu(
+        processes=(
+            GpuProcess(pid=100, used_memory_mb=4096 + 500),  # trial A's leader
+            GpuProcess(pid=101, used_memory_mb=300),  # a worker of trial A
+            GpuProcess(pid=200, used_memory_mb=8192 + 650),  # trial B
+            GpuProcess(pid=300, used_memory_mb=1000),  # a trial still below its slice
+            GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),  # not ours
+        )
+    )
+    group_of = {100: 100, 101: 100, 200: 200, 300: 300}
+    caps = {100: 4096, 200: 8192, 300: 4096}
+    assert measured_overhead_mb(device, group_of, caps) == 800
+
+
+def test_no_overhead_is_measured_before_a_trial_passes_its_slice() -> None:
+    device = gpu(processes=(GpuProcess(pid=100, used_memory_mb=1000),))
+    assert measured_overhead_mb(device, {100: 100}, {100: 4096}) is None
+    assert measured_overhead_mb(gpu(processes=None), {100: 100}, {100: 4096}) is None
+    assert measured_overhead_mb(cpu(), {}, {}) is None
+
+
+def test_a_measured_overhead_replaces_the_configured_one_in_the_budget() -> None:
+    pending = [PendingTrial(trial_id=n, split=8) for n in range(8)]
+    configured = place(devices=[gpu()], running=[], pending=pending, policy=POLICY)
+    measured = place(
+        devices=[gpu()],
+        running=[],
+        pending=pending,
+        policy=PackingPolicy(overhead_by_device={"GPU-0": 600}),
+    )
+    assert configured[0].memory_limit_mb == USABLE // 8 - POLICY.overhead_mb
+    assert measured[0].memory_limit_mb == USABLE // 8 - 600

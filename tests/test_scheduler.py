@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from builders import sweep_in
+from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
 from gpumux import store, sweepspec
 from gpumux.config import Settings
 from gpumux.db import Sessions
-from gpumux.devices import CpuProbe
+from gpumux.devices import CpuProbe, DeviceProbe, NvmlProbe
 from gpumux.launcher import process_start_ticks
 from gpumux.models import Trial
 from gpumux.scheduler import Scheduler
@@ -29,11 +30,20 @@ DEADLINE = 60.0
 class Harness:
     """A real scheduler over the test database, with helpers to submit and inspect."""
 
-    def __init__(self, settings: Settings, sessions: Sessions, tmp_path: Path) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: Sessions,
+        tmp_path: Path,
+        probe: DeviceProbe | None = None,
+    ) -> None:
         self.sessions = sessions
         self.tmp_path = tmp_path
         self.scheduler = Scheduler(
-            settings=settings, sessions=sessions, probe=CpuProbe(), url="http://127.0.0.1:9"
+            settings=settings,
+            sessions=sessions,
+            probe=probe or CpuProbe(),
+            url="http://127.0.0.1:9",
         )
 
     def submit(self, *params: str, command: list[str], **fields: object) -> int:
@@ -277,3 +287,55 @@ def test_at_start_a_trial_left_running_by_a_dead_daemon_is_killed_and_requeued(
     asyncio.run(harness.scheduler.run_until_idle())
     (trial,) = harness.trials(sweep_id)
     assert trial.status == TrialStatus.succeeded and trial.attempt == 2
+
+
+def test_on_gpus_each_trial_gets_its_gpu_and_a_slice_that_respects_foreign_memory(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    nvml = scripted_nvml("foreign_memory")
+    harness = Harness(settings, sessions, tmp_path, probe=NvmlProbe(nvml))
+    sweep_id = harness.submit(
+        "x=1,2", command=[sys.executable, str(FIXTURES / "echo_env.py")], split=2
+    )
+    asyncio.run(harness.scheduler.run_until_idle())
+    first, second = harness.trials(sweep_id)
+    usable = [H100_MB - settings.reserve_mb - 30000, H100_MB - settings.reserve_mb]
+    for trial, gpu, room in zip((first, second), nvml.gpus, usable, strict=True):
+        assert trial.status == TrialStatus.succeeded and trial.device == gpu.uuid
+        assert trial.log_path is not None
+        env = json.loads(Path(trial.log_path).read_text().splitlines()[-1])["env"]
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid and env["GPUMUX_DEVICE_KIND"] == "gpu"
+        cap = room // 2 - settings.overhead_mb
+        assert trial.memory_limit_mb == cap and env["GPUMUX_MEMORY_LIMIT_MB"] == str(cap)
+        assert env["GPUMUX_DEVICE_MEMORY_MB"] == str(H100_MB)
+
+
+def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    nvml = scripted_nvml("two_gpus")
+    nvml.gpus[0].processes = []
+    harness = Harness(settings, sessions, tmp_path, probe=NvmlProbe(nvml))
+    pidfile = tmp_path / "pids"
+    harness.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)], split=1)
+
+    async def scenario() -> dict[str, int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(pidfile.exists, "the trial to start")
+        leader, worker = (int(pid) for pid in pidfile.read_text().split())
+        (trial,) = harness.trials(1)
+        assert trial.memory_limit_mb is not None
+        nvml.gpus[0].processes = [
+            ScriptedProcess(pid=leader, used_mb=trial.memory_limit_mb + 500),
+            ScriptedProcess(pid=worker, used_mb=200),
+        ]
+        harness.submit(command=["true"])
+        await until(lambda: bool(harness.scheduler.overhead), "a measurement")
+        harness.cancel(1)
+        await until(lambda: harness.sweep_status(1) == SweepStatus.cancelled, "cancel")
+        stop.set()
+        await task
+        return harness.scheduler.overhead
+
+    assert asyncio.run(scenario()) == {nvml.gpus[0].uuid: 700}
