@@ -26,6 +26,7 @@ from gpumux.launcher import (
     tail_lines,
 )
 from gpumux.models import Trial, utcnow
+from gpumux.schemas import MAX_SPLIT
 from gpumux.status import TrialStatus
 
 log = logging.getLogger(__name__)
@@ -412,8 +413,8 @@ class Scheduler:
         )
 
     def _free_slot_bound(self, devices: list[DeviceSnapshot]) -> int:
-        # No device takes more than 64 trials (schemas.MAX_SPLIT): bounds the queue read.
-        return 64 * max(1, len(devices))
+        # No device holds more than MAX_SPLIT trials: no more can be placed in one tick.
+        return MAX_SPLIT * max(1, len(devices))
 
     def _next_wait(self) -> float:
         now = time.monotonic()
