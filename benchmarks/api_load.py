@@ -38,6 +38,8 @@ ENDPOINTS = (
     "GET /sweeps/{id}/trials",
     "GET /health",
 )
+# With --preload: a page from the middle of the big sweep, and its failed trials.
+BIG_ENDPOINTS = ("GET /sweeps/{big}/trials?offset=half", "GET /sweeps/{big}/trials?status=failed")
 
 
 @dataclass
@@ -61,13 +63,13 @@ def percentile(ordered: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def own_daemon() -> Iterator[str]:
+def own_daemon(max_grid: int) -> Iterator[str]:
     """`gpumux serve` on a free port with a database in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="gpumux-load-") as home:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
-        env.update(GPUMUX_HOME=home, GPUMUX_KILL_GRACE="2")
+        env.update(GPUMUX_HOME=home, GPUMUX_KILL_GRACE="2", GPUMUX_MAX_GRID=str(max_grid))
         command = [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port)]
         with open(Path(home) / "serve.log", "w") as log:
             daemon = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -101,22 +103,47 @@ def sweep_body(workdir: str) -> dict[str, Any]:
     }
 
 
-async def one_client(url: str, requests: int, samples: Samples, workdir: str) -> None:
+def preload(url: str, trials: int, workdir: str) -> int:
+    """A sweep of `trials` trials, cancelled at once so that its rows stay and nothing runs."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        body = sweep_body(workdir) | {"params": [f"n=1..{trials}"]}
+        started = time.perf_counter()
+        created = http.post("/sweeps", json=body)
+        created.raise_for_status()
+        sweep_id = int(created.json()["id"])
+        http.post(f"/sweeps/{sweep_id}/cancel").raise_for_status()
+        while http.get(f"/sweeps/{sweep_id}").json()["status"] != "cancelled":
+            time.sleep(0.1)
+        took = time.perf_counter() - started
+        print(f"preloaded sweep {sweep_id}: {trials:,} trials stored in {took:.1f} s")
+        return sweep_id
+
+
+async def one_client(
+    url: str, requests: int, samples: Samples, workdir: str, big: tuple[int, int] | None
+) -> None:
     """Cycle through the endpoints `requests` times, recording each latency."""
+    endpoints = ENDPOINTS + (BIG_ENDPOINTS if big else ())
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         await http.get("/health")  # connect before the clock starts
         sweep_id: int | None = None
         for number in range(requests):
-            endpoint = ENDPOINTS[number % len(ENDPOINTS)]
+            endpoint = endpoints[number % len(endpoints)]
             if sweep_id is None:
                 endpoint = ENDPOINTS[0]
             method, template = endpoint.split(" ")
-            path = template.replace("{id}", str(sweep_id))
+            path, _, query = template.partition("?")
+            path = path.replace("{id}", str(sweep_id))
+            params: dict[str, Any] = {"limit": 20} if path == "/sweeps" else {}
+            if big is not None:
+                path = path.replace("{big}", str(big[0]))
+                params |= {"offset": big[1] // 2} if query == "offset=half" else {}
+                params |= {"status": "failed", "limit": 100} if query == "status=failed" else {}
             start = time.perf_counter()
             if method == "POST":
                 response = await http.post(path, json=sweep_body(workdir))
             else:
-                response = await http.get(path, params={"limit": 20} if path == "/sweeps" else None)
+                response = await http.get(path, params=params)
             samples.latencies[endpoint].append(time.perf_counter() - start)
             if response.is_error:
                 samples.errors[endpoint] += 1
@@ -124,12 +151,15 @@ async def one_client(url: str, requests: int, samples: Samples, workdir: str) ->
                 sweep_id = int(response.json()["id"])
 
 
-async def load(url: str, clients: int, requests: int) -> tuple[Samples, float]:
+async def load(
+    url: str, clients: int, requests: int, workdir: str, big: tuple[int, int] | None
+) -> tuple[Samples, float]:
     samples = Samples()
-    with tempfile.TemporaryDirectory(prefix="gpumux-load-work-") as workdir:
-        start = time.perf_counter()
-        await asyncio.gather(*(one_client(url, requests, samples, workdir) for _ in range(clients)))
-        return samples, time.perf_counter() - start
+    start = time.perf_counter()
+    await asyncio.gather(
+        *(one_client(url, requests, samples, workdir, big) for _ in range(clients))
+    )
+    return samples, time.perf_counter() - start
 
 
 def report(samples: Samples, seconds: float, clients: int) -> None:
@@ -141,7 +171,7 @@ def report(samples: Samples, seconds: float, clients: int) -> None:
     )
     print("| endpoint | requests | errors | requests/s | p50 ms | p99 ms | max ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for endpoint in ENDPOINTS:
+    for endpoint in ENDPOINTS + BIG_ENDPOINTS:
         values = sorted(samples.latencies.get(endpoint, []))
         if not values:
             continue
@@ -157,6 +187,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--requests", type=int, default=100, help="requests per client")
     parser.add_argument("--url", help="an existing daemon (default: start one here)")
+    parser.add_argument(
+        "--preload", type=int, default=0, help="first store one sweep of this many trials"
+    )
     args = parser.parse_args()
     if args.clients < 1 or args.requests < 1:
         parser.error("--clients and --requests must be at least 1")
@@ -168,10 +201,13 @@ def main() -> None:
         f"gpumux {__version__}"
     )
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(own_daemon())
+        url = args.url or stack.enter_context(own_daemon(max(10_000, args.preload)))
         where = "an existing daemon" if args.url else "gpumux serve started by this script"
-        print(f"daemon: {url} ({where}; load generator and daemon share the cores)\n")
-        samples, seconds = asyncio.run(load(url, args.clients, args.requests))
+        print(f"daemon: {url} ({where}; load generator and daemon share the cores)")
+        workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumux-load-work-"))
+        big = (preload(url, args.preload, workdir), args.preload) if args.preload else None
+        print()
+        samples, seconds = asyncio.run(load(url, args.clients, args.requests, workdir, big))
     report(samples, seconds, args.clients)
 
 

@@ -32,7 +32,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 NOOP = ROOT / "examples" / "noop.py"
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def bare_pool(trials: int, split: int) -> tuple[float, list[float]]:
@@ -65,9 +65,11 @@ def gpumux_sweep(trials: int, split: int) -> tuple[float, list[float], float]:
     with tempfile.TemporaryDirectory(prefix="gpumux-bench-") as home:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
+        daemon_log = open(Path(home) / "daemon.log", "w")  # noqa: SIM115 - closed below
         daemon = subprocess.Popen(
             [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--home", home],
-            stdout=subprocess.DEVNULL,
+            stdout=daemon_log,
+            stderr=subprocess.STDOUT,
         )
         try:
             with httpx.Client(base_url=url, timeout=30) as client:
@@ -95,6 +97,9 @@ def gpumux_sweep(trials: int, split: int) -> tuple[float, list[float], float]:
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(timeout=60)
+            daemon_log.close()
+            if daemon.returncode != 0:
+                console.print((Path(home) / "daemon.log").read_text()[-4000:])
     failed = [row for row in rows if row["status"] != "succeeded"]
     if failed:
         raise SystemExit(f"{len(failed)} no-op trials did not succeed: {failed[0]['error']}")
