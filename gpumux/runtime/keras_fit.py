@@ -82,7 +82,7 @@ def make_callback_class(base: type) -> type:
     """The GpumuxCallback class, built on this Keras's Callback once Keras is imported."""
 
     class GpumuxCallback(base):
-        """Reports each epoch (samples, seconds, logs) and a heartbeat every few seconds."""
+        """Reports a heartbeat every few seconds and each epoch's end with its metrics."""
 
         # Keras may call batch hooks from a thread pool (JAX, torch backends); the lock serialises
         # them and the counts use the batch index, so the order of the calls does not matter.
@@ -94,7 +94,7 @@ def make_callback_class(base: type) -> type:
             self.samples_per_epoch = samples_per_epoch
             self._lock = threading.Lock()
             self._epoch = 0
-            self._epoch_start = self._mark = time.monotonic()
+            self._mark = time.monotonic()
             self._batches = 0
             self._reported = 0.0
 
@@ -108,7 +108,7 @@ def make_callback_class(base: type) -> type:
             with self._lock:
                 # Numbered from 1, as Keras prints them.
                 self._epoch = epoch + 1
-                self._epoch_start = self._mark = time.monotonic()
+                self._mark = time.monotonic()
                 self._batches = 0
                 self._reported = 0.0
 
@@ -131,9 +131,13 @@ def make_callback_class(base: type) -> type:
             )
 
         def on_epoch_end(self, epoch: int, logs: Mapping[str, object] | None = None) -> None:
+            # Like every report, the samples since the previous one: heartbeats already carried
+            # the rest of the epoch, so summing a trial's reports counts each sample once.
             with self._lock:
-                seconds = time.monotonic() - self._epoch_start
-                samples = self.samples_done()
+                now = time.monotonic()
+                done = self.samples_done()
+                samples, seconds = done - self._reported, now - self._mark
+                self._mark, self._reported = now, done
             reporter.submit(
                 kind="epoch", epoch=epoch + 1, samples=samples, seconds=seconds, metrics=logs or {}
             )
