@@ -1,0 +1,218 @@
+"""Pure split search: which N (trials at once per device) to run next, and workload fingerprints.
+
+`next_split(curve, ceiling=...)` is a function of the points measured so far, so the caller keeps
+no search state: it measures the N it is told, appends the point and asks again until `settled`.
+
+- Effective ceiling: min(ceiling, oom_at - 1), at least 1; points above it are ignored, and of
+  repeated splits the last wins. Candidates: the SEQUENCE values up to the ceiling, plus the
+  ceiling; after an OOM, those below it, plus the N just below it if the OOM was at a candidate.
+- Ascent: walking the points by increasing N, the first is the leader; a later point becomes the
+  leader when it gains at least `threshold` over the leader, otherwise it is a miss. Until two
+  misses in a row (the knee), measure the next candidate above the largest measured N.
+- Refinement: when the leader's next measured N above (or else the OOM) is a candidate more than
+  1 away, measure the midpoint. A midpoint that leads, or runs out of memory, is refined again
+  towards the same upper bound; one that misses ends the search (a bisection of the last gap).
+- Settle on the leader: the smallest N that made the last gain of at least `threshold`. At the
+  ceiling or an OOM with a single miss, the higher measured of the leader and that miss.
+- At most len(candidates) + ceil(log2(largest candidate gap)) + 1 measurements under a ceiling,
+  out-of-memory trials included (`max_measurements`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+# The steps of the SHARCNET study: Fibonacci numbers grow by about 1.6x, fine at small N where
+# the knee usually is, and few steps up to N=34.
+SEQUENCE = (1, 2, 3, 5, 8, 13, 21, 34)
+DEFAULT_THRESHOLD = 0.05
+# Misses in a row that end the ascent: one noisy dip alone does not.
+PATIENCE = 2
+
+COST_HINTS = (
+    "batch",
+    "bs",
+    "width",
+    "units",
+    "hidden",
+    "layers",
+    "depth",
+    "channels",
+    "filters",
+    "size",
+    "seq",
+    "len",
+    "dim",
+    "model",
+    "arch",
+    "image",
+    "res",
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured N: the whole device's aggregate throughput with N trials at once."""
+
+    split: int
+    throughput: float
+    seconds_per_trial: float | None = None
+    memory_per_trial_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The N to run now, whether the search is over, and why, in one line."""
+
+    split: int
+    settled: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Walk:
+    leader: Point
+    misses: tuple[Point, ...]
+    knee: bool
+
+
+def effective_ceiling(*, ceiling: int, oom_at: int | None = None) -> int:
+    """The largest N the search may try: under the ceiling and under an N that ran out of memory."""
+    limit = ceiling if oom_at is None else min(ceiling, oom_at - 1)
+    return max(1, limit)
+
+
+def candidate_splits(*, ceiling: int, oom_at: int | None = None) -> tuple[int, ...]:
+    """The N the ascent measures, in order (see the module's rules)."""
+    ceiling = max(1, ceiling)
+    planned = {n for n in SEQUENCE if n <= ceiling} | {ceiling}
+    if oom_at is None or oom_at > ceiling:
+        return tuple(sorted(planned))
+    # A planned step that ran out of memory is followed by the N just below it, once: while the
+    # throughput still rises, the largest N that fits is the likeliest best. An OOM at any other N
+    # (that try, or a bisection probe) means memory is tighter than it looked, so the gap below it
+    # is bisected rather than stepped down one N per out-of-memory trial.
+    below = {n for n in planned if n < oom_at} | {1}
+    if oom_at in planned:
+        below.add(effective_ceiling(ceiling=ceiling, oom_at=oom_at))
+    return tuple(sorted(below))
+
+
+def max_measurements(*, ceiling: int) -> int:
+    """The most measurements a search under `ceiling` takes, out-of-memory trials included."""
+    candidates = candidate_splits(ceiling=ceiling)
+    largest_gap = max((b - a for a, b in pairwise(candidates)), default=1)
+    # Bisecting a gap g leaves at most ceil(g / 2), so it closes after ceil(log2 g) probes; the
+    # extra 1 is the planned step that ran out of memory before the N just below it is tried.
+    bisections = (largest_gap - 1).bit_length()
+    return len(candidates) + bisections + 1
+
+
+def next_split(
+    curve: Sequence[Point],
+    *,
+    ceiling: int,
+    threshold: float = DEFAULT_THRESHOLD,
+    oom_at: int | None = None,
+) -> Decision:
+    """Decide the N to run next from the points measured so far."""
+    if threshold < 0:
+        raise ValueError(f"threshold must be at least 0, not {threshold}")
+    if oom_at is not None and oom_at <= 1:
+        # Nothing smaller to try: whether one trial fits is the trial's problem, not the split's.
+        return Decision(split=1, settled=True, reason="out of memory at N=1; using N=1")
+    top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
+    by_split = {point.split: point for point in curve if 1 <= point.split <= top}
+    points = [by_split[split] for split in sorted(by_split)]
+    if not points:
+        return Decision(split=1, settled=False, reason="measuring N=1")
+    candidates = candidate_splits(ceiling=ceiling, oom_at=oom_at)
+    walk = _walk(points, threshold=threshold)
+    step = next((n for n in candidates if n > points[-1].split), None)
+    if not walk.knee and step is not None:
+        return Decision(split=step, settled=False, reason=f"measuring N={step}")
+    leader = walk.leader.split
+    out_of_memory = oom_at is not None and oom_at <= ceiling
+    above = next((point.split for point in points if point.split > leader), None)
+    if above is None and out_of_memory:
+        above = oom_at
+    # The ascent measures candidates only, so a measured non-candidate just above the leader is a
+    # midpoint that missed: the bisection is over. Towards an OOM it goes on until the gap closes.
+    if above is not None and above - leader > 1 and (above in candidates or above == oom_at):
+        split = (leader + above) // 2
+        what = "which ran out of memory" if above == oom_at else "measured"
+        return Decision(
+            split=split,
+            settled=False,
+            reason=f"measuring N={split} (between N={leader} and N={above}, {what})",
+        )
+    return _settle(walk, top=top, oom_at=oom_at if out_of_memory else None, threshold=threshold)
+
+
+def _walk(points: Sequence[Point], *, threshold: float) -> _Walk:
+    leader = points[0]
+    misses: list[Point] = []
+    for point in points[1:]:
+        if point.throughput >= leader.throughput * (1 + threshold):
+            leader, misses = point, []
+        else:
+            misses.append(point)
+        if len(misses) >= PATIENCE:
+            return _Walk(leader=leader, misses=tuple(misses), knee=True)
+    return _Walk(leader=leader, misses=tuple(misses), knee=False)
+
+
+def _settle(walk: _Walk, *, top: int, oom_at: int | None, threshold: float) -> Decision:
+    leader = walk.leader
+    choice = leader
+    if not walk.knee:
+        # At the ceiling patience cannot get its second reading, so a single reading would decide
+        # alone: with +-10% noise a real 20% gain (a linear curve from N=5 to N=6) reads under 5%
+        # about one time in 18. Any gain counts here; ties keep the smaller N.
+        choice = max((leader, *walk.misses), key=lambda point: point.throughput)
+    using = f"using N={choice.split}"
+    if oom_at is not None:
+        below = " (best below)" if choice.split < top else ""
+        return Decision(
+            split=choice.split, settled=True, reason=f"out of memory at N={oom_at}; {using}{below}"
+        )
+    gains = ", ".join(f"N={miss.split} {_gain(miss, leader):+.1%}" for miss in walk.misses)
+    if walk.knee:
+        limit = f"{threshold * 100:g}%"
+        reason = f"knee: {gains} over N={leader.split} (each < {limit}); {using}"
+    elif walk.misses:
+        reason = f"the device takes at most N={top}; {using} ({gains} over N={leader.split})"
+    else:
+        reason = f"the device takes at most N={top}; {using}"
+    return Decision(split=choice.split, settled=True, reason=reason)
+
+
+def _gain(point: Point, leader: Point) -> float:
+    if leader.throughput <= 0:
+        return float("inf")
+    return point.throughput / leader.throughput - 1
+
+
+def cost_parameters(names: Iterable[str]) -> list[str]:
+    """The parameter names that likely change a trial's cost (batch size, width, depth, ...)."""
+    return [name for name in names if any(hint in name.lower() for hint in COST_HINTS)]
+
+
+def workload_fingerprint(command: Sequence[str], param_tokens: Sequence[str]) -> str:
+    """A short hash of the command and its cost parameters' tokens: curves with it are reusable."""
+    cost = set(cost_parameters(_token_name(token) for token in param_tokens))
+    tokens = sorted(
+        (token for token in param_tokens if _token_name(token) in cost),
+        key=lambda token: (_token_name(token), token),
+    )
+    # JSON keeps argv boundaries: ["a b"] and ["a", "b"] must not collide.
+    payload = json.dumps({"command": list(command), "params": tokens})
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _token_name(token: str) -> str:
+    return token.partition("=")[0]

@@ -1,0 +1,356 @@
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpumux.tuner import (
+    Decision,
+    Point,
+    candidate_splits,
+    cost_parameters,
+    effective_ceiling,
+    max_measurements,
+    next_split,
+    workload_fingerprint,
+)
+
+Curve = Callable[[int], float]
+# A runaway search fails the test instead of hanging it.
+RUNAWAY = 1000
+
+
+@dataclass(frozen=True)
+class Run:
+    decision: Decision
+    tried: tuple[int, ...]
+    oom_at: int | None
+    ceiling: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.tried)
+
+    @property
+    def top(self) -> int:
+        return effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at)
+
+    @property
+    def bound(self) -> int:
+        return max_measurements(ceiling=self.ceiling)
+
+
+def simulate(
+    curve: Curve,
+    *,
+    ceiling: int,
+    oom_from: int | None = None,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> Run:
+    """Drive next_split like the scheduler: measure what it asks, with noise, until it settles."""
+    rng = random.Random(seed)
+    points: list[Point] = []
+    tried: list[int] = []
+    oom_at: int | None = None
+    while True:
+        decision = next_split(points, ceiling=ceiling, oom_at=oom_at)
+        top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
+        assert 1 <= decision.split <= top, decision
+        if decision.settled:
+            return Run(decision=decision, tried=tuple(tried), oom_at=oom_at, ceiling=ceiling)
+        assert len(tried) < RUNAWAY, tried
+        tried.append(decision.split)
+        if oom_from is not None and decision.split >= oom_from:
+            # The out-of-memory trial is requeued and its point dropped: only oom_at remains.
+            oom_at = decision.split if oom_at is None else min(oom_at, decision.split)
+            continue
+        factor = rng.uniform(1 - noise, 1 + noise)
+        points.append(Point(split=decision.split, throughput=curve(decision.split) * factor))
+
+
+def knee(n: int) -> float:
+    """Saturates at N=5, then a slope of 0.2% per N."""
+    return 100 * min(n, 5) + max(0, n - 5)
+
+
+def plateau(n: int) -> float:
+    return 100.0 if n == 1 else 180.0
+
+
+def peak_at_8(n: int) -> float:
+    return 70.0 * n if n <= 8 else max(10.0, 560.0 - 25.0 * (n - 8))
+
+
+def linear(n: int) -> float:
+    return 100.0 * n
+
+
+def flat(n: int) -> float:
+    return 100.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A scripted curve, and what the noiseless search tries and settles on."""
+
+    name: str
+    curve: Curve
+    ceiling: int
+    oom_from: int | None
+    expected: int
+    tried: tuple[int, ...]
+    reason: str
+
+
+def best_true(shape: Shape) -> float:
+    """The best throughput among the N that fit: under the ceiling and under the true OOM."""
+    top = shape.ceiling if shape.oom_from is None else min(shape.ceiling, shape.oom_from - 1)
+    return max(shape.curve(n) for n in range(1, top + 1))
+
+
+SHAPES = [
+    Shape(
+        "knee",
+        knee,
+        34,
+        None,
+        5,
+        (1, 2, 3, 5, 8, 13, 6),
+        "knee: N=6 +0.2%, N=8 +0.6% over N=5 (each < 5%); using N=5",
+    ),
+    Shape("plateau", plateau, 34, None, 2, (1, 2, 3, 5), "knee: N=3 +0.0%, N=5 +0.0%"),
+    Shape("peak", peak_at_8, 34, None, 8, (1, 2, 3, 5, 8, 13, 21, 10), "knee: N=10 -8.9%"),
+    Shape("memory", linear, 6, None, 6, (1, 2, 3, 5, 6), "the device takes at most N=6; using N=6"),
+    Shape("oom", linear, 34, 8, 7, (1, 2, 3, 5, 8, 7), "out of memory at N=8; using N=7"),
+    Shape(
+        "oom-knee",
+        knee,
+        34,
+        8,
+        5,
+        (1, 2, 3, 5, 8, 7, 6),
+        "out of memory at N=8; using N=5 (best below)",
+    ),
+    Shape(
+        "oom-tight",
+        linear,
+        34,
+        15,
+        14,
+        (1, 2, 3, 5, 8, 13, 21, 20, 16, 14, 15),
+        "out of memory at N=15; using N=14",
+    ),
+    Shape("flat", flat, 34, None, 1, (1, 2, 3), "knee: N=2 +0.0%, N=3 +0.0%"),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_noiseless_shapes_settle_on_the_knee(shape: Shape) -> None:
+    run = simulate(shape.curve, ceiling=shape.ceiling, oom_from=shape.oom_from)
+
+    assert run.decision.split == shape.expected, run.decision.reason
+    assert run.tried == shape.tried
+    assert run.steps <= run.bound
+    assert shape.reason in run.decision.reason
+    assert shape.curve(run.decision.split) >= 0.9 * best_true(shape)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_noise_of_ten_percent_rarely_misleads(shape: Shape) -> None:
+    seeds = range(200)
+    runs = [
+        simulate(shape.curve, ceiling=shape.ceiling, oom_from=shape.oom_from, noise=0.1, seed=seed)
+        for seed in seeds
+    ]
+
+    good = sum(shape.curve(run.decision.split) >= 0.9 * best_true(shape) for run in runs)
+    rate = good / len(runs)
+    assert rate >= 0.95, f"{shape.name}: {rate:.1%} of runs within 10% of the best"
+    assert all(run.steps <= run.bound for run in runs), max(run.steps for run in runs)
+    assert all(run.decision.split <= run.top for run in runs)
+
+
+def test_empty_curve_measures_one() -> None:
+    assert next_split([], ceiling=8) == Decision(split=1, settled=False, reason="measuring N=1")
+
+
+def test_one_noisy_dip_does_not_end_the_ascent() -> None:
+    curve = [Point(1, 100.0), Point(2, 200.0), Point(3, 190.0), Point(5, 400.0)]
+
+    decision = next_split(curve, ceiling=34)
+
+    assert decision == Decision(split=8, settled=False, reason="measuring N=8")
+
+
+def test_the_last_point_of_a_split_wins() -> None:
+    curve = [Point(1, 100.0), Point(2, 100.0), Point(2, 300.0)]
+
+    assert next_split(curve, ceiling=34).split == 3
+
+
+def test_points_above_the_ceiling_are_ignored() -> None:
+    curve = [Point(1, 100.0), Point(2, 200.0), Point(8, 50.0), Point(13, 40.0)]
+
+    decision = next_split(curve, ceiling=3)
+
+    assert decision == Decision(split=3, settled=False, reason="measuring N=3")
+
+
+def test_bisection_follows_a_leading_midpoint() -> None:
+    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)] + [Point(8, 510.0), Point(13, 515.0)]
+
+    first = next_split(curve, ceiling=34)
+    leading = next_split([*curve, Point(6, 600.0)], ceiling=34)
+    missing = next_split([*curve, Point(6, 600.0), Point(7, 610.0)], ceiling=34)
+
+    assert first == Decision(
+        split=6, settled=False, reason="measuring N=6 (between N=5 and N=8, measured)"
+    )
+    assert (leading.split, leading.settled) == (7, False)
+    assert (missing.split, missing.settled) == (6, True)
+
+
+def test_a_midpoint_that_misses_ends_the_search() -> None:
+    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
+    curve += [Point(21, 1310.0), Point(34, 1320.0), Point(17, 1330.0)]
+
+    decision = next_split(curve, ceiling=34)
+
+    assert (decision.split, decision.settled) == (13, True)
+
+
+def test_at_the_ceiling_a_single_miss_that_measured_higher_wins() -> None:
+    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)] + [Point(6, 520.0)]
+
+    decision = next_split(curve, ceiling=6)
+
+    assert decision.settled
+    assert decision.split == 6
+    assert decision.reason == "the device takes at most N=6; using N=6 (N=6 +4.0% over N=5)"
+
+
+def test_an_oom_at_a_planned_step_tries_the_n_just_below() -> None:
+    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)]
+
+    decision = next_split(curve, ceiling=34, oom_at=8)
+
+    assert decision == Decision(split=7, settled=False, reason="measuring N=7")
+
+
+def test_a_second_oom_bisects_towards_it() -> None:
+    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
+
+    decision = next_split(curve, ceiling=34, oom_at=20)
+
+    assert decision == Decision(
+        split=16,
+        settled=False,
+        reason="measuring N=16 (between N=13 and N=20, which ran out of memory)",
+    )
+
+
+def test_an_oom_at_one_settles_on_one() -> None:
+    decision = next_split([], ceiling=8, oom_at=1)
+
+    assert decision == Decision(split=1, settled=True, reason="out of memory at N=1; using N=1")
+
+
+def test_a_negative_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        next_split([], ceiling=8, threshold=-0.1)
+
+
+def test_candidates_and_bound() -> None:
+    assert candidate_splits(ceiling=34) == (1, 2, 3, 5, 8, 13, 21, 34)
+    assert candidate_splits(ceiling=10, oom_at=8) == (1, 2, 3, 5, 7)
+    assert candidate_splits(ceiling=34, oom_at=7) == (1, 2, 3, 5)
+    assert candidate_splits(ceiling=0) == (1,)
+    # 8 candidates, largest gap 13 -> 4 bisections, 1 out-of-memory trial.
+    assert max_measurements(ceiling=34) == 13
+    assert max_measurements(ceiling=1) == 2
+
+
+def test_cost_parameters_pick_what_changes_cost() -> None:
+    names = ["batch_size", "hidden_units", "n_layers", "lr", "seed", "dropout", "epochs", "BS"]
+
+    assert cost_parameters(names) == ["batch_size", "hidden_units", "n_layers", "BS"]
+
+
+def test_fingerprint_ignores_learning_rate_and_order() -> None:
+    command = ["python", "train.py", "--lr", "{lr}", "--batch", "{batch_size}"]
+    base = workload_fingerprint(command, ["batch_size=32,64", "lr=1e-3..1e-1"])
+
+    assert len(base) == 16
+    assert int(base, 16) >= 0
+    assert workload_fingerprint(command, ["batch_size=32,64", "lr=1e-4..1e-2:log"]) == base
+    assert workload_fingerprint(command, ["batch_size=32,64", "seed=1,2,3"]) == base
+    assert workload_fingerprint(command, ["lr=1e-3..1e-1", "batch_size=32,64"]) == base
+    assert workload_fingerprint(command, ["batch_size=128", "lr=1e-3..1e-1"]) != base
+    assert workload_fingerprint([*command, "--deep"], ["batch_size=32,64"]) != base
+    assert workload_fingerprint(["python train.py"], []) != workload_fingerprint(
+        ["python", "train.py"], []
+    )
+
+
+def test_fingerprint_is_stable_across_several_cost_parameters() -> None:
+    command = ["python", "train.py"]
+
+    forward = workload_fingerprint(command, ["width=64", "depth=2,4", "lr=0.1"])
+    backward = workload_fingerprint(command, ["lr=0.1", "depth=2,4", "width=64"])
+
+    assert forward == backward
+    assert workload_fingerprint(command, ["width=64", "depth=2,8"]) != forward
+
+
+@st.composite
+def curves(draw: st.DrawFn) -> list[float]:
+    """Positive throughput for N=1..64: rising to a peak (maybe never), then falling."""
+    peak = draw(st.integers(1, 64))
+    rises = draw(st.lists(st.floats(1.0, 2.0), min_size=63, max_size=63))
+    falls = draw(st.lists(st.floats(0.5, 1.0), min_size=63, max_size=63))
+    values = [100.0]
+    for n in range(1, 64):
+        values.append(values[-1] * (rises[n - 1] if n < peak else falls[n - 1]))
+    return values
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=curves(),
+    ceiling=st.integers(1, 60),
+    oom_from=st.none() | st.integers(1, 64),
+    noise=st.sampled_from([0.0, 0.1, 0.3]),
+    seed=st.integers(0, 2**32),
+)
+def test_any_unimodal_curve_settles_within_the_bound(
+    values: list[float], ceiling: int, oom_from: int | None, noise: float, seed: int
+) -> None:
+    run = simulate(
+        lambda n: values[n - 1], ceiling=ceiling, oom_from=oom_from, noise=noise, seed=seed
+    )
+
+    assert run.steps <= run.bound, run.tried
+    assert 1 <= run.decision.split <= run.top
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    points=st.lists(
+        st.builds(Point, split=st.integers(-3, 80), throughput=st.floats(0.0, 1e6)), max_size=20
+    ),
+    ceiling=st.integers(-2, 60),
+    oom_at=st.none() | st.integers(-2, 64),
+    threshold=st.floats(0.0, 1.0),
+)
+def test_any_curve_gets_a_split_within_the_ceiling(
+    points: list[Point], ceiling: int, oom_at: int | None, threshold: float
+) -> None:
+    decision = next_split(points, ceiling=ceiling, oom_at=oom_at, threshold=threshold)
+
+    assert 1 <= decision.split <= effective_ceiling(ceiling=ceiling, oom_at=oom_at)
+    assert decision.reason
