@@ -13,6 +13,8 @@ from gpumux.schemas import (
     DevicePublic,
     Health,
     LogChunk,
+    ProfilePublic,
+    ProfilesPublic,
     ReportsPublic,
     SweepCreate,
     SweepDetail,
@@ -180,6 +182,15 @@ class Client:
     def devices(self) -> list[DevicePublic]:
         """Every device the scheduler sees, with the trials packed on it."""
         return _devices.validate_python(self._request("GET", "/devices"))
+
+    def list_profiles(self, *, offset: int = 0, limit: int = 50) -> ProfilesPublic:
+        """A page of throughput profiles, the most recently updated first."""
+        query = _query(offset=offset, limit=limit)
+        return ProfilesPublic.model_validate(self._request("GET", "/profiles", params=query))
+
+    def get_profile(self, profile_id: int) -> ProfilePublic:
+        """One throughput profile with its curve."""
+        return ProfilePublic.model_validate(self._request("GET", f"/profiles/{profile_id}"))
 
 
 def _check_unix_socket(url: str, path: str) -> None:

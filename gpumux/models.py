@@ -1,4 +1,4 @@
-"""SQLAlchemy models: owners, sweeps, trials and the reports trials send while they run."""
+"""SQLAlchemy models: owners, sweeps, trials, the reports trials send, and throughput profiles."""
 
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ class Trial(Base):
         Index("ix_trials_sweep_id_status_number", "sweep_id", "status", "number"),
         Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
         Index("ix_trials_status_id", "status", "id"),
+        # The tuner counts the trials that ended on a device in a recent window.
+        Index("ix_trials_ended_at", "ended_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -130,7 +132,11 @@ class Trial(Base):
 
 class TrialReport(Base):
     __tablename__ = "trial_reports"
-    __table_args__ = (Index("ix_trial_reports_trial_id_id", "trial_id", "id"),)
+    __table_args__ = (
+        Index("ix_trial_reports_trial_id_id", "trial_id", "id"),
+        # The tuner sums the samples reported in a recent window, every scheduler tick.
+        Index("ix_trial_reports_at", "at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
@@ -142,3 +148,27 @@ class TrialReport(Base):
     seconds: Mapped[float | None]
     samples_per_s: Mapped[float | None]
     metrics: Mapped[dict[str, Any]]
+
+
+class Profile(Base):
+    """The measured throughput curve of one workload on one device model, and its best split."""
+
+    __tablename__ = "profiles"
+    __table_args__ = (
+        Index("ix_profiles_device_name_fingerprint", "device_name", "fingerprint", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_name: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    command: Mapped[list[str]]
+    param_tokens: Mapped[list[str]]
+    unit: Mapped[str] = mapped_column(String(16))
+    # [{"split", "throughput", "seconds_per_trial", "memory_per_trial_mb"}, ...]
+    curve: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    best_split: Mapped[int | None]
+    settled: Mapped[bool] = mapped_column(default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

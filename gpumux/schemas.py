@@ -222,3 +222,40 @@ class Health(BaseModel):
     devices: int
     queued_trials: int
     active_trials: int
+
+
+ThroughputUnit = Literal["samples/s", "trials/s"]
+
+
+class ProfilePoint(BaseModel):
+    """One point of a throughput curve: N trials at once on the device, and what they achieved."""
+
+    split: int = Field(ge=1, description="trials running at once on the device")
+    throughput: float = Field(ge=0, allow_inf_nan=False, description="aggregate, in the unit")
+    seconds_per_trial: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    memory_per_trial_mb: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class ProfilePublic(BaseModel):
+    """A workload's measured throughput against N on one device model, and the best N."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    device_name: str
+    fingerprint: str
+    command: list[str]
+    param_tokens: list[str] = Field(description="the parameters that change the cost of a trial")
+    unit: ThroughputUnit
+    curve: list[ProfilePoint]
+    best_split: int | None
+    settled: bool = Field(description="the tuner has stopped searching")
+    reason: str | None = Field(description="why the tuner made its last decision")
+    sweep_id: int | None = Field(description="the sweep that measured it last")
+    created_at: datetime
+    updated_at: datetime
+
+
+class ProfilesPublic(BaseModel):
+    data: list[ProfilePublic]
+    count: int

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.models import Owner, Sweep, Trial, TrialReport, utcnow
-from gpumux.schemas import ReportIn, SweepCreate, parse_objective
+from gpumux.models import Owner, Profile, Sweep, Trial, TrialReport, utcnow
+from gpumux.schemas import ProfilePoint, ReportIn, SweepCreate, ThroughputUnit, parse_objective
 from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
@@ -310,3 +310,91 @@ def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None
     if status != sweep.status:
         log.info("sweep %s: %s -> %s", sweep.id, sweep.status, status)
         sweep.status = status
+
+
+def get_profile(*, session: Session, device_name: str, fingerprint: str) -> Profile | None:
+    """The stored profile of a workload on a device model, if it was measured."""
+    return session.scalar(
+        select(Profile).where(
+            Profile.device_name == device_name, Profile.fingerprint == fingerprint
+        )
+    )
+
+
+def get_profile_by_id(*, session: Session, profile_id: int) -> Profile | None:
+    """One profile by id."""
+    return session.get(Profile, profile_id)
+
+
+def save_profile(
+    *,
+    session: Session,
+    device_name: str,
+    fingerprint: str,
+    command: Sequence[str],
+    param_tokens: Sequence[str],
+    unit: str,
+    curve: Sequence[Mapping[str, Any]],
+    best_split: int | None,
+    settled: bool,
+    reason: str | None,
+    sweep_id: int | None,
+) -> Profile:
+    """Store the profile of (device model, workload), replacing the one measured before."""
+    if unit not in get_args(ThroughputUnit):
+        raise ValueError(f"profile unit {unit!r} is not one of {get_args(ThroughputUnit)}")
+    points = [ProfilePoint.model_validate(dict(point)).model_dump() for point in curve]
+    now = utcnow()
+    profile = get_profile(session=session, device_name=device_name, fingerprint=fingerprint)
+    if profile is None:
+        profile = Profile(device_name=device_name, fingerprint=fingerprint, created_at=now)
+        session.add(profile)
+    profile.updated_at = now
+    profile.command = list(command)
+    profile.param_tokens = list(param_tokens)
+    profile.unit = unit
+    profile.curve = points
+    profile.best_split = best_split
+    profile.settled = settled
+    profile.reason = reason
+    profile.sweep_id = sweep_id
+    session.flush()
+    return profile
+
+
+def list_profiles(
+    *, session: Session, offset: int = 0, limit: int = 50
+) -> tuple[list[Profile], int]:
+    """A page of profiles, the most recently updated first, and how many there are."""
+    count = session.scalar(select(func.count()).select_from(Profile)) or 0
+    page = session.scalars(
+        select(Profile)
+        .order_by(Profile.updated_at.desc(), Profile.id.desc())
+        .offset(offset)
+        .limit(limit)
+    )
+    return list(page), count
+
+
+def samples_reported(*, session: Session, device: str, start: datetime, end: datetime) -> float:
+    """Samples that the trials on `device` reported processing in the window (start, end]."""
+    # Each report counts the samples since the trial's previous one, so the reports in a window
+    # add up to the work done in it, without double counting across windows.
+    total = session.scalar(
+        select(func.sum(TrialReport.samples))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(Trial.device == device, TrialReport.at > start, TrialReport.at <= end)
+    )
+    return float(total or 0.0)
+
+
+def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
+    """Trials on `device` that ended, whichever way, in the window (start, end]."""
+    ended = session.scalars(
+        select(Trial)
+        .where(Trial.ended_at > start, Trial.ended_at <= end, Trial.device == device)
+        .order_by(Trial.ended_at, Trial.id)
+    )
+    # Status is checked here, not in SQL: SQLite would pick the status index over the time
+    # window's and walk every trial that ever finished.
+    return [trial for trial in ended if trial.status in FINAL_TRIAL_STATUSES]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from gpumux import __version__
-from gpumux.api import devices, health, reports, sweeps, trials
+from gpumux.api import devices, health, profiles, reports, sweeps, trials
 from gpumux.api.deps import AppState
 from gpumux.config import Settings
 from gpumux.db import Sessions
@@ -30,6 +30,6 @@ def create_app(
     app.state.gpumux = AppState(
         settings=settings, sessions=sessions, devices_view=devices_view, notify=notify
     )
-    for module in (sweeps, trials, reports, devices, health):
+    for module in (sweeps, trials, reports, devices, profiles, health):
         app.include_router(module.router)
     return app

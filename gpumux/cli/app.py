@@ -10,7 +10,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands
+from gpumux.cli import commands, profiles
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
@@ -84,6 +84,7 @@ for command in (
     commands.logs,
     commands.best,
     commands.devices,
+    profiles.profiles,
 ):
     app.command()(user_errors(command))
 

@@ -1,0 +1,190 @@
+"""`gpumux profiles` as a user runs it, against a real `gpumux serve` holding stored profiles."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpumux import store
+from gpumux.client import Client, DaemonUnreachable
+from gpumux.db import make_engine, make_sessions
+
+DEADLINE_S = 60.0
+CURVE = [
+    {"split": 1, "throughput": 1000.0, "seconds_per_trial": 30.0, "memory_per_trial_mb": 700.0},
+    {"split": 2, "throughput": 1900.0, "seconds_per_trial": 31.5, "memory_per_trial_mb": 700.0},
+    {"split": 3, "throughput": 2500.0, "seconds_per_trial": 36.0, "memory_per_trial_mb": 720.0},
+    {"split": 5, "throughput": 2550.0, "seconds_per_trial": 58.8, "memory_per_trial_mb": 730.0},
+]
+
+
+@dataclass
+class Server:
+    url: str
+    db: Path
+    env: dict[str, str]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(client: Client, process: subprocess.Popen[bytes]) -> bool:
+    assert process.poll() is None, "gpumux serve exited before it answered"
+    try:
+        return client.health().status == "ok"
+    except DaemonUnreachable:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`gpumux serve` as a real process on a free port, with a fresh database."""
+    root = tmp_path_factory.mktemp("profiles")
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
+    env.update(GPUMUX_HOME=str(root / "home"), GPUMUX_URL=url, PYTHONIOENCODING="utf-8")
+    db = root / "gpumux.db"
+    port = url.rsplit(":", 1)[1]
+    with open(root / "serve.log", "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpumux.cli", "serve", "--port", port, "--db", str(db)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            with Client(url, timeout=5) as client:
+                while not _answers(client, process):
+                    assert time.monotonic() < deadline, "gpumux serve did not answer in time"
+                    time.sleep(0.05)
+            yield Server(url=url, db=db, env=env)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            returncode = process.wait(timeout=DEADLINE_S)
+    assert returncode == 0, (root / "serve.log").read_text()
+
+
+def store_profile(server: Server, **overrides: Any) -> int:
+    """A profile written straight into the daemon's database, as the tuner would store it."""
+    fields: dict[str, Any] = dict(
+        device_name="NVIDIA H200",
+        fingerprint="c" * 64,
+        command=["python", "train.py", "--epochs=3"],
+        param_tokens=["bs=128"],
+        unit="samples/s",
+        curve=CURVE,
+        best_split=3,
+        settled=True,
+        reason="knee: +2% from N=3 to N=5, under 5%",
+        sweep_id=None,
+    )
+    fields.update(overrides)
+    engine = make_engine(f"sqlite:///{server.db}")
+    try:
+        with make_sessions(engine).write.begin() as session:
+            return store.save_profile(session=session, **fields).id
+    finally:
+        engine.dispose()
+
+
+def gpumux(server: Server, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumux.cli", *args],
+        env={**server.env, "COLUMNS": str(columns)},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+
+
+def row(output: str, first: str) -> str:
+    """The table row whose first cell is `first`."""
+    for line in output.splitlines():
+        cells = line.replace("│", " ").split()
+        if cells and cells[0] == first:
+            return line
+    raise AssertionError(f"no row starting with {first!r} in:\n{output}")
+
+
+def test_profiles_lists_what_the_tuner_stored(server: Server) -> None:
+    empty = gpumux(server, "profiles")
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert "no profiles yet" in empty.stderr
+    h200 = store_profile(server)
+    cpu = store_profile(
+        server,
+        device_name="AMD EPYC 9654",
+        unit="trials/s",
+        curve=CURVE[:2],
+        best_split=None,
+        settled=False,
+    )
+    result = gpumux(server, "profiles")
+    assert result.returncode == 0, result.stderr
+    settled = row(result.stdout, str(h200))
+    assert "NVIDIA H200" in settled and "python train.py --epochs=3" in settled
+    assert "bs=128" in settled and "samples/s" in settled
+    assert settled.replace("│", " ").split()[-5:-2] == ["3", "yes", "4"]
+    searching = row(result.stdout, str(cpu))
+    assert "AMD EPYC 9654" in searching and "trials/s" in searching
+    assert searching.replace("│", " ").split()[-5:-2] == ["-", "no", "2"]
+    assert result.stdout.index("AMD EPYC") < result.stdout.index("NVIDIA H200")
+    first = gpumux(server, "profiles", "--limit", "1")
+    assert str(cpu) in first.stdout and "NVIDIA H200" not in first.stdout
+    assert "1 of 2 profiles shown" in first.stderr
+
+
+def test_a_profile_shows_its_curve_as_a_table_and_a_chart_in_80_columns(server: Server) -> None:
+    profile_id = store_profile(server, device_name="NVIDIA A100")
+    result = gpumux(server, "profiles", str(profile_id), columns=80)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert "NVIDIA A100" in out and "knee: +2% from N=3 to N=5" in out
+    assert "3 (settled)" in row(out, "best")
+    # The table comes first: its rows are the first to start with each N.
+    assert "1.90x" in row(out, "2") and "730 MiB" in row(out, "5") and "58.8s" in row(out, "5")
+    assert "2.50x" in row(out, "3") and "best" in row(out, "3")
+    chart = out[out.index("aggregate samples/s") :]
+    for n in ("1", "2", "3", "5"):
+        assert row(chart, n)
+    assert "◀ best" in row(chart, "3") and "best" not in row(chart, "5")
+
+
+def test_a_profile_is_drawn_into_a_png(server: Server, tmp_path: Path) -> None:
+    profile_id = store_profile(server, device_name="NVIDIA L4")
+    path = tmp_path / "curve.png"
+    result = gpumux(server, "profiles", str(profile_id), "--png", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {path}" in result.stderr and "aggregate samples/s" in result.stdout
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["profiles", "999"], 1, "profile 999 not found"),
+        (["profiles", "--png", "x.png"], 2, "--png draws one profile"),
+    ],
+)
+def test_profile_errors_are_one_line(
+    server: Server, args: list[str], code: int, message: str
+) -> None:
+    result = gpumux(server, *args)
+    assert result.returncode == code and message in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

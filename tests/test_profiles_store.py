@@ -1,0 +1,261 @@
+"""Profiles in the store, and the windowed throughput reads the tuner measures with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import sweep_in
+from pydantic import ValidationError
+from sqlalchemy import delete, event
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpumux import store
+from gpumux.db import Sessions
+from gpumux.models import Profile, Sweep, Trial, TrialReport
+from gpumux.status import TrialStatus
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+CURVE = [
+    {"split": 1, "throughput": 100.0, "seconds_per_trial": 10.0, "memory_per_trial_mb": 900.0},
+    {"split": 2, "throughput": 180.0, "seconds_per_trial": 11.0, "memory_per_trial_mb": None},
+]
+
+
+def save(session: Session, **overrides: Any) -> Profile:
+    fields: dict[str, Any] = dict(
+        device_name="NVIDIA H200",
+        fingerprint="f" * 64,
+        command=["python", "train.py"],
+        param_tokens=["bs=128"],
+        unit="samples/s",
+        curve=CURVE,
+        best_split=2,
+        settled=False,
+        reason="raising N: +80% from 1 to 2",
+        sweep_id=None,
+    )
+    fields.update(overrides)
+    return store.save_profile(session=session, **fields)
+
+
+def make_sweep(session: Session, tmp_path: Path, trials: int = 1) -> Sweep:
+    owner = store.get_or_create_owner(session=session, name="alice")
+    return store.create_sweep(
+        session=session,
+        sweep_in=sweep_in(tmp_path),
+        owner=owner,
+        seed=1,
+        trial_params=[{} for _ in range(trials)],
+    )
+
+
+def test_a_profile_round_trips_by_key_and_by_id(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        profile_id = save(session, curve=[{"split": 1, "throughput": 5}]).id
+    with sessions.read() as session:
+        by_key = store.get_profile(session=session, device_name="NVIDIA H200", fingerprint="f" * 64)
+        by_id = store.get_profile_by_id(session=session, profile_id=profile_id)
+        missing = store.get_profile(session=session, device_name="CPU", fingerprint="f" * 64)
+    assert by_key is not None and by_id is not None and by_key.id == by_id.id == profile_id
+    assert missing is None
+    assert by_id.curve == [
+        {"split": 1, "throughput": 5.0, "seconds_per_trial": None, "memory_per_trial_mb": None}
+    ]
+    assert (by_id.command, by_id.param_tokens, by_id.unit) == (
+        ["python", "train.py"],
+        ["bs=128"],
+        "samples/s",
+    )
+    assert by_id.best_split == 2 and by_id.settled is False
+    assert by_id.reason == "raising N: +80% from 1 to 2"
+    assert by_id.created_at.tzinfo is not None and by_id.updated_at == by_id.created_at
+
+
+def test_saving_again_updates_the_profile_in_place(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        first = save(session)
+        first_id, created = first.id, first.created_at
+    with sessions.write.begin() as session:
+        sweep_id = make_sweep(session, tmp_path).id
+        again = save(
+            session, curve=CURVE[:1], best_split=1, settled=True, reason="knee", sweep_id=sweep_id
+        )
+    assert again.id == first_id
+    with sessions.read() as session:
+        profiles, count = store.list_profiles(session=session)
+    assert count == 1
+    stored = profiles[0]
+    assert stored.curve == CURVE[:1] and stored.best_split == 1 and stored.settled is True
+    assert stored.sweep_id == sweep_id and stored.reason == "knee"
+    assert stored.created_at == created and stored.updated_at > created
+
+
+def test_one_profile_per_device_model_and_fingerprint(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        save(session)
+        save(session, device_name="AMD EPYC 9654")
+        save(session, fingerprint="e" * 64)
+    with sessions.read() as session:
+        assert store.list_profiles(session=session)[1] == 3
+    with pytest.raises(IntegrityError), sessions.write.begin() as session:
+        session.add(
+            Profile(
+                device_name="NVIDIA H200",
+                fingerprint="f" * 64,
+                command=["x"],
+                param_tokens=[],
+                unit="samples/s",
+                curve=[],
+                settled=False,
+            )
+        )
+
+
+def test_profiles_list_the_most_recently_updated_first(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        ids = [save(session, fingerprint=f"{n:064d}").id for n in range(4)]
+    with sessions.write.begin() as session:
+        save(session, fingerprint=f"{1:064d}", best_split=3)
+    with sessions.read() as session:
+        page, count = store.list_profiles(session=session, offset=1, limit=2)
+        everything, _ = store.list_profiles(session=session)
+    assert count == 4
+    assert [p.id for p in everything] == [ids[1], ids[3], ids[2], ids[0]]
+    assert [p.id for p in page] == [ids[3], ids[2]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"unit": "batches/s"}, "unit 'batches/s'"),
+        ({"curve": [{"split": 0, "throughput": 1.0}]}, "split"),
+        ({"curve": [{"split": 1, "throughput": float("nan")}]}, "throughput"),
+        ({"curve": [{"split": 1, "throughput": 1.0, "seconds_per_trial": 0}]}, "seconds"),
+    ],
+)
+def test_a_profile_with_a_bad_unit_or_point_is_refused(
+    sessions: Sessions, overrides: dict[str, Any], message: str
+) -> None:
+    with sessions.write.begin() as session:
+        with pytest.raises((ValueError, ValidationError), match=message):
+            save(session, **overrides)
+        assert store.list_profiles(session=session)[1] == 0
+
+
+def test_deleting_the_measuring_sweep_keeps_the_profile(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = make_sweep(session, tmp_path).id
+        profile_id = save(session, sweep_id=sweep_id).id
+    with sessions.write.begin() as session:
+        session.execute(delete(Sweep).where(Sweep.id == sweep_id))
+    with sessions.read() as session:
+        profile = store.get_profile_by_id(session=session, profile_id=profile_id)
+        assert profile is not None and profile.sweep_id is None
+
+
+def place(session: Session, sweep: Sweep, devices: list[str]) -> list[Trial]:
+    trials = store.list_trials(session=session, sweep_id=sweep.id)[0]
+    for trial, device in zip(trials, devices, strict=True):
+        trial.device = device
+    return trials
+
+
+def add_reports(session: Session, trial: Trial, samples: dict[float, float | None]) -> None:
+    """Reports of `trial` at T0 + seconds, each with its samples."""
+    session.add_all(
+        TrialReport(
+            trial_id=trial.id,
+            attempt=1,
+            kind="batch",
+            at=T0 + timedelta(seconds=offset),
+            samples=count,
+            metrics={},
+        )
+        for offset, count in samples.items()
+    )
+
+
+def test_samples_reported_sums_the_window_on_one_device(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        first, second, elsewhere = place(
+            session, make_sweep(session, tmp_path, 3), ["cpu"] * 2 + ["gpu0"]
+        )
+        # The window is (T0, T0 + 10 s]: a report at its start belongs to the window before.
+        add_reports(session, first, {0: 1, 0.000001: 10, 5: 20, 10: 40, 10.000001: 80})
+        add_reports(session, second, {3: 100, 7: None})
+        add_reports(session, elsewhere, {5: 1000})
+    with sessions.read() as session:
+        window = dict(start=T0, end=T0 + timedelta(seconds=10))
+        assert store.samples_reported(session=session, device="cpu", **window) == 170
+        assert store.samples_reported(session=session, device="gpu0", **window) == 1000
+        assert store.samples_reported(session=session, device="gpu1", **window) == 0
+        later = dict(start=T0 + timedelta(seconds=10), end=T0 + timedelta(seconds=20))
+        assert store.samples_reported(session=session, device="cpu", **later) == 80
+
+
+def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: Path) -> None:
+    devices = ["cpu"] * 5 + ["gpu0"]
+    ends = [0, 1, 10, 11, 4, 5]
+    statuses = [TrialStatus.succeeded, TrialStatus.failed, TrialStatus.lost]
+    statuses += [TrialStatus.succeeded, TrialStatus.running, TrialStatus.succeeded]
+    with sessions.write.begin() as session:
+        trials = place(session, make_sweep(session, tmp_path, 6), devices)
+        for trial, end, status in zip(trials, ends, statuses, strict=True):
+            # Set directly: the scheduler's moves are not what is tested here.
+            trial.status, trial.ended_at = status, T0 + timedelta(seconds=end)
+        expected = [trials[1].id, trials[2].id]
+    with sessions.read() as session:
+        ended = store.trials_ended(
+            session=session, device="cpu", start=T0, end=T0 + timedelta(seconds=10)
+        )
+        assert [trial.id for trial in ended] == expected
+        assert [t.status for t in ended] == [TrialStatus.failed, TrialStatus.lost]
+
+
+@contextmanager
+def selects(sessions: Sessions) -> Iterator[list[tuple[str, Any]]]:
+    """The SELECT statements run on the engine inside the block, with their parameters."""
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    event.listen(sessions.engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(sessions.engine, "before_cursor_execute", record)
+
+
+@pytest.mark.parametrize(
+    ("read", "index"),
+    [(store.samples_reported, "ix_trial_reports_at"), (store.trials_ended, "ix_trials_ended_at")],
+)
+def test_window_reads_search_an_index_on_time(
+    sessions: Sessions, tmp_path: Path, read: Any, index: str
+) -> None:
+    with sessions.write.begin() as session:
+        trials = place(session, make_sweep(session, tmp_path, 50), ["cpu", "gpu0"] * 25)
+        for trial in trials:
+            add_reports(session, trial, {float(n): 1.0 for n in range(20)})
+    window = dict(start=T0, end=T0 + timedelta(seconds=10))
+    with sessions.read() as session, selects(sessions) as statements:
+        read(session=session, device="cpu", **window)
+    assert len(statements) == 1
+    statement, parameters = statements[0]
+    with sessions.read() as session:
+        plan = [
+            row[-1]
+            for row in session.connection().exec_driver_sql(
+                f"EXPLAIN QUERY PLAN {statement}", parameters
+            )
+        ]
+    assert not any(step.startswith("SCAN") for step in plan), plan
+    assert any(index in step for step in plan), plan
