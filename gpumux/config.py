@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 7683
+SOCKET_NAME = "gpumux.sock"
 
 
 def default_home() -> Path:
@@ -25,8 +26,9 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=default_home, description="data directory")
     db: Path | None = Field(default=None, description="SQLite file; default HOME/gpumux.db")
     url: str = Field(
-        default=f"http://127.0.0.1:{DEFAULT_PORT}",
-        description="where the CLI finds the daemon: http://HOST:PORT or unix:/path/to.sock",
+        default="",
+        description="where the CLI finds the daemon: unix:/path/to.sock (default: a socket in "
+        "the data directory, which only its owner can open) or http://HOST:PORT",
     )
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -46,6 +48,21 @@ class Settings(BaseSettings):
     kill_grace: float = Field(default=10.0, ge=0, description="seconds from SIGTERM to SIGKILL")
     lost_retries: int = Field(default=2, ge=0, description="requeues of a trial cut off by a stop")
     log_tail_lines: int = Field(default=20, ge=1, description="log lines kept with a failed trial")
+
+    tune: bool = Field(default=True, description="--split auto searches N; off: the default N")
+    tune_warmup: float = Field(default=10.0, ge=0, description="seconds ignored after N changes")
+    tune_window: float = Field(default=20.0, gt=0, description="seconds measured at each N")
+    tune_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
+    cpu_trial_mb: int = Field(
+        default=1024, ge=1, description="memory a trial needs on the CPU device (bounds N)"
+    )
+    oom_retries: int = Field(default=3, ge=0, description="requeues of a trial out of memory")
+
+    @model_validator(mode="after")
+    def _default_url(self) -> Settings:
+        if not self.url:
+            self.url = f"unix:{self.home / SOCKET_NAME}"
+        return self
 
     @property
     def db_path(self) -> Path:

@@ -26,6 +26,11 @@ from gpumux.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
+UNIX_PATH_MAX = 108  # sun_path in struct sockaddr_un, with its terminating NUL
+
+# A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
@@ -69,9 +74,18 @@ def bind(settings: Settings, *, fallback_port: bool = False) -> tuple[socket.soc
         path = settings.uds
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # we hold the lock, so a socket file left here is stale
+        if len(os.fsencode(path)) >= UNIX_PATH_MAX:
+            raise DaemonError(
+                f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
+                "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
+            )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        os.chmod(path, 0o600)
+        # Created 0600 from the start: no moment in which another user could connect.
+        previous = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(previous)
         sock.listen(128)
         return sock, f"unix:{path}"
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -110,13 +124,20 @@ class Daemon:
 
     def start(self, *, fallback_port: bool = False) -> None:
         """Take the lock, migrate the database, bind the socket."""
-        self.settings.home.mkdir(parents=True, exist_ok=True)
-        self.settings.db_path.parent.mkdir(parents=True, exist_ok=True)
+        # The database holds each submitter's environment, the logs their output: owner only.
+        self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.settings.logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.settings.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = acquire_lock(self.settings)
-        engine = make_engine(self.settings.db_url)
-        upgrade(engine)
-        self.sessions = make_sessions(engine)
-        self._socket, self.url = bind(self.settings, fallback_port=fallback_port)
+        try:
+            engine = make_engine(self.settings.db_url)
+            self.sessions = make_sessions(engine)
+            upgrade(engine)
+            self._socket, self.url = bind(self.settings, fallback_port=fallback_port)
+        except BaseException:
+            self.close()
+            raise
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"{os.getpid()} {self.url}\n")
@@ -141,7 +162,7 @@ class Daemon:
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         server = _Server(config)
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in STOP_SIGNALS:
                 self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
         stop_scheduling = asyncio.Event()
         server_task = asyncio.create_task(server.serve(sockets=[self._socket]))
@@ -169,13 +190,14 @@ class Daemon:
         finally:
             server.should_exit = True
             await server_task
-            if scheduler_task.done() and scheduler_task.exception() is not None:
-                log.critical("daemon: scheduler failed", exc_info=scheduler_task.exception())
+            failure = scheduler_task.exception() if scheduler_task.done() else None
             probe.close()
             if threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGINT, signal.SIGTERM):
+                for signum in STOP_SIGNALS:
                     self._loop.remove_signal_handler(signum)
             self.close()
+        if failure is not None:
+            raise DaemonError(f"the scheduler failed: {failure!r}") from failure
 
     def request_stop(self) -> None:
         """Warm stop the first time, cold stop the second; safe from any thread."""
@@ -252,7 +274,13 @@ def embedded(settings: Settings) -> Iterator[Daemon]:
 
 
 def serve_forever(settings: Settings) -> None:
-    """`gpumux serve`: run in the foreground until SIGTERM or Ctrl-C."""
+    """`gpumux serve`: run in the foreground until SIGTERM or Ctrl-C.
+
+    It listens on --uds, or on TCP when a host or port is given, and otherwise where the CLI
+    looks (GPUMUX_URL; by default the socket in the data directory).
+    """
+    if settings.uds is None and not {"host", "port"} & settings.model_fields_set:
+        settings = listen_where_clients_look(settings)
     daemon = Daemon(settings)
     daemon.start()
     print(f"gpumux: serving on {daemon.url} (database {settings.db_path})", flush=True)

@@ -149,14 +149,18 @@ class TrialProcess:
     @classmethod
     def spawn(cls, spec: LaunchSpec) -> TrialProcess:
         """Start the trial in a new session with stdout and stderr appended to its log."""
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "ab") as log_file:
-            log_file.write(
-                f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on {spec.device_kind} "
-                f"split {spec.split}: {shlex.join(spec.argv)}\n".encode()
-            )
-            log_file.flush()
+        try:
+            spec.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            log_fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as error:
+            raise LaunchError(f"cannot write the trial's log {spec.log_path}: {error}") from error
+        with open(log_fd, "ab") as log_file:
             try:
+                log_file.write(
+                    f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on {spec.device_kind} "
+                    f"split {spec.split}: {shlex.join(spec.argv)}\n".encode()
+                )
+                log_file.flush()
                 popen = subprocess.Popen(
                     list(spec.argv),
                     cwd=spec.workdir,
@@ -167,7 +171,7 @@ class TrialProcess:
                     start_new_session=True,
                     close_fds=True,
                 )
-            except OSError as error:
+            except (OSError, ValueError) as error:
                 raise LaunchError(_explain_spawn_error(error, spec)) from error
         log.info("trial %s: started pid %d: %s", spec.trial_id, popen.pid, shlex.join(spec.argv))
         return cls(popen, spec)
@@ -212,8 +216,10 @@ def _pidfd_open(pid: int) -> int | None:
         return None
 
 
-def _explain_spawn_error(error: OSError, spec: LaunchSpec) -> str:
+def _explain_spawn_error(error: OSError | ValueError, spec: LaunchSpec) -> str:
     program = spec.argv[0]
+    if isinstance(error, ValueError):
+        return f"could not start {program!r}: {error} (in its command, directory or environment)"
     if isinstance(error, FileNotFoundError) and error.filename == spec.workdir:
         return f"working directory {spec.workdir} does not exist"
     if isinstance(error, FileNotFoundError):

@@ -44,6 +44,9 @@ class SweepCreate(BaseModel):
     @field_validator("params")
     @classmethod
     def _params_parse(cls, tokens: list[str]) -> list[str]:
+        for token in tokens:
+            if "\0" in token:
+                raise ValueError(f"{token!r}: a NUL character cannot reach a program's arguments")
         try:
             sweepspec.parse_params(tokens)
         except sweepspec.SpecError as error:
@@ -55,11 +58,26 @@ class SweepCreate(BaseModel):
     def _command_runnable(cls, command: list[str]) -> list[str]:
         if not command[0].strip():
             raise ValueError("the command's first word is empty; give the program to run")
+        if any("\0" in word for word in command):
+            raise ValueError("the command holds a NUL character, which no program can receive")
         return command
+
+    @field_validator("env")
+    @classmethod
+    def _env_passable(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(
+                    f"environment variable {name!r} cannot be passed to a process "
+                    "(empty name, '=' in its name, or a NUL character)"
+                )
+        return env
 
     @field_validator("workdir")
     @classmethod
     def _workdir_absolute(cls, workdir: str) -> str:
+        if "\0" in workdir:
+            raise ValueError("workdir holds a NUL character")
         if not workdir.startswith("/"):
             raise ValueError(f"workdir {workdir!r} must be an absolute path")
         return workdir

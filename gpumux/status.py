@@ -29,7 +29,13 @@ ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
 TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
     TrialStatus.queued: frozenset({TrialStatus.starting, TrialStatus.cancelled}),
     TrialStatus.starting: frozenset(
-        {TrialStatus.running, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.queued}
+        {
+            TrialStatus.running,
+            TrialStatus.failed,
+            TrialStatus.cancelled,
+            TrialStatus.queued,
+            TrialStatus.lost,
+        }
     ),
     TrialStatus.running: frozenset(
         {

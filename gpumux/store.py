@@ -33,6 +33,10 @@ class ReportRefused(RuntimeError):
     """A report that must not be recorded: wrong token, stale attempt, or a trial not running."""
 
 
+class TokenMismatch(ReportRefused):
+    """A report whose token is not its trial's."""
+
+
 def token_hash(token: str) -> str:
     """The stored form of a trial's report token."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -180,7 +184,7 @@ def get_trial(*, session: Session, trial_id: int) -> Trial | None:
 def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportIn) -> TrialReport:
     """Record a report from the trial's current attempt; refuse anything else."""
     if trial.token_hash is None or token_hash(token) != trial.token_hash:
-        raise ReportRefused(f"trial {trial.id}: the report token does not match")
+        raise TokenMismatch(f"trial {trial.id}: the report token does not match")
     if report_in.attempt != trial.attempt:
         raise ReportRefused(
             f"trial {trial.id}: report from attempt {report_in.attempt}, "

@@ -439,7 +439,10 @@ def test_the_embedded_daemon_waits_for_the_sweeps_of_others(tmp_path: Path) -> N
     assert owner.returncode == 0, errors
 
 
-def test_ctrl_c_with_an_embedded_daemon_requeues_the_trials(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_kill_or_hangup_with_an_embedded_daemon_requeues_the_trials(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     env = cli_env(home=tmp_path / "home", url=url, GPUMUX_KILL_GRACE="5")
     follower = start_gpumux("sweep", "--", sys.executable, BLOCK, env=env)
@@ -447,7 +450,7 @@ def test_ctrl_c_with_an_embedded_daemon_requeues_the_trials(tmp_path: Path) -> N
     assert follower.stdout.readline() == "sweep 1: 1 trial queued\n"
     with Client(url, timeout=10) as api:
         wait_running(api, 1, 1)
-    follower.send_signal(signal.SIGINT)
+    follower.send_signal(signum)
     _, errors = follower.communicate(timeout=DEADLINE_S)
     assert follower.returncode == 130
     assert "requeues them; they resume with the next gpumux sweep or gpumux serve" in " ".join(

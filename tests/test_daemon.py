@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,3 +85,52 @@ def test_a_unix_socket_url_makes_the_daemon_listen_there(tmp_path: Path) -> None
 def test_a_url_that_is_neither_http_nor_unix_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DaemonError, match="must be http://HOST:PORT or unix:/PATH"):
         listen_where_clients_look(Settings(home=tmp_path, url="ftp://x"))
+
+
+def test_by_default_the_daemon_listens_on_an_owner_only_socket_in_its_data_directory(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    settings = Settings(home=home)
+    assert settings.url == f"unix:{home}/gpumux.sock"
+    with embedded(settings) as daemon:
+        assert daemon.url == settings.url
+        modes = {
+            path.name: oct(path.stat().st_mode & 0o777)
+            for path in (home, home / "gpumux.sock", home / "gpumux.db", home / "logs")
+        }
+        assert modes == {
+            "home": "0o700",
+            "gpumux.sock": "0o600",
+            "gpumux.db": "0o600",
+            "logs": "0o700",
+        }
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / ("x" * 120))
+    with pytest.raises(DaemonError, match="too long for a Unix socket.*GPUMUX_URL=unix:"):
+        with embedded(settings):
+            pass
+
+
+def test_serve_listens_where_the_cli_looks_unless_given_a_port(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpumux.cli", "serve", "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    try:
+        assert line.startswith(f"gpumux: serving on unix:{home}/gpumux.sock"), line
+        transport = httpx.HTTPTransport(uds=str(home / "gpumux.sock"))
+        with httpx.Client(transport=transport, base_url="http://gpumux") as client:
+            assert client.get("/health").json()["status"] == "ok"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.stdout.close()
+        assert server.wait(timeout=60) == 0

@@ -33,6 +33,8 @@ def post_report(
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {report_in.trial_id} not found")
         try:
             store.add_report(session=session, trial=trial, token=token, report_in=report_in)
+        except store.TokenMismatch as error:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, str(error)) from error
         except store.ReportRefused as error:
             raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from error
     return Response(status_code=status.HTTP_204_NO_CONTENT)

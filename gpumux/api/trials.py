@@ -52,6 +52,11 @@ def get_trial_log(
                 raw = log_file.read(limit)
         except FileNotFoundError:
             pass
+        except OSError as error:
+            raise HTTPException(
+                status.HTTP_500_INTERNAL_SERVER_ERROR,
+                f"trial {trial_id}: cannot read its log {trial.log_path}: {error.strerror}",
+            ) from error
     # A chunk may end inside a multi-byte character: hold those bytes back for the next call.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     data = decoder.decode(raw, final=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, ParamSpec
@@ -102,4 +103,8 @@ def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
 def main(argv: Sequence[str] | None = None) -> None:
     """The `gpumux` console script."""
     args, command = split_command(sys.argv[1:] if argv is None else argv)
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) takes Ctrl-C's path: an embedded daemon
+    # then stops and requeues its trials instead of leaving them running unsupervised.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.default_int_handler)
     app(args=args, obj=CliState(command=command), prog_name="gpumux")

@@ -68,6 +68,10 @@ def test_random_search_is_reproducible_from_the_recorded_seed(
         ([], {"objective": "val_loss"}, "METRIC:min or METRIC:max"),
         ([], {"trials": 0}, "trials"),
         ([], {"owner": "mallory"}, "owner"),
+        ([], {"command": ["echo", "a\u0000b"]}, "NUL character"),
+        (["x=a\u0000b"], {}, "NUL character"),
+        ([], {"env": {"A=B": "1"}}, "cannot be passed to a process"),
+        ([], {"env": {"A": "x\u0000y"}}, "cannot be passed to a process"),
     ],
 )
 def test_bad_sweeps_are_refused_with_the_reason_and_leave_nothing(

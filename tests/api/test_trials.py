@@ -75,7 +75,7 @@ def test_reports_need_the_trial_token(
     trial_id = running_trial(sessions, tmp_path)
     assert api.post("/reports", json=report(trial_id)).status_code == 401
     wrong = api.post("/reports", json=report(trial_id), headers={"Authorization": "Bearer nope"})
-    assert wrong.status_code == 409 and "token does not match" in wrong.text
+    assert wrong.status_code == 403 and "token does not match" in wrong.text
     stale = api.post("/reports", json=report(trial_id, 2), headers={"Authorization": "Bearer tok"})
     assert stale.status_code == 409 and "attempt 2" in stale.text
     unknown = api.post("/reports", json=report(424242), headers={"Authorization": "Bearer tok"})
