@@ -20,10 +20,14 @@ class RunningTrial:
 
 @dataclass(frozen=True)
 class PendingTrial:
-    """A queued trial; split is the sweep's fixed N, None for the policy's default."""
+    """A queued trial; split is the sweep's fixed N, None for the tuned or the default N.
+
+    `tuned` holds the N the split search chose for the trial's workload on each device.
+    """
 
     trial_id: int
     split: int | None
+    tuned: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.split is not None and self.split < 1:
@@ -72,13 +76,42 @@ def foreign_memory_mb(
     overhead_mb: int,
 ) -> int:
     """GPU memory held by processes that are not ours."""
-    if device.processes is not None:
-        return sum(p.used_memory_mb or 0 for p in device.processes if p.pid not in our_pids)
+    foreign = [p for p in device.processes or () if p.pid not in our_pids]
+    if device.processes is not None and all(p.used_memory_mb is not None for p in foreign):
+        return sum(p.used_memory_mb or 0 for p in foreign)
     if device.memory_used_mb is None:
         return 0
-    # No process list: whatever is used beyond what our own trials may hold belongs to others.
+    # No process list, or one whose memory NVML cannot tell: whatever is used beyond what our
+    # own trials may hold belongs to others (never counted as zero: others would run out).
     ours = sum((t.memory_limit_mb or 0) + overhead_mb for t in running_on_device)
     return max(0, device.memory_used_mb - ours)
+
+
+def never_fits(
+    trial: PendingTrial, devices: Sequence[DeviceSnapshot], policy: PackingPolicy
+) -> str | None:
+    """Why a trial's fixed split fits no device even when the device is empty, or None."""
+    if trial.split is None:
+        return None
+    reasons = []
+    for device in devices:
+        if device.error is not None:
+            continue
+        if device.kind == "cpu" or device.memory_total_mb is None:
+            return None
+        overhead = policy.overhead_for(device.key)
+        room = device.memory_total_mb - policy.reserve_mb
+        cap = room // trial.split - overhead
+        if cap >= policy.min_memory_mb:
+            return None
+        largest = max(1, room // (policy.min_memory_mb + overhead))
+        reasons.append(
+            f"split {trial.split} leaves {cap} MB per trial on {device.name} "
+            f"({device.memory_total_mb} MB, {policy.reserve_mb} MB kept free, {overhead} MB "
+            f"overhead per process; the smallest slice is {policy.min_memory_mb} MB): "
+            f"use --split {largest} or less"
+        )
+    return "; ".join(reasons) or None
 
 
 def measured_overhead_mb(
@@ -116,8 +149,10 @@ class _Device:
         """Where the trial would go on this device, or None when it does not fit."""
         cpu = self.snapshot.kind == "cpu"
         cpu_count = self.snapshot.cpu_count or 1
-        split = trial.split or (
-            (policy.cpu_default_split or cpu_count) if cpu else policy.default_split
+        split = (
+            trial.split
+            or trial.tuned.get(self.snapshot.key)
+            or ((policy.cpu_default_split or cpu_count) if cpu else policy.default_split)
         )
         if self.trials + 1 > split:
             return None

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import secrets
 import signal
 import time
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -17,19 +20,23 @@ from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import DeviceProbe, DeviceSnapshot, NvmlUnavailable
 from gpumux.launcher import (
+    ExitStatus,
     LaunchError,
     LaunchSpec,
     TrialProcess,
     group_members,
     process_start_ticks,
-    signal_group,
     tail_lines,
 )
 from gpumux.models import Trial, utcnow
 from gpumux.schemas import MAX_SPLIT
+from gpumux.splitsearch import Searches, is_out_of_memory
 from gpumux.status import TrialStatus
 
 log = logging.getLogger(__name__)
+
+# A measured per-process overhead above this multiple of the configured one is not believed.
+OVERHEAD_BELIEVABLE = 4
 
 
 class StopReason(StrEnum):
@@ -62,6 +69,7 @@ class Scheduler:
         # Per GPU: the most memory a trial was seen to hold beyond its slice (NVML), which
         # replaces the configured overhead in the packing budget once measured.
         self.overhead: dict[str, int] = {}
+        self.searches = Searches(settings)
         self._probed_at = float("-inf")
         self._running: dict[int, Running] = {}
         self._wake = asyncio.Event()
@@ -82,7 +90,11 @@ class Scheduler:
         self._loop = asyncio.get_running_loop()
         self.reconcile()
         while not stop.is_set():
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:
+                # A defect must not take every other trial down with the daemon: log it, go on.
+                log.exception("scheduler: a tick failed; carrying on")
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, timeout=self._next_wait(), return_when="FIRST_COMPLETED")
@@ -111,6 +123,9 @@ class Scheduler:
         self.apply_deadlines()
         if not self._draining:
             self.place_and_launch()
+            if any(not search.decision.settled for search in self.searches):
+                with self.sessions.write.begin() as session:
+                    self.searches.observe(session=session, now=utcnow())
 
     def reconcile(self) -> None:
         """At start: trials the database calls active but no one supervises are requeued."""
@@ -118,10 +133,8 @@ class Scheduler:
             for trial in store.active_trials(session=session):
                 if trial.id in self._running:
                     continue
-                pid = trial.pid
-                if pid is not None and process_start_ticks(pid) == trial.pid_started:
-                    log.warning("trial %s: pid %d outlived its daemon; killing it", trial.id, pid)
-                    signal_group(pid, signal.SIGKILL)
+                if trial.pid is not None and trial.pid_started is not None:
+                    kill_orphans(trial.id, pgid=trial.pid, started=trial.pid_started)
                 self._requeue_or_lose(session, trial, "the daemon stopped while it ran")
 
     def reap(self) -> None:
@@ -162,15 +175,38 @@ class Scheduler:
                         session=session, trial=trial, status=TrialStatus.succeeded, **fields
                     )
                 else:
-                    tail = tail_lines(trial.log_path, self.settings.log_tail_lines)
-                    store.set_trial_status(
-                        session=session,
-                        trial=trial,
-                        status=TrialStatus.failed,
-                        error=f"{exit_status.describe()}; last lines of its log:\n{tail}",
-                        **fields,
-                    )
+                    self._record_failure(session, trial, exit_status, fields)
                 log.info("trial %s: %s -> %s", trial_id, exit_status.describe(), trial.status)
+
+    def _record_failure(
+        self, session: Session, trial: Trial, exit_status: ExitStatus, fields: dict[str, Any]
+    ) -> None:
+        tail = tail_lines(trial.log_path, self.settings.log_tail_lines)
+        how = exit_status.describe()
+        if is_out_of_memory(tail):
+            if trial.sweep.split is None and trial.attempt <= self.settings.oom_retries:
+                # The split search went one N too far: lower it and run this trial again.
+                self.searches.out_of_memory(session=session, trial=trial)
+                store.set_trial_status(
+                    session=session,
+                    trial=trial,
+                    status=TrialStatus.queued,
+                    attempt=trial.attempt + 1,
+                    error=f"attempt {trial.attempt} ran out of device memory at N={trial.split}; "
+                    "requeued at a lower N",
+                    queued_at=utcnow(),
+                    pid=None,
+                    log_path=None,
+                )
+                return
+            how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.failed,
+            error=f"{how}; last lines of its log:\n{tail}",
+            **fields,
+        )
 
     def apply_cancels(self) -> None:
         """Drop the queued trials of cancelled sweeps and stop their running ones."""
@@ -226,7 +262,24 @@ class Scheduler:
         with self.sessions.read() as session:
             active = store.active_trials(session=session)
             queued = store.queued_trials(session=session, limit=self._free_slot_bound(devices))
-            pending = [placement.PendingTrial(trial_id=t.id, split=t.sweep.split) for t in queued]
+            tuned: dict[int, dict[str, int]] = {}
+            for trial in queued:
+                if trial.sweep_id not in tuned:
+                    tuned[trial.sweep_id] = self.searches.tuned_splits(
+                        session=session, sweep=trial.sweep, devices=devices
+                    )
+            pending = [
+                placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
+                for t in queued
+            ]
+        policy = self._policy()
+        for waiting in list(pending):
+            # Strict FIFO would wait for it forever, and every trial behind it too.
+            reason = placement.never_fits(waiting, devices, policy)
+            if reason is not None:
+                log.warning("trial %s: %s", waiting.trial_id, reason)
+                self._fail_unstarted(waiting.trial_id, reason)
+                pending.remove(waiting)
         if not pending:
             return
         running = [
@@ -247,12 +300,16 @@ class Scheduler:
             devices=devices,
             running=running,
             pending=pending,
-            policy=self._policy(),
+            policy=policy,
             our_pids=group_of.keys(),
         )
         by_key = {device.key: device for device in devices}
         for chosen in plan:
-            self.launch(chosen, by_key[chosen.device_key])
+            try:
+                self.launch(chosen, by_key[chosen.device_key])
+            except Exception as error:
+                log.exception("trial %s: launch failed", chosen.trial_id)
+                self._fail_unstarted(chosen.trial_id, f"gpumux could not launch it: {error!r}")
 
     def launch(self, chosen: placement.Placement, device: DeviceSnapshot) -> None:
         """Start one placed trial: claim its slot, spawn it, record its pid."""
@@ -279,7 +336,6 @@ class Scheduler:
                 log_path=str(log_path),
                 exit_code=None,
                 signal=None,
-                error=None,
             )
             sweep = trial.sweep
             spec = LaunchSpec(
@@ -305,16 +361,7 @@ class Scheduler:
             process = TrialProcess.spawn(spec)
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
-            with self.sessions.write.begin() as session:
-                trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-                if trial is not None:
-                    store.set_trial_status(
-                        session=session,
-                        trial=trial,
-                        status=TrialStatus.failed,
-                        error=str(error),
-                        ended_at=utcnow(),
-                    )
+            self._fail_unstarted(chosen.trial_id, str(error))
             return
         deadline = time.monotonic() + time_limit if time_limit else None
         self._running[chosen.trial_id] = Running(process=process, deadline=deadline)
@@ -330,6 +377,22 @@ class Scheduler:
                     pid=process.pid,
                     pid_started=process.start_ticks,
                     started_at=utcnow(),
+                )
+
+    def _fail_unstarted(self, trial_id: int, error: str) -> None:
+        with self.sessions.write.begin() as session:
+            trial = store.get_trial(session=session, trial_id=trial_id)
+            if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):
+                if trial.status is TrialStatus.queued:
+                    store.set_trial_status(
+                        session=session, trial=trial, status=TrialStatus.starting
+                    )
+                store.set_trial_status(
+                    session=session,
+                    trial=trial,
+                    status=TrialStatus.failed,
+                    error=error,
+                    ended_at=utcnow(),
                 )
 
     def _on_exit(self, process: TrialProcess) -> None:
@@ -368,6 +431,7 @@ class Scheduler:
                 error=f"attempt {trial.attempt} {why}; requeued",
                 queued_at=utcnow(),
                 pid=None,
+                log_path=None,
             )
         else:
             store.set_trial_status(
@@ -398,6 +462,15 @@ class Scheduler:
         }
         for device in devices:
             measured = placement.measured_overhead_mb(device, group_of, caps)
+            if measured is not None and measured > OVERHEAD_BELIEVABLE * self.settings.overhead_mb:
+                # Far beyond any CUDA context: that trial's cap did not apply (TensorFlow started
+                # before the hook, or a framework gpumux does not cap). Not a per-process cost.
+                log.warning(
+                    "device %s: a trial holds %d MB beyond its slice; its cap did not apply",
+                    device.key,
+                    measured,
+                )
+                continue
             if measured is not None and measured > self.overhead.get(device.key, 0):
                 log.info("device %s: a trial holds %d MB beyond its slice", device.key, measured)
                 self.overhead[device.key] = measured
@@ -431,3 +504,18 @@ def visible_device(device: DeviceSnapshot) -> str:
     if device.kind == "cpu":
         return ""
     return device.uuid or str(device.index)
+
+
+def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
+    """SIGKILL what is left of a trial's process group after its daemon died.
+
+    The leader may be gone while its children (data loaders, say) still hold the GPU. A member
+    counts as the trial's only if it started no earlier than the leader: a group id freed and
+    reused by an unrelated process since is left alone.
+    """
+    for pid in group_members({pgid}):
+        ticks = process_start_ticks(pid)
+        if ticks is not None and ticks >= started:
+            log.warning("trial %s: pid %d outlived its daemon; killing it", trial_id, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

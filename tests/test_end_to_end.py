@@ -57,3 +57,52 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             assert applied < log.index("Epoch 1/3"), "the slice must precede the first op"
         best = client.get(f"/sweeps/{created['id']}").json()["best"]
         assert best["objective"] == max(t["objective"] for t in trials)
+
+
+def run_sweep(client: httpx.Client, params: list[str]) -> list[dict[str, object]]:
+    created = client.post(
+        "/sweeps",
+        json={
+            "params": params,
+            "command": [sys.executable, "examples/digits_keras.py", "--width=32", "--epochs=12"],
+            "workdir": str(ROOT),
+            "env": dict(os.environ),
+            "objective": "val_accuracy:max",
+        },
+    ).json()
+    assert created["split"] == "auto"
+    deadline = time.monotonic() + 600
+    while (sweep := client.get(f"/sweeps/{created['id']}").json())["status"] != "finished":
+        assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
+        time.sleep(0.5)
+    trials: list[dict[str, object]] = client.get(
+        f"/sweeps/{created['id']}/trials", params={"limit": 100}
+    ).json()["data"]
+    assert {t["status"] for t in trials} == {"succeeded"}
+    return trials
+
+
+def test_split_auto_measures_a_profile_and_the_next_sweep_reuses_it(tmp_path: Path) -> None:
+    settings = Settings(
+        home=tmp_path / "home",
+        url=f"http://127.0.0.1:{free_port()}",
+        tune_warmup=1.0,
+        tune_window=4.0,
+    )
+    with embedded(settings) as daemon, httpx.Client(base_url=daemon.url, timeout=30) as client:
+        first = run_sweep(client, ["seed=1..24"])
+        profiles = client.get("/profiles").json()
+        assert profiles["count"] == 1, profiles
+        profile = profiles["data"][0]
+        measured = [point["split"] for point in profile["curve"]]
+        assert measured[0] == 1 and len(measured) >= 2, profile
+        assert profile["settled"] and profile["best_split"] in measured, profile
+        assert profile["unit"] == "samples/s" and profile["device_name"]
+        assert {t["split"] for t in first} >= {1, 2}, "the first sweep ran at several N"
+
+        second = run_sweep(client, ["seed=25..28"])
+        assert {t["split"] for t in second} == {profile["best_split"]}
+        again = client.get(f"/profiles/{profile['id']}").json()
+        assert again["updated_at"] == profile["updated_at"], (
+            "the profile was reused, not re-measured"
+        )

@@ -14,6 +14,7 @@ from gpumux.placement import (
     RunningTrial,
     foreign_memory_mb,
     measured_overhead_mb,
+    never_fits,
     place,
 )
 
@@ -202,15 +203,11 @@ def test_measured_overhead_overrides_the_default() -> None:
 
 
 def test_foreign_memory_from_the_process_list() -> None:
-    device = gpu(
-        processes=(
-            GpuProcess(pid=1, used_memory_mb=5000),
-            GpuProcess(pid=2, used_memory_mb=700),
-            GpuProcess(pid=3, used_memory_mb=None),
-        ),
-        used=9000,
-    )
-    assert foreign_memory_mb(device, {1}, [], 1024) == 700
+    measured = (GpuProcess(pid=1, used_memory_mb=5000), GpuProcess(pid=2, used_memory_mb=700))
+    device = gpu(processes=(*measured, GpuProcess(pid=3, used_memory_mb=None)), used=9000)
+    assert foreign_memory_mb(device, {1}, [], 1024) == 9000, "pid 3's memory is unknown"
+    known = gpu(processes=measured, used=9000)
+    assert foreign_memory_mb(known, {1}, [], 1024) == 700
 
 
 def test_foreign_memory_without_a_process_list() -> None:
@@ -353,3 +350,34 @@ def test_a_measured_overhead_replaces_the_configured_one_in_the_budget() -> None
     )
     assert configured[0].memory_limit_mb == USABLE // 8 - POLICY.overhead_mb
     assert measured[0].memory_limit_mb == USABLE // 8 - 600
+
+
+def test_a_split_that_fits_no_device_even_empty_says_why_and_what_would() -> None:
+    small = gpu(total=24576)
+    reason = never_fits(PendingTrial(trial_id=1, split=32), [small], POLICY)
+    assert reason is not None
+    assert "split 32 leaves -272 MB per trial" in reason
+    assert "use --split 18 or less" in reason
+    assert never_fits(PendingTrial(trial_id=1, split=18), [small], POLICY) is None
+    assert never_fits(PendingTrial(trial_id=1, split=32), [small, cpu()], POLICY) is None
+    assert never_fits(PendingTrial(trial_id=1, split=None), [small], POLICY) is None
+
+
+def test_a_foreign_process_of_unknown_memory_is_not_counted_as_zero() -> None:
+    device = gpu(
+        used=30_000 + 4096 + POLICY.overhead_mb,
+        processes=(
+            GpuProcess(pid=FOREIGN_PID, used_memory_mb=None),
+            GpuProcess(pid=7, used_memory_mb=5000),
+        ),
+    )
+    ours = [RunningTrial(trial_id=1, device_key="GPU-0", slot=0, memory_limit_mb=4096)]
+    assert foreign_memory_mb(device, {7}, ours, POLICY.overhead_mb) == 30_000
+
+
+def test_a_tuned_split_applies_on_its_device_only() -> None:
+    pending = [PendingTrial(trial_id=n, split=None, tuned={"GPU-1": 3}) for n in range(6)]
+    plan = place(devices=[gpu(0), gpu(1)], running=[], pending=pending, policy=POLICY)
+    by_device = Counter(p.device_key for p in plan)
+    assert by_device == {"GPU-1": 3, "GPU-0": POLICY.default_split}
+    assert {p.split for p in plan if p.device_key == "GPU-1"} == {3}

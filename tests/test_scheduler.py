@@ -339,3 +339,85 @@ def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(
         return harness.scheduler.overhead
 
     assert asyncio.run(scenario()) == {nvml.gpus[0].uuid: 700}
+
+
+def test_a_trial_whose_log_cannot_be_written_fails_and_the_rest_run_on(
+    harness: Harness, settings: Settings
+) -> None:
+    blocked = harness.submit("x=1,2", command=["true"], split=2)
+    settings.logs_dir.mkdir(parents=True)
+    (settings.logs_dir / f"sweep-{blocked}").write_text("a file where a directory should be")
+    fine = harness.submit("x=1,2", command=["true"], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    for trial in harness.trials(blocked):
+        assert trial.status == TrialStatus.failed
+        assert trial.error is not None and "cannot write the trial's log" in trial.error
+    assert [t.status for t in harness.trials(fine)] == [TrialStatus.succeeded] * 2
+
+
+def test_a_starting_trial_with_no_retries_left_is_lost_at_start(
+    harness: Harness, settings: Settings
+) -> None:
+    sweep_id = harness.submit(command=["true"])
+    with harness.sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        trial.attempt = settings.lost_retries + 1
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+    harness.scheduler.reconcile()
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.lost
+    assert trial.error is not None and "no retries left" in trial.error
+
+
+def test_at_start_the_children_of_a_dead_trial_leader_are_killed(
+    harness: Harness, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pids"
+    leader = subprocess.Popen(
+        [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + DEADLINE
+    while not pidfile.exists():
+        assert time.monotonic() < deadline, "the sleeper did not start"
+        time.sleep(0.02)
+    child = int(pidfile.read_text().split()[1])
+    started = process_start_ticks(leader.pid)
+    leader.kill()
+    leader.wait()
+    assert not gone(child), "the child must outlive its leader for this test"
+    sweep_id = harness.submit(command=["true"])
+    with harness.sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.running,
+            pid=leader.pid,
+            pid_started=started,
+        )
+    harness.scheduler.reconcile()
+    assert wait_gone([child]) == []
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.queued and trial.log_path is None
+
+
+def test_an_auto_trial_out_of_memory_is_requeued_not_failed(harness: Harness) -> None:
+    sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "oom_once.py")])
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.succeeded and trial.attempt == 2
+    assert trial.error == "attempt 1 ran out of device memory at N=1; requeued at a lower N"
+    (search,) = harness.scheduler.searches
+    assert search.decision.settled and search.split == 1
+
+
+def test_a_fixed_split_trial_out_of_memory_fails_and_says_what_to_change(harness: Harness) -> None:
+    sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "oom_once.py")], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.failed and trial.error is not None
+    assert trial.error.startswith("out of device memory at N=2 (exited with code 1)")
+    assert "try a smaller --split" in trial.error

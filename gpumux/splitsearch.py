@@ -1,0 +1,352 @@
+"""The online split search: measures one workload on one device while its sweep runs.
+
+The scheduler keeps one SplitSearch per (device, workload fingerprint) for sweeps with
+`--split auto`. Each tick it reports how many trials run on the device; the search waits until
+exactly N of them have run together for a warm-up and a window, then measures the device's
+aggregate throughput over the window from the trials' reports (samples/s; completed trials/s
+for scripts that report nothing), hands the curve to the pure tuner for the next N, and stores
+the curve as the workload's profile so that the next sweep of the workload starts settled.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from gpumux import store, tuner
+from gpumux.config import Settings
+from gpumux.devices import DeviceSnapshot
+from gpumux.models import Sweep, Trial
+from gpumux.schemas import MAX_SPLIT
+
+log = logging.getLogger(__name__)
+
+# A window in which fewer than N trials ended is closed anyway at this many times its length.
+LONG_WINDOWS = 10
+CPU_TRIALS_PER_CORE = 2
+
+# What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
+OUT_OF_MEMORY = re.compile(
+    r"ResourceExhaustedError|OOM when allocating|CUDA out of memory|out of memory|"
+    r"RESOURCE_EXHAUSTED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
+)
+
+
+def is_out_of_memory(log_tail: str) -> bool:
+    """Whether a failed trial's last log lines say it ran out of device memory."""
+    return OUT_OF_MEMORY.search(log_tail) is not None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the search waits: after N changes (warm-up), then measures (window)."""
+
+    warmup: timedelta
+    window: timedelta
+    threshold: float = tuner.DEFAULT_THRESHOLD
+
+
+@dataclass
+class SplitSearch:
+    """The N for one workload on one device: being searched, or settled."""
+
+    device_key: str
+    device_name: str
+    fingerprint: str
+    command: list[str]
+    cost_tokens: list[str]
+    ceiling: int
+    timing: Timing
+    curve: list[tuner.Point] = field(default_factory=list)
+    unit: str = "samples/s"
+    oom_at: int | None = None
+    decision: tuner.Decision = field(
+        default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
+    )
+    phase_start: datetime | None = None
+    filling_since: datetime | None = None
+    sweep_id: int | None = None
+
+    @property
+    def split(self) -> int:
+        return self.decision.split
+
+    @classmethod
+    def resume(
+        cls,
+        *,
+        session: Session,
+        device_key: str,
+        device_name: str,
+        command: list[str],
+        param_tokens: list[str],
+        ceiling: int,
+        timing: Timing,
+    ) -> SplitSearch:
+        """A search for this workload, starting from its stored profile when there is one."""
+        names = [token.partition("=")[0] for token in param_tokens]
+        cost = set(tuner.cost_parameters(names))
+        search = cls(
+            device_key=device_key,
+            device_name=device_name,
+            fingerprint=tuner.workload_fingerprint(command, param_tokens),
+            command=list(command),
+            cost_tokens=[t for t in param_tokens if t.partition("=")[0] in cost],
+            ceiling=ceiling,
+            timing=timing,
+        )
+        profile = store.get_profile(
+            session=session, device_name=device_name, fingerprint=search.fingerprint
+        )
+        if profile is not None:
+            search.unit = profile.unit
+            search.curve = [tuner.Point(**point) for point in profile.curve]
+            if profile.settled and profile.best_split is not None:
+                best = min(profile.best_split, ceiling)
+                search.decision = tuner.Decision(
+                    split=best,
+                    settled=True,
+                    reason=f"profile {profile.id} of this workload on {device_name}: N={best}",
+                )
+                log.info("device %s: %s", device_key, search.decision.reason)
+                return search
+        search.decision = search._decide()
+        return search
+
+    def observe(
+        self, *, session: Session, now: datetime, running: int, queued: int, sweep_id: int
+    ) -> None:
+        """After a tick's placements: trials of the workload running on the device and queued."""
+        if self.decision.settled:
+            return
+        self.sweep_id = sweep_id
+        if running != self.split:
+            self.phase_start = None
+            if running > self.split or queued == 0:
+                # Above N: waiting for trials of a larger N to finish. Below N with nothing
+                # queued: the sweep's tail, too few trials left to fill N. Neither measures N.
+                self.filling_since = None
+            elif self.filling_since is None:
+                self.filling_since = now
+            elif now - self.filling_since > self.timing.warmup + self.timing.window:
+                # Work is queued, yet placement found room for fewer than N: memory.
+                self._hit_ceiling(session=session, fits=max(1, running))
+            return
+        self.filling_since = None
+        if self.phase_start is None:
+            self.phase_start = now
+            return
+        measured_from = self.phase_start + self.timing.warmup
+        elapsed = now - measured_from
+        if elapsed < self.timing.window:
+            return
+        ended = store.trials_ended(
+            session=session, device=self.device_key, start=measured_from, end=now
+        )
+        if len(ended) < self.split and elapsed < LONG_WINDOWS * self.timing.window:
+            # Short trials spend much of their life starting (TensorFlow's import alone takes
+            # seconds): until N of them have ended, the window may hold only their start-ups.
+            # Long trials are measured once the window has run LONG_WINDOWS times its length.
+            return
+        point = self._measure(session=session, start=measured_from, end=now, ended=ended)
+        if point is None:
+            return
+        self.curve = [p for p in self.curve if p.split != point.split] + [point]
+        self.decision = self._decide()
+        self.phase_start = None
+        log.info(
+            "device %s: N=%d gives %.4g %s; %s",
+            self.device_key,
+            point.split,
+            point.throughput,
+            self.unit,
+            self.decision.reason,
+        )
+        self.save(session=session)
+
+    def out_of_memory(self, *, session: Session, split: int) -> None:
+        """A trial ran out of memory at N=`split`: that N and above are off the table."""
+        self.oom_at = split if self.oom_at is None else min(self.oom_at, split)
+        self.curve = [p for p in self.curve if p.split < self.oom_at]
+        self.decision = self._decide()
+        self.phase_start = None
+        log.warning(
+            "device %s: out of memory at N=%d; %s", self.device_key, split, self.decision.reason
+        )
+        self.save(session=session)
+
+    def save(self, *, session: Session) -> None:
+        """Store the curve and the decision as this workload's profile on this device model."""
+        best = self.decision.split if self.decision.settled else None
+        store.save_profile(
+            session=session,
+            device_name=self.device_name,
+            fingerprint=self.fingerprint,
+            command=self.command,
+            param_tokens=self.cost_tokens,
+            unit=self.unit,
+            curve=[
+                {
+                    "split": p.split,
+                    "throughput": p.throughput,
+                    "seconds_per_trial": p.seconds_per_trial,
+                    "memory_per_trial_mb": p.memory_per_trial_mb,
+                }
+                for p in sorted(self.curve, key=lambda p: p.split)
+            ],
+            best_split=best,
+            settled=self.decision.settled,
+            reason=self.decision.reason,
+            sweep_id=self.sweep_id,
+        )
+
+    def _decide(self) -> tuner.Decision:
+        if self.oom_at == 1:
+            return tuner.Decision(split=1, settled=True, reason="out of memory even alone: N=1")
+        return tuner.next_split(
+            self.curve, ceiling=self.ceiling, threshold=self.timing.threshold, oom_at=self.oom_at
+        )
+
+    def _measure(
+        self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]
+    ) -> tuner.Point | None:
+        seconds = (end - start).total_seconds()
+        durations = [
+            (t.ended_at - t.started_at).total_seconds()
+            for t in ended
+            if t.started_at is not None and t.ended_at is not None
+        ]
+        per_trial = statistics.median(durations) if durations else None
+        samples = store.samples_reported(
+            session=session, device=self.device_key, start=start, end=end
+        )
+        if self.unit == "samples/s" and samples == 0 and not self.curve:
+            # A script that reports nothing: count finished trials instead, from now on.
+            self.unit = "trials/s"
+        work = samples if self.unit == "samples/s" else len(ended)
+        if work == 0:
+            # Nothing reported or finished yet (long epochs, long trials): widen the window.
+            return None
+        return tuner.Point(split=self.split, throughput=work / seconds, seconds_per_trial=per_trial)
+
+    def _hit_ceiling(self, *, session: Session, fits: int) -> None:
+        self.ceiling = min(self.ceiling, fits)
+        self.curve = [p for p in self.curve if p.split <= self.ceiling]
+        self.decision = self._decide()
+        self.filling_since = None
+        log.warning(
+            "device %s: only %d trial(s) fit at once; %s",
+            self.device_key,
+            fits,
+            self.decision.reason,
+        )
+        self.save(session=session)
+
+
+class Searches:
+    """Every split search of the daemon, one per (device, workload), created on first need."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.timing = Timing(
+            warmup=timedelta(seconds=settings.tune_warmup),
+            window=timedelta(seconds=settings.tune_window),
+            threshold=settings.tune_threshold,
+        )
+        self._searches: dict[tuple[str, str], SplitSearch] = {}
+
+    def __iter__(self) -> Iterator[SplitSearch]:
+        return iter(self._searches.values())
+
+    def tuned_splits(
+        self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
+    ) -> dict[str, int]:
+        """The N the search chose for this sweep's workload on each device (auto sweeps)."""
+        if sweep.split is not None or not self.settings.tune:
+            return {}
+        return {
+            device.key: self.search(session=session, sweep=sweep, device=device).split
+            for device in devices
+            if device.error is None
+        }
+
+    def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
+        """The search for this sweep's workload on this device."""
+        fingerprint = tuner.workload_fingerprint(sweep.command, sweep.param_tokens)
+        key = (device.key, fingerprint)
+        if key not in self._searches:
+            self._searches[key] = SplitSearch.resume(
+                session=session,
+                device_key=device.key,
+                device_name=device.name,
+                command=sweep.command,
+                param_tokens=sweep.param_tokens,
+                ceiling=self.ceiling(device),
+                timing=self.timing,
+            )
+        return self._searches[key]
+
+    def observe(self, *, session: Session, now: datetime) -> None:
+        """After a tick's placements, let every unsettled search see its device."""
+        running: Counter[tuple[str, str]] = Counter()
+        sweep_of: dict[tuple[str, str], int] = {}
+        for trial in store.active_trials(session=session):
+            if trial.device is not None and trial.sweep.split is None:
+                key = (trial.device, self._fingerprint(trial.sweep))
+                running[key] += 1
+                sweep_of[key] = trial.sweep_id
+        queued: Counter[str] = Counter(
+            self._fingerprint(t.sweep)
+            for t in store.queued_trials(session=session, limit=MAX_SPLIT)
+            if t.sweep.split is None
+        )
+        for (device_key, fingerprint), search in self._searches.items():
+            if search.decision.settled:
+                continue
+            others = sum(n for (d, f), n in running.items() if d == device_key and f != fingerprint)
+            if others:
+                # Another workload shares the device: its throughput is not this one's.
+                search.phase_start = None
+                continue
+            key = (device_key, fingerprint)
+            search.observe(
+                session=session,
+                now=now,
+                running=running[key],
+                queued=queued[fingerprint],
+                sweep_id=sweep_of.get(key, search.sweep_id or 0),
+            )
+
+    def out_of_memory(self, *, session: Session, trial: Trial) -> None:
+        """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
+        if trial.device is None or trial.split is None:
+            return
+        key = (trial.device, self._fingerprint(trial.sweep))
+        if key in self._searches:
+            self._searches[key].out_of_memory(session=session, split=trial.split)
+
+    def ceiling(self, device: DeviceSnapshot) -> int:
+        """The largest N worth trying: what memory allows (on the CPU, also two per core)."""
+        if device.kind == "gpu":
+            room = (device.memory_total_mb or 0) - self.settings.reserve_mb
+            per_trial = self.settings.min_memory_mb + self.settings.overhead_mb
+        else:
+            # Beyond two single-thread processes per core a trial gets under half a core: the
+            # only gain left is overlapping start-ups, which N = 2 x cores already captures.
+            room = min(
+                device.memory_free_mb or 0,
+                CPU_TRIALS_PER_CORE * (device.cpu_count or 1) * self.settings.cpu_trial_mb,
+            )
+            per_trial = self.settings.cpu_trial_mb
+        return max(1, min(MAX_SPLIT, room // per_trial))
+
+    @staticmethod
+    def _fingerprint(sweep: Sweep) -> str:
+        return tuner.workload_fingerprint(sweep.command, sweep.param_tokens)

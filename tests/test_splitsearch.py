@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from builders import sweep_in
+
+from gpumux import store
+from gpumux.db import Sessions
+from gpumux.models import Trial, TrialReport, utcnow
+from gpumux.splitsearch import SplitSearch, Timing, is_out_of_memory
+from gpumux.status import TrialStatus
+
+TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
+COMMAND = ["python", "train.py"]
+TOKENS = ["batch_size=32", "lr=1e-3..1e-1"]
+NUMBERS = itertools.count(1)
+
+
+@pytest.fixture
+def trial_id(sessions: Sessions, tmp_path: Path) -> int:
+    with sessions.write.begin() as session:
+        owner = store.get_or_create_owner(session=session, name="alice")
+        sweep = store.create_sweep(
+            session=session, sweep_in=sweep_in(tmp_path), owner=owner, seed=1, trial_params=[{}]
+        )
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        trial.device = "cpu"
+        return trial.id
+
+
+def search_of(sessions: Sessions) -> SplitSearch:
+    with sessions.read() as session:
+        return SplitSearch.resume(
+            session=session,
+            device_key="cpu",
+            device_name="Test CPU",
+            command=COMMAND,
+            param_tokens=TOKENS,
+            ceiling=8,
+            timing=TIMING,
+        )
+
+
+def run_phase(
+    sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
+) -> datetime:
+    """N trials run for warm-up + window, reporting `rate` samples/s in all; returns the end."""
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=search.split, queued=9, sweep_id=1)
+        for second in range(1, 17):
+            session.add(
+                TrialReport(
+                    trial_id=trial_id,
+                    attempt=1,
+                    kind="batch",
+                    at=start + timedelta(seconds=second),
+                    samples=rate,
+                    seconds=1.0,
+                    metrics={},
+                )
+            )
+        for _ in range(search.split):
+            # N trials finish inside the window, as short trials do.
+            session.add(
+                Trial(
+                    sweep_id=1,
+                    number=next(NUMBERS),
+                    params={},
+                    status=TrialStatus.succeeded,
+                    device="cpu",
+                    started_at=start,
+                    ended_at=start + TIMING.warmup + timedelta(seconds=2),
+                )
+            )
+        session.flush()
+        end = start + TIMING.warmup + TIMING.window
+        search.observe(session=session, now=end, running=search.split, queued=9, sweep_id=1)
+    return end + timedelta(seconds=1)
+
+
+def test_the_search_climbs_measures_each_window_settles_at_the_knee_and_stores_it(
+    sessions: Sessions, trial_id: int
+) -> None:
+    throughput = {1: 100.0, 2: 190.0, 3: 195.0, 5: 196.0}
+    search = search_of(sessions)
+    now = utcnow()
+    tried = []
+    while not search.decision.settled:
+        tried.append(search.split)
+        now = run_phase(sessions, search, trial_id, now, throughput[search.split])
+    assert tried == [1, 2, 3, 5]
+    assert search.split == 2 and "knee" in search.decision.reason
+    # Reports in the window (warm-up excluded) over the window's length.
+    assert [round(p.throughput) for p in sorted(search.curve, key=lambda p: p.split)] == [
+        100,
+        190,
+        195,
+        196,
+    ]
+    with sessions.read() as session:
+        (profile,), _ = store.list_profiles(session=session)
+        assert profile.settled and profile.best_split == 2 and profile.unit == "samples/s"
+        assert profile.param_tokens == ["batch_size=32"] and profile.sweep_id == 1
+    again = search_of(sessions)
+    assert again.decision.settled and again.split == 2
+    assert f"profile {profile.id} of this workload" in again.decision.reason
+
+
+def test_a_phase_starts_over_when_fewer_than_n_run_and_the_tail_measures_nothing(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=1, queued=3, sweep_id=1)
+        assert search.phase_start == now
+        search.observe(
+            session=session, now=now + timedelta(seconds=3), running=0, queued=0, sweep_id=1
+        )
+        assert search.phase_start is None and search.filling_since is None
+        late = now + timedelta(seconds=60)
+        search.observe(session=session, now=late, running=0, queued=0, sweep_id=1)
+    assert search.curve == [] and search.split == 1
+
+
+def test_no_room_for_n_while_work_waits_lowers_the_ceiling(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = utcnow()
+    run_phase(sessions, search, trial_id, now, 100.0)
+    assert search.split == 2
+    with sessions.write.begin() as session:
+        start = now + timedelta(minutes=5)
+        search.observe(session=session, now=start, running=1, queued=4, sweep_id=1)
+        stuck = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
+        search.observe(session=session, now=stuck, running=1, queued=4, sweep_id=1)
+    assert search.ceiling == 1 and search.decision.settled and search.split == 1
+
+
+def test_out_of_memory_at_n_settles_below_it(sessions: Sessions, trial_id: int) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 190.0)
+    assert search.split == 3
+    with sessions.write.begin() as session:
+        search.out_of_memory(session=session, split=3)
+    assert search.decision.settled and search.split == 2
+    assert "out of memory at N=3" in search.decision.reason
+
+
+@pytest.mark.parametrize(
+    ("tail", "oom"),
+    [
+        (
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating",
+            True,
+        ),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+        ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory", True),
+        ("ValueError: could not convert string to float: 'x'", False),
+    ],
+)
+def test_out_of_memory_is_recognised_from_the_frameworks_messages(tail: str, oom: bool) -> None:
+    assert is_out_of_memory(tail) is oom
+
+
+def test_a_window_waits_for_n_trials_to_end_unless_it_runs_long(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
+        session.add(
+            TrialReport(
+                trial_id=trial_id,
+                attempt=1,
+                kind="batch",
+                at=start + TIMING.warmup * 2,
+                samples=500.0,
+                seconds=1.0,
+                metrics={},
+            )
+        )
+        session.flush()
+        after_window = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
+        search.observe(session=session, now=after_window, running=1, queued=5, sweep_id=1)
+        assert search.curve == [], "no trial ended yet: only start-ups may have been seen"
+        long_after = start + TIMING.warmup + TIMING.window * 10
+        search.observe(session=session, now=long_after, running=1, queued=5, sweep_id=1)
+    assert [p.split for p in search.curve] == [1] and search.split == 2
