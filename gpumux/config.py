@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     uds: Path | None = None
+    gpus: str | None = Field(
+        default=None,
+        description="GPUs this daemon may use (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs); "
+        "default: the daemon's own CUDA_VISIBLE_DEVICES",
+    )
 
     default_split: int = Field(
         default=2, ge=1, description="trials per GPU when a sweep fixes none"
@@ -50,8 +55,8 @@ class Settings(BaseSettings):
     log_tail_lines: int = Field(default=20, ge=1, description="log lines kept with a failed trial")
 
     tune: bool = Field(default=True, description="--split auto searches N; off: the default N")
-    tune_warmup: float = Field(default=10.0, ge=0, description="seconds ignored after N changes")
-    tune_window: float = Field(default=20.0, gt=0, description="seconds measured at each N")
+    tune_warmup: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
+    tune_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
     tune_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
     cpu_trial_mb: int = Field(
         default=1024, ge=1, description="memory a trial needs on the CPU device (bounds N)"

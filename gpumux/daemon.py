@@ -148,7 +148,12 @@ class Daemon:
         assert self.sessions is not None and self._socket is not None, "start() first"
         self._loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
-        probe = self._probe or make_probe(visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        visible = (
+            self.settings.gpus
+            if self.settings.gpus is not None
+            else os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        probe = self._probe or make_probe(visible=visible)
         self.scheduler = Scheduler(
             settings=self.settings, sessions=self.sessions, probe=probe, url=self.url
         )

@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands, profiles
+from gpumux.cli import commands, profiles, tune
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
@@ -86,16 +86,17 @@ for command in (
     commands.best,
     commands.devices,
     profiles.profiles,
+    tune.tune,
 ):
     app.command()(user_errors(command))
 
 
 def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
-    """Split `gpumux sweep PARAMS -- COMMAND` at the first `--` (click would swallow it)."""
+    """Split `gpumux sweep|tune ... -- COMMAND` at the first `--` (click would swallow it)."""
     args = list(args)
     if "--" in args:
         cut = args.index("--")
-        if "sweep" in args[:cut]:
+        if {"sweep", "tune"} & set(args[:cut]):
             return args[:cut], args[cut + 1 :]
     return args, None
 

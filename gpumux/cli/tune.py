@@ -1,0 +1,448 @@
+"""`gpumux tune`: the SHARCNET experiment as one command: throughput of a workload at each N."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from gpumux.cli import plot, render
+from gpumux.cli.follow import sweep_ended
+from gpumux.cli.state import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    CliState,
+    build_settings,
+    get_state,
+    validation_message,
+)
+from gpumux.cli.sweep import OPTION_NAMES, command_env
+from gpumux.client import Client
+from gpumux.config import SOCKET_NAME
+from gpumux.devices import DeviceSnapshot, NvmlProbe, NvmlUnavailable, is_visible
+from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
+from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
+from gpumux.tuner import SEQUENCE
+
+DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
+SAMPLES_UNIT = "samples/s"
+TRIALS_UNIT = "trials/s"
+POLL_S = 0.25
+ERRORS_SHOWN = 3
+NO_COMMAND = (
+    "no command: write gpumux tune [OPTIONS] -- COMMAND, e.g. gpumux tune -- python train.py"
+)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One N measured: how its R x N trials ended, how long the round took, what they reported."""
+
+    split: int
+    trials: int
+    succeeded: int
+    samples: float
+    makespan_s: float | None
+    seconds_per_trial: float | None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def measured(self) -> bool:
+        """At least one trial succeeded and the round took a measurable time."""
+        return self.succeeded > 0 and bool(self.makespan_s)
+
+    def throughput(self, unit: str) -> float | None:
+        """Samples (or succeeded trials) per second of the whole round; None when not measured."""
+        if not self.measured or self.makespan_s is None:
+            return None
+        done = self.samples if unit == SAMPLES_UNIT else self.succeeded
+        return done / self.makespan_s
+
+
+def seconds(value: float | None) -> str:
+    """A duration to the hundredth under ten seconds, where short rounds differ."""
+    if value is not None and value < 10:
+        return f"{value:.2f}s"
+    return render.duration(value)
+
+
+def parse_splits(text: str | None) -> list[int]:
+    """The N values of --splits, ascending and without repeats; CliError (exit 2) if malformed."""
+    if text is None:
+        return list(DEFAULT_SPLITS)
+    splits = set()
+    for word in text.split(","):
+        try:
+            split = int(word.strip())
+        except ValueError:
+            raise CliError(
+                f"--splits {text}: expected numbers separated by commas, e.g. 1,2,3,5,8",
+                EXIT_USAGE,
+            ) from None
+        if not 1 <= split <= MAX_SPLIT:
+            raise CliError(f"--splits: N={split} is not between 1 and {MAX_SPLIT}", EXIT_USAGE)
+        splits.add(split)
+    return sorted(splits)
+
+
+def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[int, float]) -> Round:
+    """A round's figures from its ended trials and the samples each reported (by trial id)."""
+    ran = [t for t in trials if t.started_at is not None and t.ended_at is not None]
+    makespan = None
+    if ran:
+        first = min(t.started_at for t in ran if t.started_at is not None)
+        last = max(t.ended_at for t in ran if t.ended_at is not None)
+        makespan = (last - first).total_seconds()
+    succeeded = [t for t in ran if t.status == TrialStatus.succeeded]
+    durations = [
+        (t.ended_at - t.started_at).total_seconds()
+        for t in succeeded
+        if t.ended_at is not None and t.started_at is not None
+    ]
+    failed = [t for t in trials if t.status != TrialStatus.succeeded]
+    return Round(
+        split=split,
+        trials=len(trials),
+        succeeded=len(succeeded),
+        samples=sum(samples.get(t.id, 0.0) for t in ran),
+        makespan_s=makespan,
+        seconds_per_trial=statistics.median(durations) if durations else None,
+        errors=tuple(
+            f"trial {t.id} {t.status}: {render.error_summary(t.error) or 'no error recorded'}"
+            for t in failed
+        ),
+    )
+
+
+def choose_unit(rounds: Sequence[Round]) -> str:
+    """samples/s when every measured round reported samples; trials/s otherwise."""
+    measured = [r for r in rounds if r.measured]
+    if measured and all(r.samples > 0 for r in measured):
+        return SAMPLES_UNIT
+    return TRIALS_UNIT
+
+
+def best_split(rounds: Sequence[Round], unit: str) -> int | None:
+    """The N with the highest throughput (the smaller N on a tie); None when none was measured."""
+    measured = [(r.throughput(unit) or 0.0, -r.split) for r in rounds if r.measured]
+    return -max(measured)[1] if measured else None
+
+
+def results_table(rounds: Sequence[Round], *, unit: str, best: int | None) -> Table:
+    """A row per N: trials that succeeded, the round's time, throughput, speed-up, s/trial."""
+    base = next((r.throughput(unit) for r in rounds if r.split == 1 and r.measured), None)
+    table = Table(header_style="bold")
+    table.add_column("N", justify="right", no_wrap=True, min_width=2)
+    table.add_column("succeeded", justify="right", no_wrap=True)
+    table.add_column("round", justify="right", no_wrap=True)
+    table.add_column(unit, justify="right", no_wrap=True)
+    table.add_column("speed-up", justify="right", no_wrap=True)
+    table.add_column("s/trial", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for measured in rounds:
+        rate = measured.throughput(unit)
+        if not measured.measured:
+            note, style = "failed", "red"
+        elif measured.split == best:
+            note, style = "best", "bold green"
+        else:
+            note, style = "", ""
+        table.add_row(
+            str(measured.split),
+            f"{measured.succeeded}/{measured.trials}",
+            seconds(measured.makespan_s),
+            plot.format_throughput(rate),
+            render.NONE if rate is None or not base else f"{rate / base:.2f}x",
+            seconds(measured.seconds_per_trial),
+            note,
+            style=style or None,
+        )
+    return table
+
+
+def chart_points(rounds: Sequence[Round], unit: str) -> list[plot.CurvePoint]:
+    """The measured rounds as points of the throughput curve."""
+    return [
+        plot.CurvePoint(
+            split=r.split,
+            throughput=r.throughput(unit) or 0.0,
+            seconds_per_trial=r.seconds_per_trial,
+        )
+        for r in rounds
+        if r.measured
+    ]
+
+
+def choose_gpu(
+    requested: str | None, *, visible: str | None, nvml: Any | None = None
+) -> str | None:
+    """--gpu's GPU, else the first `visible` one, by UUID; None without a GPU (the CPU is used)."""
+    probe = NvmlProbe(nvml)
+    try:
+        gpus = probe.snapshot()
+    except NvmlUnavailable:
+        gpus = []
+    finally:
+        probe.close()
+    if requested is None:
+        shown = [gpu for gpu in gpus if is_visible(gpu, visible)]
+        return _gpu_id(shown[0]) if shown else None
+    if not gpus:
+        return None
+    matches = [gpu for gpu in gpus if "," not in requested and is_visible(gpu, requested)]
+    if len(matches) != 1:
+        present = "; ".join(f"{gpu.index} ({gpu.uuid or 'no UUID'}, {gpu.name})" for gpu in gpus)
+        raise CliError(
+            f"--gpu {requested}: expected the index or UUID of one GPU of this host: {present}",
+            EXIT_USAGE,
+        )
+    return _gpu_id(matches[0])
+
+
+def _gpu_id(gpu: DeviceSnapshot) -> str:
+    return gpu.uuid if gpu.uuid is not None else str(gpu.index)
+
+
+def build_rounds(
+    command: list[str], splits: Sequence[int], *, rounds: int, time_limit: float | None
+) -> list[SweepCreate]:
+    """One sweep per N: R x N copies of the bare command, checked as the daemon would."""
+    if not command:
+        raise CliError(NO_COMMAND, EXIT_USAGE)
+    sweeps = []
+    for split in splits:
+        try:
+            sweeps.append(
+                SweepCreate(
+                    name=f"tune N={split}",
+                    params=[],
+                    command=command,
+                    workdir=os.getcwd(),
+                    env=command_env(),
+                    trials=rounds * split,
+                    split=split,
+                    time_limit_s=time_limit,
+                )
+            )
+        except ValidationError as error:
+            message = validation_message(error, lambda field: OPTION_NAMES.get(field, field))
+            raise CliError(message, EXIT_USAGE) from error
+    return sweeps
+
+
+def _check_png(png: Path) -> None:
+    """Refuse a PNG that cannot be written before spending minutes measuring."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CliError(f"--png needs matplotlib: {plot.PLOT_INSTALL}", EXIT_USAGE)
+    if not png.parent.is_dir():
+        raise CliError(f"--png {png}: no directory {png.parent}", EXIT_USAGE)
+
+
+def _wait(client: Client, created: SweepDetail, split: int, console: Console) -> None:
+    """Show one progress line on a terminal until the sweep of this N ends."""
+    columns = (
+        TextColumn(f"N={split}", style="bold"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[running]} running"),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
+    sweep = created
+    # Off a terminal the line after the round says it all; a transient bar would leave blanks.
+    quiet = not console.is_terminal
+    with Progress(*columns, console=console, transient=True, disable=quiet) as progress:
+        task = progress.add_task("", total=created.trial_count, running=0, failed=0)
+        while not sweep_ended(sweep):
+            time.sleep(POLL_S)
+            sweep = client.get_sweep(created.id)
+            counts = sweep.counts
+            progress.update(
+                task,
+                completed=render.finished_count(counts),
+                running=sum(counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES),
+                failed=counts.get(TrialStatus.failed, 0),
+            )
+
+
+def _trial_samples(state: CliState, client: Client, trial: TrialPublic) -> float:
+    """Samples the trial's last attempt reported."""
+    reports = client.list_reports(trial.id)
+    if reports.count > len(reports.data):
+        state.note(
+            f"trial {trial.id}: only {len(reports.data)} of its {reports.count} reports could "
+            "be read; its samples are undercounted"
+        )
+    return sum(r.samples or 0.0 for r in reports.data if r.attempt == trial.attempt)
+
+
+def run_round(state: CliState, client: Client, sweep_in: SweepCreate) -> Round:
+    """Submit the sweep of one N, wait for it, and measure it; print its outcome in one line."""
+    split = int(sweep_in.split)
+    created = client.create_sweep(sweep_in)
+    _wait(client, created, split, state.out)
+    trials = client.all_trials(created.id)
+    samples = {t.id: _trial_samples(state, client, t) for t in trials if t.started_at is not None}
+    measured = measure_round(split, trials, samples)
+    line = Text(f"N={split}: {measured.succeeded}/{measured.trials} succeeded", style="bold")
+    line.append(f", round {seconds(measured.makespan_s)}")
+    if measured.samples:
+        line.append(f", {plot.format_throughput(measured.samples)} samples reported")
+    state.out.print(line, soft_wrap=True)
+    for error in measured.errors[:ERRORS_SHOWN]:
+        state.out.print(Text(f"  {error}", style="red"), soft_wrap=True)
+    if len(measured.errors) > ERRORS_SHOWN:
+        more = len(measured.errors) - ERRORS_SHOWN
+        state.out.print(Text(f"  ... {render.plural(more, 'more failed trial')}", style="red"))
+    return measured
+
+
+def _device_name(client: Client) -> str:
+    devices = client.devices()
+    return ", ".join(f"{device.name} ({device.key})" for device in devices) or "no device"
+
+
+def report(state: CliState, rounds: Sequence[Round], *, device: str, png: Path | None) -> int:
+    """Print the table, the best N and the chart, write the PNG; the exit status earned."""
+    unit = choose_unit(rounds)
+    best = best_split(rounds, unit)
+    out = state.out
+    out.print(results_table(rounds, unit=unit, best=best))
+    if best is None:
+        state.note("no N succeeded: nothing to plot")
+        return 1
+    if unit == TRIALS_UNIT:
+        state.note(
+            "throughput in trials/s: the command reported no samples at some N "
+            "(gpumux.runtime.report(samples=...) and Keras Model.fit report them)"
+        )
+    out.print(Text(f"best: N={best} on {device}", style="bold green"))
+    points = chart_points(rounds, unit)
+    out.print(plot.terminal_chart(points, unit=unit, best_split=best))
+    if png is not None:
+        title = f"{device}: {shlex.join(state.command or [])}"
+        try:
+            written = plot.write_png(points, unit=unit, best_split=best, title=title, path=png)
+        except plot.PlotUnavailable as error:
+            raise CliError(str(error)) from error
+        except OSError as error:
+            raise CliError(f"cannot write {png}: {error.strerror or error}") from error
+        state.note(f"wrote {written}")
+    return 0
+
+
+def tune(
+    ctx: typer.Context,
+    words: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="-- COMMAND...",
+            help="the workload, after --; it runs as a gpumux trial in this directory and "
+            "environment. Exit status 0 when some N succeeded, 1 when every N failed",
+            show_default=False,
+        ),
+    ] = None,
+    splits: Annotated[
+        str | None,
+        typer.Option(
+            help=f"the N to measure (default {','.join(map(str, DEFAULT_SPLITS))})",
+            show_default=False,
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="each N runs ROUNDS x N copies of the command")
+    ] = 1,
+    gpu: Annotated[
+        str | None,
+        typer.Option(help="index or UUID of the GPU (default the first; without GPUs the CPU)"),
+    ] = None,
+    time_limit: Annotated[
+        float | None, typer.Option("--time-limit", help="seconds each trial may run")
+    ] = None,
+    png: Annotated[
+        Path | None, typer.Option(help="also draw the curve into this PNG file (needs matplotlib)")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="keep the temporary database and trial logs")
+    ] = False,
+) -> None:
+    """Throughput of N copies of COMMAND at once on one device, per N, on a temporary database."""
+    state = get_state(ctx)
+    if words:
+        raise CliError(f"put -- before the command: gpumux tune -- {shlex.join(words)}", EXIT_USAGE)
+    sweeps = build_rounds(
+        state.command or [], parse_splits(splits), rounds=rounds, time_limit=time_limit
+    )
+    if png is not None:
+        _check_png(png)
+    configured = state.settings.gpus
+    chosen = choose_gpu(
+        gpu,
+        visible=configured if configured is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    if gpu is not None and chosen is None:
+        state.note(f"no GPU on this host: --gpu {gpu} ignored; measuring on the CPU")
+    home = Path(tempfile.mkdtemp(prefix="gpumux-tune-"))
+    try:
+        code = _measure(state, sweeps, home=home, gpu=chosen, rounds=rounds, png=png)
+    finally:
+        if keep:
+            state.note(f"kept {home}: the database and the trials' logs")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+    if code:
+        raise typer.Exit(code)
+
+
+def _measure(
+    state: CliState,
+    sweeps: Sequence[SweepCreate],
+    *,
+    home: Path,
+    gpu: str | None,
+    rounds: int,
+    png: Path | None,
+) -> int:
+    # A daemon of its own on a fresh database: the user's queue, daemon and profiles are untouched.
+    settings = build_settings(
+        home=home, db=None, url=f"unix:{home / SOCKET_NAME}", uds=None, gpus=gpu, tune=False
+    )
+    # Imported here: uvicorn and FastAPI are slow to import and only this command needs them.
+    from gpumux import daemon
+
+    measured: list[Round] = []
+    try:
+        with daemon.embedded(settings) as running, Client(running.url) as client:
+            device = _device_name(client)
+            each = "N copies" if rounds == 1 else f"{rounds} x N copies"
+            state.note(
+                f"measuring N={','.join(str(s.split) for s in sweeps)} on {device}, "
+                f"{each} of the command at each N"
+            )
+            try:
+                for sweep_in in sweeps:
+                    measured.append(run_round(state, client, sweep_in))
+            except KeyboardInterrupt:
+                state.note("interrupted: stopping the trials")
+                raise
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except daemon.DaemonError as error:
+        raise CliError(str(error)) from error
+    return report(state, measured, device=device, png=png)
