@@ -28,8 +28,8 @@ from gpumux.schemas import MAX_SPLIT
 
 log = logging.getLogger(__name__)
 
-# A window in which fewer than N trials ended is closed anyway at this many times its length.
-LONG_WINDOWS = 10
+# Long trials, which rarely end within a window, are measured over this many window lengths.
+LONG_WINDOWS = 6
 CPU_TRIALS_PER_CORE = 2
 
 # What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
@@ -71,6 +71,7 @@ class SplitSearch:
         default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
     )
     phase_start: datetime | None = None
+    ready_at: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
 
@@ -141,21 +142,19 @@ class SplitSearch:
             return
         self.filling_since = None
         if self.phase_start is None:
-            self.phase_start = now
+            self.phase_start, self.ready_at = now, None
             return
-        measured_from = self.phase_start + self.timing.warmup
-        elapsed = now - measured_from
-        if elapsed < self.timing.window:
+        if self.ready_at is None:
+            reporting = store.trials_reporting(
+                session=session, device=self.device_key, since=self.phase_start
+            )
+            if reporting >= self.split:
+                self.ready_at = now
+        window = self._window(session=session, now=now)
+        if window is None:
             return
-        ended = store.trials_ended(
-            session=session, device=self.device_key, start=measured_from, end=now
-        )
-        if len(ended) < self.split and elapsed < LONG_WINDOWS * self.timing.window:
-            # Short trials spend much of their life starting (TensorFlow's import alone takes
-            # seconds): until N of them have ended, the window may hold only their start-ups.
-            # Long trials are measured once the window has run LONG_WINDOWS times its length.
-            return
-        point = self._measure(session=session, start=measured_from, end=now, ended=ended)
+        start, ended = window
+        point = self._measure(session=session, start=start, end=now, ended=ended)
         if point is None:
             return
         self.curve = [p for p in self.curve if p.split != point.split] + [point]
@@ -213,6 +212,26 @@ class SplitSearch:
         return tuner.next_split(
             self.curve, ceiling=self.ceiling, threshold=self.timing.threshold, oom_at=self.oom_at
         )
+
+    def _window(self, *, session: Session, now: datetime) -> tuple[datetime, list[Trial]] | None:
+        """The window to measure now, with the trials that ended in it; None: not yet.
+
+        Short trials spend much of their life starting (TensorFlow's import alone takes
+        seconds): their window closes once N of them have ended in it, start-ups averaged in.
+        Long trials end rarely: their window opens when N trials have reported, all past
+        their start-up, and closes LONG_WINDOWS window lengths later.
+        """
+        assert self.phase_start is not None
+        start = self.phase_start + self.timing.warmup
+        if now - start < self.timing.window:
+            return None
+        ended = store.trials_ended(session=session, device=self.device_key, start=start, end=now)
+        if len(ended) >= self.split:
+            return start, ended
+        if self.ready_at is not None and now - self.ready_at >= LONG_WINDOWS * self.timing.window:
+            ready = self.ready_at
+            return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
+        return None
 
     def _measure(
         self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]

@@ -392,6 +392,16 @@ def samples_reported(*, session: Session, device: str, start: datetime, end: dat
     return float(total or 0.0)
 
 
+def trials_reporting(*, session: Session, device: str, since: datetime) -> int:
+    """How many distinct trials on `device` have reported since `since` (past their start-up)."""
+    count = session.scalar(
+        select(func.count(func.distinct(TrialReport.trial_id)))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(Trial.device == device, TrialReport.at > since)
+    )
+    return int(count or 0)
+
+
 def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
     """Trials on `device` that ended, whichever way, in the window (start, end]."""
     ended = session.scalars(

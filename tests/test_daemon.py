@@ -134,3 +134,27 @@ def test_serve_listens_where_the_cli_looks_unless_given_a_port(tmp_path: Path) -
         server.send_signal(signal.SIGTERM)
         server.stdout.close()
         assert server.wait(timeout=60) == 0
+
+
+def test_the_daemon_offers_only_the_gpus_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scripted_nvml import scripted_nvml
+
+    import gpumux.daemon
+    from gpumux.devices import make_probe
+
+    nvml = scripted_nvml("two_gpus")
+    # NVML cannot start here: the daemon's own probe path runs over the scripted NVML.
+    monkeypatch.setattr(
+        gpumux.daemon, "make_probe", lambda *, visible: make_probe(nvml=nvml, visible=visible)
+    )
+    settings = Settings(home=tmp_path / "home", gpus=nvml.gpus[1].uuid)
+    with embedded(settings) as daemon:
+        transport = httpx.HTTPTransport(uds=daemon.url.removeprefix("unix:"))
+        with httpx.Client(transport=transport, base_url="http://gpumux") as client:
+            deadline = time.monotonic() + 30
+            while not (devices := client.get("/devices").json()):
+                assert time.monotonic() < deadline, "no device snapshot"
+                time.sleep(0.05)
+    assert [device["uuid"] for device in devices] == [nvml.gpus[1].uuid]

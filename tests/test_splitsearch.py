@@ -10,7 +10,7 @@ from builders import sweep_in
 from gpumux import store
 from gpumux.db import Sessions
 from gpumux.models import Trial, TrialReport, utcnow
-from gpumux.splitsearch import SplitSearch, Timing, is_out_of_memory
+from gpumux.splitsearch import LONG_WINDOWS, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 
 TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
@@ -168,28 +168,38 @@ def test_out_of_memory_is_recognised_from_the_frameworks_messages(tail: str, oom
     assert is_out_of_memory(tail) is oom
 
 
-def test_a_window_waits_for_n_trials_to_end_unless_it_runs_long(
+def test_a_long_trial_is_measured_from_its_first_report_over_long_windows(
     sessions: Sessions, trial_id: int
 ) -> None:
     search = search_of(sessions)
     start = utcnow()
+
+    def report(at: datetime, samples: float) -> TrialReport:
+        return TrialReport(
+            trial_id=trial_id,
+            attempt=1,
+            kind="batch",
+            at=at,
+            samples=samples,
+            seconds=1.0,
+            metrics={},
+        )
+
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
-        session.add(
-            TrialReport(
-                trial_id=trial_id,
-                attempt=1,
-                kind="batch",
-                at=start + TIMING.warmup * 2,
-                samples=500.0,
-                seconds=1.0,
-                metrics={},
-            )
-        )
+        session.add(report(start + timedelta(seconds=3), 100.0))  # its start-up is over
         session.flush()
-        after_window = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
-        search.observe(session=session, now=after_window, running=1, queued=5, sweep_id=1)
-        assert search.curve == [], "no trial ended yet: only start-ups may have been seen"
-        long_after = start + TIMING.warmup + TIMING.window * 10
-        search.observe(session=session, now=long_after, running=1, queued=5, sweep_id=1)
-    assert [p.split for p in search.curve] == [1] and search.split == 2
+        ready = start + timedelta(seconds=4)
+        search.observe(session=session, now=ready, running=1, queued=5, sweep_id=1)
+        assert search.ready_at == ready
+        later = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
+        search.observe(session=session, now=later, running=1, queued=5, sweep_id=1)
+        assert search.curve == [], "no trial ended and the long window has not passed"
+        session.add(report(start + timedelta(seconds=30), 600.0))
+        session.flush()
+        end = ready + LONG_WINDOWS * TIMING.window
+        search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
+    (point,) = search.curve
+    # Only what was reported after the start-up, over the long window.
+    assert point.throughput == pytest.approx(600.0 / (LONG_WINDOWS * 10))
+    assert search.split == 2
