@@ -1,0 +1,187 @@
+"""How soon one sweep finishes: sequentially, all at once, at each fixed N, and with --split auto.
+
+    python benchmarks/sweep_makespan.py [--trials 12] [--splits 2,3,4] [--repeats 3] [--epochs 8]
+
+Every variant runs the same sweep (`--trials` trials of examples/digits_keras.py, one seed
+each) through a real `gpumux serve` on a fresh database, in one run of this script:
+- sequential: --split 1;   N=k: --split k;   all at once: --split TRIALS;
+- auto: --split auto on a database with no profile, so the search is paid for in this sweep;
+- auto (reused): --split auto again on the same database: the stored profile is reused.
+Makespan is what the user waits for: from the submission to the sweep's end, as the daemon
+recorded them. The variants are interleaved (their order rotates with each repeat) because
+these machines are noisy, and medians are quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console(soft_wrap=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def daemon(home: Path) -> Iterator[httpx.Client]:
+    """`gpumux serve` on `home`, and a client of it."""
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
+    with open(home / "serve.log", "a") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--home", str(home)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        client.get("/health").raise_for_status()
+                        break
+                    except httpx.TransportError as error:
+                        if process.poll() is not None or time.monotonic() > deadline:
+                            raise SystemExit(
+                                f"serve did not start; see {home}/serve.log"
+                            ) from error
+                        time.sleep(0.1)
+                yield client
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=120)
+
+
+def run_sweep(home: Path, split: int | str, trials: int, epochs: int) -> tuple[float, list[int]]:
+    """Makespan of one sweep, and the N its trials ran at."""
+    with daemon(home) as client:
+        created = client.post(
+            "/sweeps",
+            json={
+                "params": [f"seed=1..{trials}"],
+                "command": [
+                    sys.executable,
+                    "examples/digits_keras.py",
+                    f"--epochs={epochs}",
+                    "--width=64",
+                ],
+                "workdir": str(ROOT),
+                "env": dict(os.environ),
+                "split": split,
+                "objective": "val_accuracy:max",
+            },
+        )
+        created.raise_for_status()
+        sweep_id = created.json()["id"]
+        while (sweep := client.get(f"/sweeps/{sweep_id}").json())["status"] != "finished":
+            time.sleep(0.2)
+        rows = client.get(f"/sweeps/{sweep_id}/trials", params={"limit": 1000}).json()["data"]
+    failed = [row for row in rows if row["status"] != "succeeded"]
+    if failed:
+        raise SystemExit(f"split {split}: {len(failed)} trials failed: {failed[0]['error']}")
+    makespan = datetime.fromisoformat(sweep["finished_at"]) - datetime.fromisoformat(
+        sweep["created_at"]
+    )
+    return makespan.total_seconds(), [row["split"] for row in rows]
+
+
+def profile_of(home: Path) -> str:
+    with daemon(home) as client:
+        profiles = client.get("/profiles").json()["data"]
+    if not profiles:
+        return "no profile stored"
+    profile = profiles[0]
+    curve = ", ".join(f"N={p['split']}: {p['throughput']:.0f}" for p in profile["curve"])
+    return f"{curve} {profile['unit']}; {profile['reason']}"
+
+
+def show(repeat: int, name: str, seconds: float, used: list[int]) -> None:
+    console.print(f"repeat {repeat + 1}: {name:<13} {seconds:6.1f} s  (N: {sorted(set(used))})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=12)
+    parser.add_argument("--splits", default="2,3,4", help="fixed N to compare besides 1 and all")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=8)
+    args = parser.parse_args()
+    fixed = [int(n) for n in args.splits.split(",")]
+    console.print(f"$ python benchmarks/sweep_makespan.py {' '.join(sys.argv[1:])}".rstrip())
+    console.print(
+        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"{args.trials} trials of digits_keras.py --epochs={args.epochs}, "
+        f"{args.repeats} repeats, variants interleaved"
+    )
+    variants: list[tuple[str, int | str]] = [
+        ("sequential", 1),
+        *((f"N={n}", n) for n in fixed),
+        ("all at once", args.trials),
+        ("auto", "auto"),
+    ]
+    makespans: dict[str, list[float]] = {name: [] for name, _ in variants}
+    makespans["auto (reused)"] = []
+    profiles: list[str] = []
+    for repeat in range(args.repeats):
+        order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
+        for name, split in order:
+            home = Path(tempfile.mkdtemp(prefix="gpumux-makespan-"))
+            try:
+                seconds, used = run_sweep(home, split, args.trials, args.epochs)
+                makespans[name].append(seconds)
+                show(repeat, name, seconds, used)
+                if split == "auto":
+                    profiles.append(profile_of(home))
+                    seconds, used = run_sweep(home, split, args.trials, args.epochs)
+                    makespans["auto (reused)"].append(seconds)
+                    show(repeat, "auto (reused)", seconds, used)
+            finally:
+                shutil.rmtree(home, ignore_errors=True)
+    median = {name: statistics.median(values) for name, values in makespans.items()}
+    table = Table(title=f"makespan of {args.trials} trials: medians of {args.repeats} repeats")
+    for column in ("variant", "makespan s", "speed-up over sequential", "runs s"):
+        table.add_column(column, justify="right")
+    for name, values in makespans.items():
+        table.add_row(
+            name,
+            f"{median[name]:.1f}",
+            f"{median['sequential'] / median[name]:.2f}x",
+            " ".join(f"{value:.1f}" for value in values),
+        )
+    console.print(table)
+    best_name = min((name for name, _ in variants if name != "auto"), key=median.__getitem__)
+    for name in ("auto", "auto (reused)"):
+        console.print(
+            f"{name}: {median[name] / median[best_name]:.2f} x the best fixed split "
+            f"({best_name}, {median[best_name]:.1f} s); "
+            f"{median['sequential'] / median[name]:.2f}x faster than sequential"
+        )
+    for number, profile in enumerate(profiles, 1):
+        console.print(f"profile found by auto, repeat {number}: {profile}")
+
+
+if __name__ == "__main__":
+    main()
