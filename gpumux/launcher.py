@@ -242,3 +242,18 @@ def tail_lines(path: Path | str | None, lines: int) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
+    """SIGKILL what is left of a trial's process group after its daemon died.
+
+    The leader may be gone while its children (data loaders, say) still hold the GPU. A member
+    counts as the trial's only if it started no earlier than the leader: a group id freed and
+    reused by an unrelated process since is left alone.
+    """
+    for pid in group_members({pgid}):
+        ticks = process_start_ticks(pid)
+        if ticks is not None and ticks >= started:
+            log.warning("trial %s: pid %d outlived its daemon; killing it", trial_id, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

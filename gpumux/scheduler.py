@@ -3,46 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import secrets
-import signal
 import time
 from dataclasses import dataclass, replace
-from enum import StrEnum
-from typing import Any
 
-from sqlalchemy.orm import Session
-
-from gpumux import placement, store, sweepspec
+from gpumux import outcomes, placement, store, sweepspec
 from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import DeviceProbe, DeviceSnapshot, NvmlUnavailable
 from gpumux.launcher import (
-    ExitStatus,
     LaunchError,
     LaunchSpec,
     TrialProcess,
     group_members,
-    process_start_ticks,
-    tail_lines,
+    kill_orphans,
 )
-from gpumux.models import Trial, utcnow
+from gpumux.models import utcnow
+from gpumux.outcomes import StopReason
 from gpumux.schemas import MAX_SPLIT
-from gpumux.splitsearch import Searches, is_out_of_memory
+from gpumux.splitsearch import Searches
 from gpumux.status import TrialStatus
 
 log = logging.getLogger(__name__)
 
 # A measured per-process overhead above this multiple of the configured one is not believed.
 OVERHEAD_BELIEVABLE = 4
-
-
-class StopReason(StrEnum):
-    cancel = "cancel"
-    timeout = "timeout"
-    shutdown = "shutdown"
 
 
 @dataclass
@@ -135,7 +121,12 @@ class Scheduler:
                     continue
                 if trial.pid is not None and trial.pid_started is not None:
                     kill_orphans(trial.id, pgid=trial.pid, started=trial.pid_started)
-                self._requeue_or_lose(session, trial, "the daemon stopped while it ran")
+                outcomes.requeue_or_lose(
+                    session=session,
+                    trial=trial,
+                    why="the daemon stopped while it ran",
+                    settings=self.settings,
+                )
 
     def reap(self) -> None:
         """Record the end of every trial process that has exited."""
@@ -150,63 +141,15 @@ class Scheduler:
                 trial = store.get_trial(session=session, trial_id=trial_id)
                 if trial is None:
                     continue
-                fields = {
-                    "exit_code": exit_status.exit_code,
-                    "signal": exit_status.signal,
-                    "ended_at": utcnow(),
-                }
-                if entry.stop is StopReason.shutdown:
-                    self._requeue_or_lose(session, trial, "stopped by a daemon shutdown")
-                elif entry.stop is StopReason.cancel:
-                    store.set_trial_status(
-                        session=session, trial=trial, status=TrialStatus.cancelled, **fields
-                    )
-                elif entry.stop is StopReason.timeout:
-                    limit = trial.sweep.time_limit_s
-                    store.set_trial_status(
-                        session=session,
-                        trial=trial,
-                        status=TrialStatus.failed,
-                        error=f"time limit of {limit:g} s exceeded; stopped",
-                        **fields,
-                    )
-                elif exit_status.exit_code == 0:
-                    store.set_trial_status(
-                        session=session, trial=trial, status=TrialStatus.succeeded, **fields
-                    )
-                else:
-                    self._record_failure(session, trial, exit_status, fields)
-                log.info("trial %s: %s -> %s", trial_id, exit_status.describe(), trial.status)
-
-    def _record_failure(
-        self, session: Session, trial: Trial, exit_status: ExitStatus, fields: dict[str, Any]
-    ) -> None:
-        tail = tail_lines(trial.log_path, self.settings.log_tail_lines)
-        how = exit_status.describe()
-        if is_out_of_memory(tail):
-            if trial.sweep.split is None and trial.attempt <= self.settings.oom_retries:
-                # The split search went one N too far: lower it and run this trial again.
-                self.searches.out_of_memory(session=session, trial=trial)
-                store.set_trial_status(
+                outcomes.record_end(
                     session=session,
                     trial=trial,
-                    status=TrialStatus.queued,
-                    attempt=trial.attempt + 1,
-                    error=f"attempt {trial.attempt} ran out of device memory at N={trial.split}; "
-                    "requeued at a lower N",
-                    queued_at=utcnow(),
-                    pid=None,
-                    log_path=None,
+                    exit_status=exit_status,
+                    stop=entry.stop,
+                    settings=self.settings,
+                    searches=self.searches,
                 )
-                return
-            how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.failed,
-            error=f"{how}; last lines of its log:\n{tail}",
-            **fields,
-        )
+                log.info("trial %s: %s -> %s", trial_id, exit_status.describe(), trial.status)
 
     def apply_cancels(self) -> None:
         """Drop the queued trials of cancelled sweeps and stop their running ones."""
@@ -421,27 +364,6 @@ class Scheduler:
             self.stop_trial(trial_id, StopReason.shutdown, cold=True)
         self._wake.set()
 
-    def _requeue_or_lose(self, session: Session, trial: Trial, why: str) -> None:
-        if trial.attempt <= self.settings.lost_retries:
-            store.set_trial_status(
-                session=session,
-                trial=trial,
-                status=TrialStatus.queued,
-                attempt=trial.attempt + 1,
-                error=f"attempt {trial.attempt} {why}; requeued",
-                queued_at=utcnow(),
-                pid=None,
-                log_path=None,
-            )
-        else:
-            store.set_trial_status(
-                session=session,
-                trial=trial,
-                status=TrialStatus.lost,
-                error=f"attempt {trial.attempt} {why}; no retries left",
-                ended_at=utcnow(),
-            )
-
     def _devices(self) -> list[DeviceSnapshot]:
         now = time.monotonic()
         if now - self._probed_at >= self.settings.poll_interval:
@@ -504,18 +426,3 @@ def visible_device(device: DeviceSnapshot) -> str:
     if device.kind == "cpu":
         return ""
     return device.uuid or str(device.index)
-
-
-def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
-    """SIGKILL what is left of a trial's process group after its daemon died.
-
-    The leader may be gone while its children (data loaders, say) still hold the GPU. A member
-    counts as the trial's only if it started no earlier than the leader: a group id freed and
-    reused by an unrelated process since is left alone.
-    """
-    for pid in group_members({pgid}):
-        ticks = process_start_ticks(pid)
-        if ticks is not None and ticks >= started:
-            log.warning("trial %s: pid %d outlived its daemon; killing it", trial_id, pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)

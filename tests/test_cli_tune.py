@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from scripted_nvml import H100_NAME, scripted_nvml
 
-from gpumux.cli.state import CliError
-from gpumux.cli.tune import (
+from gpumux.cli.rounds import (
     SAMPLES_UNIT,
     TRIALS_UNIT,
     Round,
     best_split,
-    choose_gpu,
     choose_unit,
     measure_round,
     results_table,
 )
+from gpumux.cli.state import CliError
+from gpumux.cli.tune import choose_gpu
 from gpumux.schemas import TrialPublic
 from gpumux.status import TrialStatus
 
