@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import sweep_in
+from builders import selects, sweep_in
 from pydantic import ValidationError
-from sqlalchemy import delete, event
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -216,22 +214,6 @@ def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: 
         )
         assert [trial.id for trial in ended] == expected
         assert [t.status for t in ended] == [TrialStatus.failed, TrialStatus.lost]
-
-
-@contextmanager
-def selects(sessions: Sessions) -> Iterator[list[tuple[str, Any]]]:
-    """The SELECT statements run on the engine inside the block, with their parameters."""
-    statements: list[tuple[str, Any]] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            statements.append((statement, parameters))
-
-    event.listen(sessions.engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        event.remove(sessions.engine, "before_cursor_execute", record)
 
 
 @pytest.mark.parametrize(

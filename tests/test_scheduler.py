@@ -67,6 +67,19 @@ class Harness:
             assert sweep is not None
             return sweep.status
 
+    def mark_running(self, sweep_id: int, *, pid: int, started: int | None) -> None:
+        """Record the sweep's first trial as running as `pid`, as a dead daemon leaves it."""
+        with self.sessions.write.begin() as session:
+            trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.running,
+                pid=pid,
+                pid_started=started,
+            )
+
     def cancel(self, sweep_id: int) -> None:
         with self.sessions.write.begin() as session:
             sweep = store.get_sweep(session=session, sweep_id=sweep_id)
@@ -270,16 +283,7 @@ def test_at_start_a_trial_left_running_by_a_dead_daemon_is_killed_and_requeued(
         [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
     )
     sweep_id = harness.submit(command=["true"])
-    with harness.sessions.write.begin() as session:
-        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.running,
-            pid=orphan.pid,
-            pid_started=process_start_ticks(orphan.pid),
-        )
+    harness.mark_running(sweep_id, pid=orphan.pid, started=process_start_ticks(orphan.pid))
     harness.scheduler.reconcile()
     assert orphan.wait(timeout=10) == -signal.SIGKILL
     (trial,) = harness.trials(sweep_id)
@@ -388,16 +392,7 @@ def test_at_start_the_children_of_a_dead_trial_leader_are_killed(
     leader.wait()
     assert not gone(child), "the child must outlive its leader for this test"
     sweep_id = harness.submit(command=["true"])
-    with harness.sessions.write.begin() as session:
-        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.running,
-            pid=leader.pid,
-            pid_started=started,
-        )
+    harness.mark_running(sweep_id, pid=leader.pid, started=started)
     harness.scheduler.reconcile()
     assert wait_gone([child]) == []
     (trial,) = harness.trials(sweep_id)

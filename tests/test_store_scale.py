@@ -7,13 +7,12 @@ deterministic. benchmarks/api_load.py measures the latencies.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import sweep_in
-from sqlalchemy import event, insert, text
+from builders import selects, sweep_in
+from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from gpumux import store
@@ -66,21 +65,6 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, in
     engine.dispose()
 
 
-@contextmanager
-def captured(sessions: Sessions) -> Iterator[list[tuple[str, Any]]]:
-    statements: list[tuple[str, Any]] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            statements.append((statement, parameters))
-
-    event.listen(sessions.engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        event.remove(sessions.engine, "before_cursor_execute", record)
-
-
 LISTINGS: dict[str, Callable[[Session, int], Any]] = {
     "a page of a sweep's trials": lambda s, i: store.list_trials(
         session=s, sweep_id=i, offset=50_000, limit=100
@@ -99,7 +83,7 @@ LISTINGS: dict[str, Callable[[Session, int], Any]] = {
 @pytest.mark.parametrize("listing", LISTINGS)
 def test_no_listing_scans_the_trials_table(big: tuple[Sessions, int], listing: str) -> None:
     sessions, sweep_id = big
-    with sessions.read() as session, captured(sessions) as statements:
+    with sessions.read() as session, selects(sessions) as statements:
         LISTINGS[listing](session, sweep_id)
     assert statements
     with sessions.read() as session:
