@@ -1,9 +1,10 @@
 """How soon one sweep finishes: sequentially, all at once, at each fixed N, and with --split auto.
 
     python benchmarks/sweep_makespan.py [--trials 12] [--splits 2,3,4] [--repeats 3] [--epochs 8]
+                                        [--example digits|torch]
 
-Every variant runs the same sweep (`--trials` trials of examples/digits_keras.py, one seed
-each) through a real `gpumux serve` on a fresh database, in one run of this script:
+Every variant runs the same sweep (`--trials` trials of an example, one seed each) through a
+real `gpumux serve` on a fresh database, in one run of this script:
 - sequential: --split 1;   N=k: --split k;   all at once: --split TRIALS;
 - auto: --split auto on a database with no profile, so the search is paid for in this sweep;
 - auto (reused): --split auto again on the same database: the stored profile is reused.
@@ -75,19 +76,25 @@ def daemon(home: Path) -> Iterator[httpx.Client]:
             process.wait(timeout=120)
 
 
-def run_sweep(home: Path, split: int | str, trials: int, epochs: int) -> tuple[float, list[int]]:
+EXAMPLES = {
+    # Keras on scikit-learn's digits: TensorFlow, measured by gpumux with no script change.
+    "digits": ["examples/digits_keras.py", "--width=64"],
+    # PyTorch MLP (CUDA when there is a GPU): the variant for GPU machines without TensorFlow.
+    "torch": ["examples/torch_mlp.py", "--width=1024", "--samples=100000"],
+}
+
+
+def run_sweep(
+    home: Path, split: int | str, trials: int, epochs: int, example: str
+) -> tuple[float, list[int]]:
     """Makespan of one sweep, and the N its trials ran at."""
+    script, *flags = EXAMPLES[example]
     with daemon(home) as client:
         created = client.post(
             "/sweeps",
             json={
                 "params": [f"seed=1..{trials}"],
-                "command": [
-                    sys.executable,
-                    "examples/digits_keras.py",
-                    f"--epochs={epochs}",
-                    "--width=64",
-                ],
+                "command": [sys.executable, script, f"--epochs={epochs}", *flags],
                 "workdir": str(ROOT),
                 "env": dict(os.environ),
                 "split": split,
@@ -128,12 +135,13 @@ def main() -> None:
     parser.add_argument("--splits", default="2,3,4", help="fixed N to compare besides 1 and all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default="digits")
     args = parser.parse_args()
     fixed = [int(n) for n in args.splits.split(",")]
     console.print(f"$ python benchmarks/sweep_makespan.py {' '.join(sys.argv[1:])}".rstrip())
     console.print(
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"{args.trials} trials of digits_keras.py --epochs={args.epochs}, "
+        f"{args.trials} trials of {' '.join(EXAMPLES[args.example])} --epochs={args.epochs}, "
         f"{args.repeats} repeats, variants interleaved"
     )
     variants: list[tuple[str, int | str]] = [
@@ -150,12 +158,12 @@ def main() -> None:
         for name, split in order:
             home = Path(tempfile.mkdtemp(prefix="gpumux-makespan-"))
             try:
-                seconds, used = run_sweep(home, split, args.trials, args.epochs)
+                seconds, used = run_sweep(home, split, args.trials, args.epochs, args.example)
                 makespans[name].append(seconds)
                 show(repeat, name, seconds, used)
                 if split == "auto":
                     profiles.append(profile_of(home))
-                    seconds, used = run_sweep(home, split, args.trials, args.epochs)
+                    seconds, used = run_sweep(home, split, args.trials, args.epochs, args.example)
                     makespans["auto (reused)"].append(seconds)
                     show(repeat, "auto (reused)", seconds, used)
             finally:
