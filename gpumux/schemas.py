@@ -154,6 +154,10 @@ class SweepPublic(BaseModel):
 
 class SweepDetail(SweepPublic):
     best: TrialPublic | None
+    profiles: list[ProfilePublic] = Field(
+        default_factory=list,
+        description="for --split auto: the split search's curve of this workload per device model",
+    )
 
 
 class SweepsPublic(BaseModel):
@@ -277,3 +281,6 @@ class ProfilePublic(BaseModel):
 class ProfilesPublic(BaseModel):
     data: list[ProfilePublic]
     count: int
+
+
+SweepDetail.model_rebuild()

@@ -366,6 +366,15 @@ def save_profile(
     return profile
 
 
+def workload_profiles(*, session: Session, fingerprint: str) -> list[Profile]:
+    """A workload's profiles, one per device model it was measured on."""
+    return list(
+        session.scalars(
+            select(Profile).where(Profile.fingerprint == fingerprint).order_by(Profile.device_name)
+        )
+    )
+
+
 def list_profiles(
     *, session: Session, offset: int = 0, limit: int = 50
 ) -> tuple[list[Profile], int]:

@@ -99,6 +99,8 @@ def test_split_auto_measures_a_profile_and_the_next_sweep_reuses_it(tmp_path: Pa
         assert profile["settled"] and profile["best_split"] in measured, profile
         assert profile["unit"] == "samples/s" and profile["device_name"]
         assert {t["split"] for t in first} >= {1, 2}, "the first sweep ran at several N"
+        shown = client.get(f"/sweeps/{first[0]['sweep_id']}").json()["profiles"]
+        assert [p["id"] for p in shown] == [profile["id"]], "the sweep shows its search"
 
         second = run_sweep(client, ["seed=25..28"])
         assert {t["split"] for t in second} == {profile["best_split"]}

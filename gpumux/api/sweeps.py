@@ -8,10 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import store, sweepspec
+from gpumux import store, sweepspec, tuner
 from gpumux.api.deps import ReadSessionDep, StateDep, UserDep
 from gpumux.models import Sweep
 from gpumux.schemas import (
+    ProfilePublic,
     SweepCreate,
     SweepDetail,
     SweepPublic,
@@ -52,9 +53,14 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     counts = store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
     best = store.best_trial(session=session, sweep=sweep)
+    profiles = []
+    if sweep.split is None:
+        fingerprint = tuner.workload_fingerprint(sweep.command, sweep.param_tokens)
+        profiles = store.workload_profiles(session=session, fingerprint=fingerprint)
     return SweepDetail(
         **sweep_public(sweep, counts).model_dump(),
         best=TrialPublic.model_validate(best) if best else None,
+        profiles=[ProfilePublic.model_validate(profile) for profile in profiles],
     )
 
 

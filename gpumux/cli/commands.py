@@ -113,6 +113,8 @@ def show(
         failed = client.list_trials(sweep_id, status=TrialStatus.failed, limit=FAILURES_SHOWN)
     out = state.out
     out.print(render.sweep_summary(sweep))
+    for profile in sweep.profiles:
+        out.print(render.search_text(profile))
     best = render.best_text(sweep.best, sweep.objective)
     if best is not None:
         out.print(best)

@@ -60,6 +60,7 @@ def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) 
     ended.sort(key=lambda trial: trial.ended_at or now, reverse=True)
     shown = active + ended[:RECENT_FINISHED]
     parts: list[RenderableType] = [progress_view(sweep, now)]
+    parts.extend(render.search_text(profile) for profile in sweep.profiles)
     if shown:
         parts.append(render.trials_table(shown, objective=sweep.objective))
     return Group(*parts)
@@ -105,9 +106,15 @@ def _follow_live(client: Client, sweep_id: int, console: Console) -> SweepDetail
 
 def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     seen: dict[int, TrialStatus] = {}
+    searches: dict[int, str | None] = {}
     done = 0
     while True:
         sweep, trials = poll(client, sweep_id)
+        for profile in sweep.profiles:
+            # Each decision of the split search, once: N measured, next N, or settled.
+            if searches.get(profile.id, "") != profile.reason:
+                console.print(render.search_text(profile), soft_wrap=True)
+                searches[profile.id] = profile.reason
         for trial in sorted(trials, key=lambda t: (t.ended_at is None, t.ended_at, t.number)):
             # A queued trial is no news; a requeued one (running -> queued) is.
             if seen.get(trial.id, TrialStatus.queued) != trial.status:

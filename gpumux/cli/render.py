@@ -10,7 +10,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpumux.schemas import DevicePublic, SweepPublic, TrialPublic, parse_objective
+from gpumux.schemas import (
+    DevicePublic,
+    ProfilePublic,
+    SweepPublic,
+    TrialPublic,
+    parse_objective,
+)
 from gpumux.status import FINAL_TRIAL_STATUSES, TrialStatus
 from gpumux.sweepspec import format_value
 
@@ -304,3 +310,13 @@ def devices_table(devices: Sequence[DevicePublic]) -> Table:
             ", ".join(str(trial.trial_id) for trial in device.trials) or NONE,
         )
     return table
+
+
+def search_text(profile: ProfilePublic) -> Text:
+    """One line on the split search of a sweep's workload on one device model."""
+    text = Text(f"split search on {profile.device_name}: ", style="bold")
+    if profile.curve:
+        measured = ", ".join(f"N={point.split} {rate(point.throughput)}" for point in profile.curve)
+        text.append(f"{measured} {profile.unit}; ")
+    text.append(profile.reason or "measuring N=1", style="green" if profile.settled else "cyan")
+    return text

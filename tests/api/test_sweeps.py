@@ -7,7 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gpumux import store, tuner
 from gpumux.config import Settings
+from gpumux.db import Sessions
 
 
 def body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:
@@ -147,3 +149,28 @@ def test_the_openapi_document_lists_the_routes(api: httpx.Client) -> None:
     paths = api.get("/openapi.json").json()["paths"]
     for path in ("/sweeps", "/sweeps/{sweep_id}", "/trials/{trial_id}/log", "/devices", "/health"):
         assert path in paths
+
+
+def test_an_auto_sweep_shows_its_workloads_split_search(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    auto = api.post("/sweeps", json=body(tmp_path, "batch_size=32", "lr=1e-3..1e-1:2")).json()
+    fixed = api.post("/sweeps", json=body(tmp_path, "batch_size=32", split=2)).json()
+    with sessions.write.begin() as session:
+        store.save_profile(
+            session=session,
+            device_name="NVIDIA H200",
+            fingerprint=tuner.workload_fingerprint(auto["command"], auto["params"]),
+            command=auto["command"],
+            param_tokens=["batch_size=32"],
+            unit="samples/s",
+            curve=[{"split": 1, "throughput": 1000.0}, {"split": 2, "throughput": 1900.0}],
+            best_split=None,
+            settled=False,
+            reason="measuring N=3",
+            sweep_id=auto["id"],
+        )
+    (profile,) = api.get(f"/sweeps/{auto['id']}").json()["profiles"]
+    assert profile["device_name"] == "NVIDIA H200" and profile["reason"] == "measuring N=3"
+    assert [point["split"] for point in profile["curve"]] == [1, 2]
+    assert api.get(f"/sweeps/{fixed['id']}").json()["profiles"] == []
