@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from gpumux.cli import render
+from gpumux.cli.state import PIPE_WIDTH, make_console
 from gpumux.schemas import ProfilePoint, ProfilePublic
 
 
@@ -36,3 +39,10 @@ def test_the_split_search_line_shows_the_curve_and_the_decision() -> None:
     )
     fresh = render.search_text(profile(settled=False, reason=None, curve=[])).plain
     assert fresh == "split search on NVIDIA H200: measuring N=1"
+
+
+def test_piped_output_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert make_console().width == PIPE_WIDTH
+    monkeypatch.setenv("COLUMNS", "90")
+    assert make_console().width == 90, "an explicit width wins"

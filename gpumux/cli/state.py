@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+PIPE_WIDTH = 120
+
+
 @dataclass
 class CliState:
     """Built once per run by `main()` (or the app's callback) and handed down through ctx.obj."""
@@ -33,10 +37,8 @@ class CliState:
     command: list[str] | None = None
     url: str | None = None
     # No markup or highlighting: parameters, commands and logs are the user's text, not markup.
-    out: Console = field(default_factory=lambda: Console(markup=False, highlight=False))
-    err: Console = field(
-        default_factory=lambda: Console(stderr=True, markup=False, highlight=False)
-    )
+    out: Console = field(default_factory=lambda: make_console())
+    err: Console = field(default_factory=lambda: make_console(stderr=True))
     _settings: Settings | None = None
 
     @property
@@ -53,6 +55,15 @@ class CliState:
     def note(self, message: str) -> None:
         """Print a status line on stderr, so that stdout stays the command's result."""
         self.err.print(Text(f"gpumux: {message}", style="dim"), soft_wrap=True)
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console for the user's text: no markup or highlighting, and no 80-column pipes."""
+    console = Console(stderr=stderr, markup=False, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped into a log or a file nothing limits the width: rich's 80 would cut the tables.
+        console.width = PIPE_WIDTH
+    return console
 
 
 def print_error(message: str) -> None:
