@@ -110,8 +110,12 @@ class Scheduler:
         if not self._draining:
             self.place_and_launch()
             if any(not search.decision.settled for search in self.searches):
-                with self.sessions.write.begin() as session:
-                    self.searches.observe(session=session, now=utcnow())
+                with self.sessions.read() as session:
+                    changed = self.searches.observe(session=session, now=utcnow())
+                if changed:
+                    with self.sessions.write.begin() as session:
+                        for search in changed:
+                            search.save(session=session)
 
     def reconcile(self) -> None:
         """At start: trials the database calls active but no one supervises are requeued."""

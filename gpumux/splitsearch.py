@@ -168,7 +168,6 @@ class SplitSearch:
             self.unit,
             self.decision.reason,
         )
-        self.save(session=session)
 
     def out_of_memory(self, *, session: Session, split: int) -> None:
         """A trial ran out of memory at N=`split`: that N and above are off the table."""
@@ -230,7 +229,10 @@ class SplitSearch:
             return start, ended
         if self.ready_at is not None and now - self.ready_at >= LONG_WINDOWS * self.timing.window:
             ready = self.ready_at
-            return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
+            # Sparse reports (one per long epoch): wait until each of the N has reported in it.
+            reporting = store.trials_reporting(session=session, device=self.device_key, since=ready)
+            if reporting >= self.split:
+                return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
         return None
 
     def _measure(
@@ -249,11 +251,18 @@ class SplitSearch:
         if self.unit == "samples/s" and samples == 0 and not self.curve:
             # A script that reports nothing: count finished trials instead, from now on.
             self.unit = "trials/s"
-        work = samples if self.unit == "samples/s" else len(ended)
-        if work == 0:
-            # Nothing reported or finished yet (long epochs, long trials): widen the window.
-            return None
-        return tuner.Point(split=self.split, throughput=work / seconds, seconds_per_trial=per_trial)
+        if self.unit == "samples/s":
+            if samples == 0:
+                # Nothing reported yet (long epochs): widen the window.
+                return None
+            throughput = samples / seconds
+        else:
+            if per_trial is None:
+                return None
+            # N slots, each finishing a trial every `per_trial` seconds: counting completions
+            # against the window instead would skew with the warm-up cut from its start.
+            throughput = self.split / per_trial
+        return tuner.Point(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
         self.ceiling = min(self.ceiling, fits)
@@ -266,11 +275,15 @@ class SplitSearch:
             fits,
             self.decision.reason,
         )
-        self.save(session=session)
 
 
 class Searches:
-    """Every split search of the daemon, one per (device, workload), created on first need."""
+    """Every split search of the daemon, one per (device model, workload), made on first need.
+
+    A search measures on one device, the first of its model it was asked about, and its N
+    serves every device of that model: two searches on twin GPUs would only race to write
+    one profile.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -280,6 +293,7 @@ class Searches:
             threshold=settings.tune_threshold,
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
+        self._model_of: dict[str, str] = {}
 
     def __iter__(self) -> Iterator[SplitSearch]:
         return iter(self._searches.values())
@@ -297,58 +311,71 @@ class Searches:
         }
 
     def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
-        """The search for this sweep's workload on this device."""
-        fingerprint = tuner.workload_fingerprint(sweep.command, sweep.param_tokens)
-        key = (device.key, fingerprint)
+        """The search for this sweep's workload on this device's model."""
+        model = self._model_of[device.key] = device_model(device)
+        key = (model, sweep_fingerprint(sweep))
         if key not in self._searches:
             self._searches[key] = SplitSearch.resume(
                 session=session,
                 device_key=device.key,
-                device_name=device.name,
-                command=sweep.command,
+                device_name=model,
+                command=[sweep.workdir, *sweep.command],
                 param_tokens=sweep.param_tokens,
                 ceiling=self.ceiling(device),
                 timing=self.timing,
             )
         return self._searches[key]
 
-    def observe(self, *, session: Session, now: datetime) -> None:
-        """After a tick's placements, let every unsettled search see its device."""
-        running: Counter[tuple[str, str]] = Counter()
-        sweep_of: dict[tuple[str, str], int] = {}
+    def observe(self, *, session: Session, now: datetime) -> list[SplitSearch]:
+        """After a tick's placements, let every unsettled search see its device.
+
+        Returns the searches whose curve or decision changed: their profiles need saving.
+        """
+        running: Counter[tuple[str, str | None]] = Counter()
+        sweep_of: dict[tuple[str, str | None], int] = {}
         for trial in store.active_trials(session=session):
-            if trial.device is not None and trial.sweep.split is None:
-                key = (trial.device, self._fingerprint(trial.sweep))
-                running[key] += 1
-                sweep_of[key] = trial.sweep_id
-        queued: Counter[str] = Counter(
-            self._fingerprint(t.sweep)
-            for t in store.queued_trials(session=session, limit=MAX_SPLIT)
-            if t.sweep.split is None
+            if trial.device is not None:
+                # Fixed-split trials count too: they share the device as much as any.
+                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
+                running[(trial.device, fingerprint)] += 1
+                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
+        waiting = store.queued_trials(session=session, limit=MAX_SPLIT)
+        head = (
+            sweep_fingerprint(waiting[0].sweep)
+            if waiting and waiting[0].sweep.split is None
+            else None
         )
-        for (device_key, fingerprint), search in self._searches.items():
+        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
+        changed = []
+        for (_, fingerprint), search in self._searches.items():
             if search.decision.settled:
                 continue
-            others = sum(n for (d, f), n in running.items() if d == device_key and f != fingerprint)
-            if others:
-                # Another workload shares the device: its throughput is not this one's.
-                search.phase_start = None
+            device = search.device_key
+            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
+            if others or (
+                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
+            ):
+                # Another sweep shares the device, or holds the head of the queue so that this
+                # workload cannot fill N: neither measures this workload, nor its memory.
+                search.phase_start = search.filling_since = None
                 continue
-            key = (device_key, fingerprint)
+            before = (search.decision, len(search.curve), search.ceiling)
             search.observe(
                 session=session,
                 now=now,
-                running=running[key],
+                running=running[(device, fingerprint)],
                 queued=queued[fingerprint],
-                sweep_id=sweep_of.get(key, search.sweep_id or 0),
+                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
             )
+            if (search.decision, len(search.curve), search.ceiling) != before:
+                changed.append(search)
+        return changed
 
     def out_of_memory(self, *, session: Session, trial: Trial) -> None:
         """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
-        if trial.device is None or trial.split is None:
-            return
-        key = (trial.device, self._fingerprint(trial.sweep))
-        if key in self._searches:
+        model = self._model_of.get(trial.device or "")
+        key = (model or "", sweep_fingerprint(trial.sweep))
+        if trial.split is not None and key in self._searches:
             self._searches[key].out_of_memory(session=session, split=trial.split)
 
     def ceiling(self, device: DeviceSnapshot) -> int:
@@ -366,6 +393,14 @@ class Searches:
             per_trial = self.settings.cpu_trial_mb
         return max(1, min(MAX_SPLIT, room // per_trial))
 
-    @staticmethod
-    def _fingerprint(sweep: Sweep) -> str:
-        return tuner.workload_fingerprint(sweep.command, sweep.param_tokens)
+
+def sweep_fingerprint(sweep: Sweep) -> str:
+    """The workload of a sweep: its directory, its command, and the parameters that cost."""
+    return tuner.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
+
+
+def device_model(device: DeviceSnapshot) -> str:
+    """What a profile is kept per: the GPU model, or the CPU model and its usable cores."""
+    if device.kind == "cpu":
+        return f"{device.name}, {device.cpu_count or 1} cores"
+    return device.name

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import store, sweepspec, tuner
+from gpumux import store, sweepspec
 from gpumux.api.deps import ReadSessionDep, StateDep, UserDep
 from gpumux.models import Sweep
 from gpumux.schemas import (
@@ -20,6 +20,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
+from gpumux.splitsearch import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 
 router = APIRouter(tags=["sweeps"])
@@ -55,8 +56,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     best = store.best_trial(session=session, sweep=sweep)
     profiles = []
     if sweep.split is None:
-        fingerprint = tuner.workload_fingerprint(sweep.command, sweep.param_tokens)
-        profiles = store.workload_profiles(session=session, fingerprint=fingerprint)
+        profiles = store.workload_profiles(session=session, fingerprint=sweep_fingerprint(sweep))
     return SweepDetail(
         **sweep_public(sweep, counts).model_dump(),
         best=TrialPublic.model_validate(best) if best else None,

@@ -160,7 +160,9 @@ def test_an_auto_sweep_shows_its_workloads_split_search(
         store.save_profile(
             session=session,
             device_name="NVIDIA H200",
-            fingerprint=tuner.workload_fingerprint(auto["command"], auto["params"]),
+            fingerprint=tuner.workload_fingerprint(
+                [auto["workdir"], *auto["command"]], auto["params"]
+            ),
             command=auto["command"],
             param_tokens=["batch_size=32"],
             unit="samples/s",
