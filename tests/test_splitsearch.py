@@ -46,6 +46,19 @@ def search_of(sessions: Sessions) -> SplitSearch:
         )
 
 
+def ended_trial(started: datetime, ended: datetime) -> Trial:
+    """A trial of sweep 1 that ran on the CPU device from `started` to `ended`."""
+    return Trial(
+        sweep_id=1,
+        number=next(NUMBERS),
+        params={},
+        status=TrialStatus.succeeded,
+        device="cpu",
+        started_at=started,
+        ended_at=ended,
+    )
+
+
 def run_phase(
     sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
 ) -> datetime:
@@ -66,17 +79,7 @@ def run_phase(
             )
         for _ in range(search.split):
             # N trials finish inside the window, as short trials do.
-            session.add(
-                Trial(
-                    sweep_id=1,
-                    number=next(NUMBERS),
-                    params={},
-                    status=TrialStatus.succeeded,
-                    device="cpu",
-                    started_at=start,
-                    ended_at=start + TIMING.warmup + timedelta(seconds=2),
-                )
-            )
+            session.add(ended_trial(start, start + TIMING.warmup + timedelta(seconds=2)))
         session.flush()
         end = start + TIMING.warmup + TIMING.window
         search.observe(session=session, now=end, running=search.split, queued=9, sweep_id=1)
@@ -294,17 +297,7 @@ def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     start = utcnow()
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
-        session.add(
-            Trial(
-                sweep_id=1,
-                number=next(NUMBERS),
-                params={},
-                status=TrialStatus.succeeded,
-                device="cpu",
-                started_at=start,
-                ended_at=start + TIMING.warmup + timedelta(seconds=3),
-            )
-        )
+        session.add(ended_trial(start, start + TIMING.warmup + timedelta(seconds=3)))
         session.flush()
         end = start + TIMING.warmup + TIMING.window
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
