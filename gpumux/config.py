@@ -63,6 +63,41 @@ class Settings(BaseSettings):
     )
     oom_retries: int = Field(default=3, ge=0, description="requeues of a trial out of memory")
 
+    stop_trials: bool = Field(
+        default=False,
+        description="a warm stop also stops running trials (default: they run on under their "
+        "supervisors and the next daemon adopts them)",
+    )
+    heartbeat_interval: float = Field(
+        default=5.0, gt=0, description="seconds between a supervisor's heartbeats"
+    )
+    heartbeat_timeout: float = Field(
+        default=60.0, gt=0, description="a supervisor silent this long is lost"
+    )
+    log_max_mb: float = Field(
+        default=100.0, gt=0, description="a trial log is rotated when it reaches this size"
+    )
+    log_keep: int = Field(default=2, ge=0, description="rotated pieces kept of each trial log")
+
+    admins: str = Field(default="", description="users who see and cancel all work (comma list)")
+    admin_group: str | None = Field(
+        default=None, description="members of this Unix group are admins"
+    )
+    accept_users: str = Field(
+        default="",
+        description="other users a daemon not running as root accepts (comma list); their "
+        "trials run as the daemon's user",
+    )
+    shares: str = Field(
+        default="", description="fair-share weights, user:weight comma list (default 1 each)"
+    )
+    max_running_per_user: int | None = Field(
+        default=None, ge=1, description="concurrent trials one user may hold"
+    )
+    max_queued_per_user: int | None = Field(
+        default=None, ge=1, description="trials one user may have waiting"
+    )
+
     @model_validator(mode="after")
     def _default_url(self) -> Settings:
         if not self.url:
@@ -83,6 +118,11 @@ class Settings(BaseSettings):
     def logs_dir(self) -> Path:
         """Where trial logs are written, one file per trial attempt."""
         return self.home / "logs"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where each trial attempt's supervisor keeps its spec, heartbeat and exit status."""
+        return self.home / "runs"
 
     @property
     def lock_path(self) -> Path:

@@ -59,6 +59,21 @@ class Owner(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class ApiToken(Base):
+    """A secret that identifies its owner over TCP; only its SHA-256 is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    owner: Mapped[Owner] = relationship(lazy="joined")
+
+
 class Sweep(Base):
     __tablename__ = "sweeps"
     __table_args__ = (
@@ -82,6 +97,10 @@ class Sweep(Base):
     objective_metric: Mapped[str | None] = mapped_column(String(200))
     objective_mode: Mapped[ObjectiveMode | None] = mapped_column(_enum_column(ObjectiveMode))
     time_limit_s: Mapped[float | None]
+    # Requeues of a trial whose script failed; lost and out-of-memory trials have their own.
+    retries: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Among one owner's sweeps, higher runs first; FIFO within a priority.
+    priority: Mapped[int] = mapped_column(default=0, server_default="0")
     trial_count: Mapped[int]
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -115,6 +134,10 @@ class Trial(Base):
     cpu_threads: Mapped[int | None]
     pid: Mapped[int | None]
     pid_started: Mapped[int | None]
+    # The per-attempt supervisor that owns the trial's process group and outlives the daemon.
+    supervisor_pid: Mapped[int | None]
+    supervisor_started: Mapped[int | None]
+    failures: Mapped[int] = mapped_column(default=0, server_default="0")
     token_hash: Mapped[str | None] = mapped_column(String(64))
     log_path: Mapped[str | None] = mapped_column(Text)
     queued_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -28,7 +28,7 @@ def test_connections_use_wal_foreign_keys_and_busy_timeout(sessions: Sessions) -
 def test_upgrade_is_idempotent(sessions: Sessions) -> None:
     upgrade(sessions.engine)
     with sessions.read() as session:
-        assert session.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+        assert session.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
 
 
 def test_a_database_from_a_newer_gpumux_is_refused(tmp_path: Path, sessions: Sessions) -> None:
