@@ -20,7 +20,14 @@ import uvicorn
 
 from gpumux.api import create_app
 from gpumux.config import Settings
-from gpumux.db import Sessions, make_engine, make_sessions, upgrade
+from gpumux.db import (
+    DatabaseError,
+    Sessions,
+    make_engine,
+    make_sessions,
+    require_local_filesystem,
+    upgrade,
+)
 from gpumux.devices import DeviceProbe, make_probe
 from gpumux.scheduler import Scheduler
 
@@ -52,7 +59,8 @@ class _Server(uvicorn.Server):
 
 def acquire_lock(settings: Settings) -> IO[str]:
     """Hold the database's lock file for the daemon's life; refuse if another daemon holds it."""
-    lock_file = open(settings.lock_path, "a+")  # noqa: SIM115 - held open until the daemon exits
+    descriptor = os.open(settings.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    lock_file = open(descriptor, "a+")  # noqa: SIM115 - held open until the daemon exits
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -124,9 +132,18 @@ class Daemon:
 
     def start(self, *, fallback_port: bool = False) -> None:
         """Take the lock, migrate the database, bind the socket."""
+        try:
+            self._start(fallback_port=fallback_port)
+        except DatabaseError as error:
+            raise DaemonError(str(error)) from error
+
+    def _start(self, *, fallback_port: bool) -> None:
+        # Refused before anything is created there: WAL does not work on a network filesystem.
+        require_local_filesystem(self.settings.db_path)
         # The database holds each submitter's environment, the logs their output: owner only.
         self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.settings.logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings.runs_dir.mkdir(mode=0o700, exist_ok=True)
         self.settings.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(self.settings.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = acquire_lock(self.settings)
@@ -176,14 +193,17 @@ class Daemon:
         try:
             first = asyncio.create_task(self._signals.get())
             await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
+            stop_trials = self.settings.stop_trials
             if scheduler_task.done():
                 first.cancel()
-                log.critical("daemon: the scheduler stopped unexpectedly; stopping the trials")
-            else:
+                log.critical("daemon: the scheduler stopped unexpectedly")
+            elif stop_trials:
                 log.info("daemon: warm stop: launching nothing new, stopping trials")
+            else:
+                log.info("daemon: warm stop: launching nothing new; trials run on")
             stop_scheduling.set()
             await asyncio.wait([scheduler_task])
-            drain = asyncio.create_task(scheduler.drain())
+            drain = asyncio.create_task(scheduler.drain(stop_trials=stop_trials))
             while not drain.done():
                 second = asyncio.create_task(self._signals.get())
                 await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
@@ -243,7 +263,8 @@ def embedded(settings: Settings) -> Iterator[Daemon]:
     It listens at settings.url, so other gpumux commands find it while it runs; when that
     port is taken by something else, on a free one.
     """
-    daemon = Daemon(listen_where_clients_look(settings))
+    # Ctrl-C on `gpumux sweep` means stop: its trials are stopped and requeued, not left behind.
+    daemon = Daemon(listen_where_clients_look(settings).model_copy(update={"stop_trials": True}))
     daemon.start(fallback_port=True)
     ready = threading.Event()
     failure: list[BaseException] = []

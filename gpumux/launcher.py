@@ -1,22 +1,28 @@
-"""Trial processes: spawn one in its own session with the trial contract, watch it, stop it."""
+"""Trial processes: the contract they get, and the supervisors that start, watch and stop them."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
+import select
 import shlex
 import signal
-import subprocess
+import sys
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumux import supervisor
+from gpumux.supervisor import start_ticks
+
 log = logging.getLogger(__name__)
 
+SUPERVISOR_PATH = str(Path(supervisor.__file__).resolve())
+SUPERVISOR_RECORD = "supervisor.json"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "runtime" / "bootstrap"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Set per trial by the launcher; a submitter's own values must not leak into a trial.
@@ -102,16 +108,6 @@ def trial_env(spec: LaunchSpec) -> dict[str, str]:
     return env
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When the process started, in clock ticks since boot: with the pid, an identity."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    return int(stat.rpartition(")")[2].split()[19])
-
-
 def group_members(pgids: Collection[int]) -> dict[int, int]:
     """Every live process in one of these process groups, mapped to its group."""
     members = {}
@@ -126,86 +122,253 @@ def group_members(pgids: Collection[int]) -> dict[int, int]:
     return members
 
 
-def signal_group(pgid: int, signum: int) -> bool:
-    """Send a signal to a process group; False when the group is already gone."""
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        return False
-    return True
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """How a supervisor watches its trial: grace period, heartbeat, log cap."""
+
+    kill_grace: float
+    heartbeat_interval: float
+    log_max_bytes: int
+    log_keep: int
 
 
-class TrialProcess:
-    """One running trial attempt: a process group led by the trial's command."""
+@dataclass(frozen=True)
+class TrialEnd:
+    """What a supervisor recorded: the exit status, or why the command never started."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], spec: LaunchSpec) -> None:
-        self.popen = popen
-        self.spec = spec
-        self.pid = popen.pid
-        self.pgid = popen.pid
-        self.start_ticks = process_start_ticks(popen.pid)
-        self.pidfd = _pidfd_open(popen.pid)
+    exit_status: ExitStatus
+    error: str | None
+
+
+class SupervisedTrial:
+    """One trial attempt, watched through its supervisor: a process that outlives the daemon."""
+
+    def __init__(
+        self,
+        *,
+        trial_id: int,
+        attempt: int,
+        run_dir: Path,
+        pid: int,
+        started: int | None,
+        child: bool = False,
+    ) -> None:
+        self.trial_id = trial_id
+        self.attempt = attempt
+        self.run_dir = run_dir
+        self.pid = pid
+        self.started = started
+        # Our own child until collected; an adopted supervisor is init's to reap.
+        self.child = child
+        self.pidfd = _pidfd_open(pid)
+        self._leader: tuple[int, int | None] | None = None
 
     @classmethod
-    def spawn(cls, spec: LaunchSpec) -> TrialProcess:
-        """Start the trial in a new session with stdout and stderr appended to its log."""
+    def spawn(
+        cls,
+        spec: LaunchSpec,
+        *,
+        run_dir: Path,
+        options: SupervisorOptions,
+        user: Mapping[str, Any] | None = None,
+    ) -> SupervisedTrial:
+        """Write the attempt's spec into `run_dir` and start its supervisor in a new session."""
         try:
             spec.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            log_fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.close(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         except OSError as error:
             raise LaunchError(f"cannot write the trial's log {spec.log_path}: {error}") from error
-        with open(log_fd, "ab") as log_file:
+        try:
+            run_dir.mkdir(mode=0o700, parents=True)
+            supervisor.write_json_atomically(
+                run_dir / supervisor.SPEC,
+                {
+                    "trial_id": spec.trial_id,
+                    "attempt": spec.attempt,
+                    "argv": list(spec.argv),
+                    "cwd": spec.workdir,
+                    "env": trial_env(spec),
+                    "user": dict(user) if user is not None else None,
+                    "log_path": str(spec.log_path),
+                    "log_max_bytes": options.log_max_bytes,
+                    "log_keep": options.log_keep,
+                    "kill_grace": options.kill_grace,
+                    "heartbeat_interval": options.heartbeat_interval,
+                    "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
+                    f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",
+                },
+            )
+            own_log = os.open(
+                run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+            )
             try:
-                log_file.write(
-                    f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on {spec.device_kind} "
-                    f"split {spec.split}: {shlex.join(spec.argv)}\n".encode()
+                # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+                pid = os.posix_spawn(
+                    sys.executable,
+                    [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
+                    {"PATH": os.defpath},
+                    file_actions=[
+                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, own_log, 1),
+                        (os.POSIX_SPAWN_DUP2, own_log, 2),
+                    ],
+                    setsid=True,
+                    # Held until its handlers are in place: an early stop must not kill it.
+                    setsigmask={signal.SIGTERM, signal.SIGUSR1},
                 )
-                log_file.flush()
-                popen = subprocess.Popen(
-                    list(spec.argv),
-                    cwd=spec.workdir,
-                    env=trial_env(spec),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            except (OSError, ValueError) as error:
-                raise LaunchError(_explain_spawn_error(error, spec)) from error
-        log.info("trial %s: started pid %d: %s", spec.trial_id, popen.pid, shlex.join(spec.argv))
-        return cls(popen, spec)
+            finally:
+                os.close(own_log)
+        except OSError as error:
+            raise LaunchError(
+                f"cannot start the trial's supervisor in {run_dir}: {error}"
+            ) from error
+        started = start_ticks(pid)
+        # Before the database hears of it: a daemon that dies now still finds its supervisor.
+        supervisor.write_json_atomically(
+            run_dir / SUPERVISOR_RECORD, {"pid": pid, "started": started}
+        )
+        log.info("trial %s: supervisor pid %d: %s", spec.trial_id, pid, shlex.join(spec.argv))
+        return cls(
+            trial_id=spec.trial_id,
+            attempt=spec.attempt,
+            run_dir=run_dir,
+            pid=pid,
+            started=started,
+            child=True,
+        )
+
+    @classmethod
+    def find(cls, *, trial_id: int, attempt: int, run_dir: Path) -> SupervisedTrial | None:
+        """The live supervisor of this attempt, as recorded in its run directory, if any."""
+        record = read_json(run_dir / SUPERVISOR_RECORD)
+        if record is None or record.get("started") is None:
+            return None
+        return cls.adopt(
+            trial_id=trial_id,
+            attempt=attempt,
+            run_dir=run_dir,
+            pid=int(record["pid"]),
+            started=int(record["started"]),
+        )
+
+    @classmethod
+    def adopt(
+        cls, *, trial_id: int, attempt: int, run_dir: Path, pid: int, started: int
+    ) -> SupervisedTrial | None:
+        """The supervisor a previous daemon started, if that very process still runs."""
+        if start_ticks(pid, living=True) != started:
+            return None
+        adopted = cls(trial_id=trial_id, attempt=attempt, run_dir=run_dir, pid=pid, started=started)
+        # It may have exited between the two looks: then its pid could name another process.
+        if adopted.pidfd is None or start_ticks(pid, living=True) != started:
+            adopted.close()
+            return None
+        return adopted
 
     def exited(self) -> bool:
-        """Whether the leader has exited, without reaping it (its pid stays reserved)."""
-        if self.popen.returncode is not None:
-            return True
-        try:
-            result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return result is not None
+        """Whether the supervisor has exited (it writes the trial's end before it does)."""
+        if self.child:
+            try:
+                result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return True
+            return result is not None
+        if self.pidfd is not None:
+            return bool(select.select([self.pidfd], [], [], 0)[0])
+        return start_ticks(self.pid) != self.started
 
-    def reap(self) -> ExitStatus:
-        """Kill what is left of the group, then collect the leader's exit status."""
-        # The unreaped leader pins the group id, so this cannot hit an unrelated group.
-        signal_group(self.pgid, signal.SIGKILL)
-        returncode = self.popen.wait()
+    @property
+    def leader(self) -> tuple[int, int | None] | None:
+        """The trial's leader (pid = process group id) and its start ticks, once started."""
+        if self._leader is None:
+            record = read_json(self.run_dir / supervisor.TRIAL)
+            if record is not None:
+                self._leader = (int(record["pgid"]), record.get("started"))
+        return self._leader
+
+    @property
+    def pgid(self) -> int | None:
+        return None if self.leader is None else self.leader[0]
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the supervisor's last heartbeat; None before the first."""
+        try:
+            return time.time() - (self.run_dir / supervisor.HEARTBEAT).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def end(self) -> TrialEnd | None:
+        """What the supervisor recorded of the trial's end; None when it died without saying."""
+        record = read_json(self.run_dir / supervisor.EXIT)
+        if record is None or record.get("attempt") != self.attempt:
+            return None
+        exit_status = ExitStatus(exit_code=record["exit_code"], signal=record["signal"])
+        return TrialEnd(exit_status=exit_status, error=record.get("error"))
+
+    def finish(self) -> TrialEnd | None:
+        """After the supervisor exited: collect it, kill any leftovers, read the trial's end."""
+        if self.child:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.child = False
+        end = self.end()
+        if end is None:
+            self.kill_leftovers()
         self.close()
-        return ExitStatus.from_returncode(returncode)
+        return end
 
     def terminate(self) -> None:
-        """Ask the whole group to stop (SIGTERM)."""
-        signal_group(self.pgid, signal.SIGTERM)
+        """Ask the supervisor to stop the trial: SIGTERM now, SIGKILL after its grace period."""
+        self._signal_supervisor(signal.SIGTERM)
 
     def kill(self) -> None:
-        """Stop the whole group now (SIGKILL)."""
-        signal_group(self.pgid, signal.SIGKILL)
+        """Kill the trial's group now, and make sure its supervisor does too."""
+        self.kill_leftovers()
+        self._signal_supervisor(signal.SIGUSR1)
+
+    def kill_supervisor(self) -> None:
+        """The supervisor stopped answering: kill it and its trial."""
+        self.kill_leftovers()
+        self._signal_supervisor(signal.SIGKILL)
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL what is left of the trial's process group."""
+        kill_leftovers(self.trial_id, self.run_dir)
+
+    def _signal_supervisor(self, signum: int) -> None:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif start_ticks(self.pid) == self.started:
+                os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def kill_leftovers(
+    trial_id: int, run_dir: Path, *, pgid: int | None = None, started: int | None = None
+) -> None:
+    """SIGKILL what is left of an attempt's process group, as its run directory names it
+    (or as given, for a trial started before supervisors kept one)."""
+    record = read_json(run_dir / supervisor.TRIAL)
+    if record is not None and record.get("started") is not None:
+        pgid, started = int(record["pgid"]), int(record["started"])
+    if pgid is not None and started is not None:
+        kill_orphans(trial_id, pgid=pgid, started=started)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file written atomically by a supervisor, or None when there is none (yet)."""
+    try:
+        value = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _pidfd_open(pid: int) -> int | None:
@@ -214,20 +377,6 @@ def _pidfd_open(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def _explain_spawn_error(error: OSError | ValueError, spec: LaunchSpec) -> str:
-    program = spec.argv[0]
-    if isinstance(error, ValueError):
-        return f"could not start {program!r}: {error} (in its command, directory or environment)"
-    if isinstance(error, FileNotFoundError) and error.filename == spec.workdir:
-        return f"working directory {spec.workdir} does not exist"
-    if isinstance(error, FileNotFoundError):
-        path = spec.base_env.get("PATH", "")
-        return f"command not found: {program!r} (searched PATH={path}); check the command"
-    if isinstance(error, PermissionError) or error.errno == errno.EACCES:
-        return f"permission denied running {program!r}: is it executable (chmod +x)?"
-    return f"could not start {program!r}: {error}"
 
 
 def tail_lines(path: Path | str | None, lines: int) -> str:
@@ -252,7 +401,7 @@ def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
     reused by an unrelated process since is left alone.
     """
     for pid in group_members({pgid}):
-        ticks = process_start_ticks(pid)
+        ticks = start_ticks(pid)
         if ticks is not None and ticks >= started:
             log.warning("trial %s: pid %d outlived its daemon; killing it", trial_id, pid)
             with contextlib.suppress(ProcessLookupError):

@@ -88,6 +88,15 @@ def _record_failure(
             )
             return
         how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
+    elif trial.failures < trial.sweep.retries:
+        requeue(
+            session=session,
+            trial=trial,
+            why=how,
+            then=f"retry {trial.failures + 1} of {trial.sweep.retries}",
+            failures=trial.failures + 1,
+        )
+        return
     store.set_trial_status(
         session=session,
         trial=trial,
@@ -111,13 +120,16 @@ def requeue_or_lose(*, session: Session, trial: Trial, why: str, settings: Setti
         )
 
 
-def requeue(*, session: Session, trial: Trial, why: str, then: str) -> None:
+def requeue(
+    *, session: Session, trial: Trial, why: str, then: str, failures: int | None = None
+) -> None:
     """Queue a trial for its next attempt, noting what happened to this one."""
     store.set_trial_status(
         session=session,
         trial=trial,
         status=TrialStatus.queued,
         attempt=trial.attempt + 1,
+        failures=trial.failures if failures is None else failures,
         error=f"attempt {trial.attempt} {why}; {then}",
         queued_at=utcnow(),
         pid=None,

@@ -7,6 +7,9 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sqlalchemy.orm import Session
 
 from gpumux import outcomes, placement, store, sweepspec
 from gpumux.config import Settings
@@ -15,30 +18,37 @@ from gpumux.devices import DeviceProbe, DeviceSnapshot, NvmlUnavailable
 from gpumux.launcher import (
     LaunchError,
     LaunchSpec,
-    TrialProcess,
+    SupervisedTrial,
+    SupervisorOptions,
+    TrialEnd,
     group_members,
-    kill_orphans,
+    kill_leftovers,
 )
-from gpumux.models import utcnow
+from gpumux.models import Trial, utcnow
 from gpumux.outcomes import StopReason
 from gpumux.schemas import MAX_SPLIT
 from gpumux.splitsearch import Searches
-from gpumux.status import TrialStatus
+from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 
 log = logging.getLogger(__name__)
 
 # A measured per-process overhead above this multiple of the configured one is not believed.
 OVERHEAD_BELIEVABLE = 4
+# The supervisor kills a trial at the grace period; the daemon steps in this much later.
+KILL_BACKSTOP_S = 5.0
 
 
 @dataclass
 class Running:
-    """A trial process the scheduler owns, and why it is being stopped, if it is."""
+    """A supervised trial the scheduler watches, and why it is being stopped, if it is."""
 
-    process: TrialProcess
+    process: SupervisedTrial
+    sweep_id: int
+    memory_limit_mb: int | None
     deadline: float | None
     stop: StopReason | None = None
     kill_at: float | None = None
+    leader_recorded: bool = False
 
 
 class Scheduler:
@@ -105,8 +115,12 @@ class Scheduler:
     async def tick(self) -> None:
         """One pass: reap exits, act on cancels and deadlines, then fill free slots."""
         self.reap()
+        if not self._draining:
+            self.reconcile()
+        self.record_leaders()
         self.apply_cancels()
         self.apply_deadlines()
+        self.check_heartbeats()
         if not self._draining:
             self.place_and_launch()
             if any(not search.decision.settled for search in self.searches):
@@ -118,42 +132,163 @@ class Scheduler:
                             search.save(session=session)
 
     def reconcile(self) -> None:
-        """At start: trials the database calls active but no one supervises are requeued."""
+        """Trials the database calls active that this scheduler does not watch (at start, or
+        after a write failed): adopt those whose supervisors live on, record those that ended
+        with their real exit status, and requeue the rest within their retry budget."""
+        with self.sessions.read() as session:
+            active = {trial.id for trial in store.active_trials(session=session)}
+        if active <= self._running.keys():
+            return
         with self.sessions.write.begin() as session:
             for trial in store.active_trials(session=session):
                 if trial.id in self._running:
                     continue
-                if trial.pid is not None and trial.pid_started is not None:
-                    kill_orphans(trial.id, pgid=trial.pid, started=trial.pid_started)
+                run_dir = self.run_dir(trial)
+                end = SupervisedTrial(
+                    trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir, pid=0, started=None
+                ).end()
+                if end is not None:
+                    log.info("trial %s: ended while the daemon was away", trial.id)
+                    self._record(session, trial, end, stop=None)
+                    continue
+                found = SupervisedTrial.find(
+                    trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir
+                )
+                if found is not None:
+                    self._adopt(session, trial, found)
+                    continue
+                kill_leftovers(trial.id, run_dir, pgid=trial.pid, started=trial.pid_started)
                 outcomes.requeue_or_lose(
                     session=session,
                     trial=trial,
-                    why="the daemon stopped while it ran",
+                    why="lost its supervisor while the daemon was away",
                     settings=self.settings,
                 )
 
+    def _adopt(self, session: Session, trial: Trial, process: SupervisedTrial) -> None:
+        log.info("trial %s: adopted (supervisor pid %d)", trial.id, process.pid)
+        deadline = None
+        if trial.sweep.time_limit_s and trial.started_at is not None:
+            elapsed = (utcnow() - trial.started_at).total_seconds()
+            deadline = time.monotonic() + trial.sweep.time_limit_s - elapsed
+        self._watch(
+            trial.id,
+            Running(
+                process=process,
+                sweep_id=trial.sweep_id,
+                memory_limit_mb=trial.memory_limit_mb,
+                deadline=deadline,
+            ),
+        )
+        if trial.status is TrialStatus.starting:
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.running,
+                supervisor_pid=process.pid,
+                supervisor_started=process.started,
+                started_at=trial.started_at or utcnow(),
+            )
+
+    def run_dir(self, trial: Trial) -> Path:
+        """Where the supervisor of the trial's current attempt keeps its records."""
+        return self.settings.runs_dir / f"{trial.id}.{trial.attempt}"
+
     def reap(self) -> None:
-        """Record the end of every trial process that has exited."""
+        """Record the end of every trial whose supervisor has exited."""
         for trial_id, entry in list(self._running.items()):
             if not entry.process.exited():
                 continue
             if self._loop is not None and entry.process.pidfd is not None:
                 self._loop.remove_reader(entry.process.pidfd)
-            exit_status = entry.process.reap()
+            end = entry.process.finish()
             del self._running[trial_id]
             with self.sessions.write.begin() as session:
                 trial = store.get_trial(session=session, trial_id=trial_id)
                 if trial is None:
                     continue
-                outcomes.record_end(
-                    session=session,
-                    trial=trial,
-                    exit_status=exit_status,
-                    stop=entry.stop,
-                    settings=self.settings,
-                    searches=self.searches,
+                if (
+                    trial.attempt != entry.process.attempt
+                    or trial.status not in ACTIVE_TRIAL_STATUSES
+                ):
+                    # Fencing: the end of an older attempt never overwrites a newer one.
+                    log.warning(
+                        "trial %s: ignoring the end of attempt %d (now attempt %d, %s)",
+                        trial_id,
+                        entry.process.attempt,
+                        trial.attempt,
+                        trial.status,
+                    )
+                    continue
+                if end is None:
+                    outcomes.requeue_or_lose(
+                        session=session,
+                        trial=trial,
+                        why="lost its supervisor (killed, or stopped answering)",
+                        settings=self.settings,
+                    )
+                else:
+                    self._record(session, trial, end, stop=entry.stop)
+
+    def _record(
+        self, session: Session, trial: Trial, end: TrialEnd, *, stop: StopReason | None
+    ) -> None:
+        if stop is None and trial.sweep.cancel_requested:
+            stop = StopReason.cancel
+        if trial.status is TrialStatus.starting:
+            # Its launch was not recorded (a write failed): it did run, so say so first.
+            store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        if end.error is not None and stop is None:
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.failed,
+                error=end.error,
+                ended_at=utcnow(),
+            )
+        else:
+            outcomes.record_end(
+                session=session,
+                trial=trial,
+                exit_status=end.exit_status,
+                stop=stop,
+                settings=self.settings,
+                searches=self.searches,
+            )
+        log.info("trial %s: %s -> %s", trial.id, end.exit_status.describe(), trial.status)
+
+    def record_leaders(self) -> None:
+        """Record each new trial's leader pid once its supervisor has started it."""
+        fresh = {
+            trial_id: entry.process.leader
+            for trial_id, entry in self._running.items()
+            if not entry.leader_recorded and entry.process.leader is not None
+        }
+        if not fresh:
+            return
+        with self.sessions.write.begin() as session:
+            for trial_id, leader in fresh.items():
+                self._running[trial_id].leader_recorded = True
+                trial = store.get_trial(session=session, trial_id=trial_id)
+                if (
+                    trial is not None
+                    and trial.status in ACTIVE_TRIAL_STATUSES
+                    and leader is not None
+                ):
+                    trial.pid, trial.pid_started = leader
+
+    def check_heartbeats(self) -> None:
+        """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost."""
+        for trial_id, entry in self._running.items():
+            age = entry.process.heartbeat_age()
+            if age is not None and age > self.settings.heartbeat_timeout:
+                log.error(
+                    "trial %s: supervisor pid %d silent for %.0f s; killing it",
+                    trial_id,
+                    entry.process.pid,
+                    age,
                 )
-                log.info("trial %s: %s -> %s", trial_id, exit_status.describe(), trial.status)
+                entry.process.kill_supervisor()
 
     def apply_cancels(self) -> None:
         """Drop the queued trials of cancelled sweeps and stop their running ones."""
@@ -164,7 +299,7 @@ class Scheduler:
             self.stop_trial(trial_id, StopReason.cancel)
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:
-        sweep_ids = {entry.process.spec.sweep_id for entry in self._running.values()}
+        sweep_ids = {entry.sweep_id for entry in self._running.values()}
         if not sweep_ids:
             return []
         with self.sessions.read() as session:
@@ -177,7 +312,7 @@ class Scheduler:
         return [
             trial_id
             for trial_id, entry in self._running.items()
-            if entry.process.spec.sweep_id in cancelled and entry.stop is None
+            if entry.sweep_id in cancelled and entry.stop is None
         ]
 
     def apply_deadlines(self) -> None:
@@ -188,12 +323,13 @@ class Scheduler:
                 log.info("trial %s: time limit reached", trial_id)
                 self.stop_trial(trial_id, StopReason.timeout)
             elif entry.kill_at is not None and now >= entry.kill_at:
-                log.warning("trial %s: still alive after SIGTERM; sending SIGKILL", trial_id)
+                log.warning("trial %s: still alive after its grace period; killing it", trial_id)
                 entry.process.kill()
                 entry.kill_at = None
 
     def stop_trial(self, trial_id: int, reason: StopReason, *, cold: bool = False) -> None:
-        """SIGTERM the trial's group now and SIGKILL it after the grace period (at once if cold)."""
+        """Have the supervisor SIGTERM the trial's group now and SIGKILL it after the grace
+        period (at once if cold); the daemon kills it itself if the supervisor does not."""
         entry = self._running[trial_id]
         entry.stop = entry.stop or reason
         if cold:
@@ -201,7 +337,7 @@ class Scheduler:
             entry.kill_at = None
             return
         entry.process.terminate()
-        entry.kill_at = time.monotonic() + self.settings.kill_grace
+        entry.kill_at = time.monotonic() + self.settings.kill_grace + KILL_BACKSTOP_S
 
     def place_and_launch(self) -> None:
         """Fill free device slots with queued trials, first come first served."""
@@ -241,7 +377,9 @@ class Scheduler:
         ]
         group_of: dict[int, int] = {}
         if any(device.kind == "gpu" for device in devices):
-            group_of = group_members({entry.process.pgid for entry in self._running.values()})
+            group_of = group_members(
+                {pgid for entry in self._running.values() if (pgid := entry.process.pgid)}
+            )
             self._measure_overhead(devices, group_of)
         plan = placement.place(
             devices=devices,
@@ -304,16 +442,23 @@ class Scheduler:
                 cpu_threads=chosen.cpu_threads,
             )
             time_limit = sweep.time_limit_s
+            run_dir = self.run_dir(trial)
         try:
-            process = TrialProcess.spawn(spec)
+            process = SupervisedTrial.spawn(spec, run_dir=run_dir, options=self._supervision())
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
             self._fail_unstarted(chosen.trial_id, str(error))
             return
         deadline = time.monotonic() + time_limit if time_limit else None
-        self._running[chosen.trial_id] = Running(process=process, deadline=deadline)
-        if process.pidfd is not None and self._loop is not None:
-            self._loop.add_reader(process.pidfd, self._on_exit, process)
+        self._watch(
+            chosen.trial_id,
+            Running(
+                process=process,
+                sweep_id=spec.sweep_id,
+                memory_limit_mb=chosen.memory_limit_mb,
+                deadline=deadline,
+            ),
+        )
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=chosen.trial_id)
             if trial is not None:
@@ -321,10 +466,25 @@ class Scheduler:
                     session=session,
                     trial=trial,
                     status=TrialStatus.running,
-                    pid=process.pid,
-                    pid_started=process.start_ticks,
+                    supervisor_pid=process.pid,
+                    supervisor_started=process.started,
+                    pid=None,
+                    pid_started=None,
                     started_at=utcnow(),
                 )
+
+    def _watch(self, trial_id: int, entry: Running) -> None:
+        self._running[trial_id] = entry
+        if entry.process.pidfd is not None and self._loop is not None:
+            self._loop.add_reader(entry.process.pidfd, self._on_exit, entry.process)
+
+    def _supervision(self) -> SupervisorOptions:
+        return SupervisorOptions(
+            kill_grace=self.settings.kill_grace,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            log_max_bytes=int(self.settings.log_max_mb * 1024 * 1024),
+            log_keep=self.settings.log_keep,
+        )
 
     def _fail_unstarted(self, trial_id: int, error: str) -> None:
         with self.sessions.write.begin() as session:
@@ -342,14 +502,23 @@ class Scheduler:
                     ended_at=utcnow(),
                 )
 
-    def _on_exit(self, process: TrialProcess) -> None:
+    def _on_exit(self, process: SupervisedTrial) -> None:
         if self._loop is not None and process.pidfd is not None:
             self._loop.remove_reader(process.pidfd)
         self._wake.set()
 
-    async def drain(self, *, cold: bool = False) -> None:
-        """Warm stop: launch nothing more, stop every trial (SIGTERM, SIGKILL later), requeue."""
+    async def drain(self, *, stop_trials: bool, cold: bool = False) -> None:
+        """Warm stop: launch nothing more. Trials run on under their supervisors for the next
+        daemon to adopt, or with `stop_trials` are stopped (SIGTERM, SIGKILL later) and requeued."""
         self._draining = True
+        if not stop_trials:
+            for entry in self._running.values():
+                if self._loop is not None and entry.process.pidfd is not None:
+                    self._loop.remove_reader(entry.process.pidfd)
+                entry.process.close()
+            log.info("scheduler: leaving %d trials to their supervisors", len(self._running))
+            self._running.clear()
+            return
         for trial_id in list(self._running):
             self.stop_trial(trial_id, StopReason.shutdown, cold=cold)
         while self._running:
@@ -382,9 +551,9 @@ class Scheduler:
 
     def _measure_overhead(self, devices: list[DeviceSnapshot], group_of: dict[int, int]) -> None:
         caps = {
-            entry.process.pgid: entry.process.spec.memory_limit_mb
+            pgid: entry.memory_limit_mb
             for entry in self._running.values()
-            if entry.process.spec.memory_limit_mb is not None
+            if entry.memory_limit_mb is not None and (pgid := entry.process.pgid) is not None
         }
         for device in devices:
             measured = placement.measured_overhead_mb(device, group_of, caps)

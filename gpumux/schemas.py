@@ -40,6 +40,16 @@ class SweepCreate(BaseModel):
     split: int | Literal["auto"] = Field(default="auto", description="trials per device, or auto")
     objective: Objective | None = Field(default=None, description="METRIC:min or METRIC:max")
     time_limit_s: float | None = Field(default=None, gt=0, description="per-trial limit")
+    retries: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="reruns of a trial whose command fails (lost and out-of-memory trials are "
+        "rerun anyway)",
+    )
+    priority: int = Field(
+        default=0, ge=-1000, le=1000, description="among your sweeps, higher runs first"
+    )
 
     @field_validator("params")
     @classmethod
@@ -108,6 +118,7 @@ class TrialPublic(BaseModel):
     params: dict[str, Any]
     status: TrialStatus
     attempt: int
+    failures: int = Field(default=0, description="reruns spent on the command failing")
     device: str | None
     slot: int | None
     split: int | None
@@ -145,6 +156,8 @@ class SweepPublic(BaseModel):
     split: int | Literal["auto"]
     objective: Objective | None
     time_limit_s: float | None
+    retries: int = 0
+    priority: int = 0
     trial_count: int
     cancel_requested: bool
     created_at: datetime

@@ -76,6 +76,8 @@ def create_sweep(
         objective_metric=metric,
         objective_mode=ObjectiveMode(mode) if mode else None,
         time_limit_s=sweep_in.time_limit_s,
+        retries=sweep_in.retries,
+        priority=sweep_in.priority,
         trial_count=len(trial_params),
     )
     session.add(sweep)
@@ -228,16 +230,29 @@ def list_reports(
 
 
 def queued_trials(*, session: Session, limit: int) -> list[Trial]:
-    """The next queued trials, first come first served, skipping sweeps being cancelled."""
-    return list(
-        session.scalars(
-            select(Trial)
-            .join(Sweep)
-            .where(Trial.status == TrialStatus.queued, Sweep.cancel_requested.is_(False))
-            .order_by(Trial.id)
-            .limit(limit)
+    """The next queued trials: higher-priority sweeps first, then first come first served,
+    skipping sweeps being cancelled."""
+    sweeps = session.scalars(
+        select(Sweep)
+        .where(
+            Sweep.status.in_((SweepStatus.queued, SweepStatus.running)),
+            Sweep.cancel_requested.is_(False),
         )
+        .order_by(Sweep.priority.desc(), Sweep.id)
     )
+    chosen: list[Trial] = []
+    for sweep in sweeps:
+        chosen.extend(
+            session.scalars(
+                select(Trial)
+                .where(Trial.sweep_id == sweep.id, Trial.status == TrialStatus.queued)
+                .order_by(Trial.number)
+                .limit(limit - len(chosen))
+            )
+        )
+        if len(chosen) >= limit:
+            break
+    return chosen
 
 
 def active_trials(*, session: Session) -> list[Trial]:

@@ -18,10 +18,10 @@ from gpumux import store, sweepspec
 from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import CpuProbe, DeviceProbe, NvmlProbe
-from gpumux.launcher import process_start_ticks
 from gpumux.models import Trial
 from gpumux.scheduler import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.supervisor import start_ticks as process_start_ticks
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEADLINE = 60.0
@@ -267,7 +267,7 @@ def test_a_warm_stop_requeues_running_trials_for_the_next_daemon(
         await until(pidfile.exists, "the trial to start")
         stop.set()
         await task
-        await harness.scheduler.drain()
+        await harness.scheduler.drain(stop_trials=True)
 
     asyncio.run(scenario())
     (trial,) = harness.trials(sweep_id)
@@ -416,3 +416,168 @@ def test_a_fixed_split_trial_out_of_memory_fails_and_says_what_to_change(harness
     assert trial.status == TrialStatus.failed and trial.error is not None
     assert trial.error.startswith("out of device memory at N=2 (exited with code 1)")
     assert "try a smaller --split" in trial.error
+
+
+def exit_after_flag(flag: Path, code: int) -> list[str]:
+    """A trial that waits for `flag` to exist, then exits with `code`."""
+    script = (
+        "import pathlib, sys, time\n"
+        f"flag = pathlib.Path({str(flag)!r})\n"
+        "while not flag.exists(): time.sleep(0.02)\n"
+        f"sys.exit({code})\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+async def start_then_leave(harness: Harness, sweep_id: int) -> None:
+    """Run the scheduler until the sweep's trials run, then warm-stop it, leaving them."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(harness.scheduler.run(stop))
+    await until(
+        lambda: all(t.pid is not None for t in harness.trials(sweep_id)), "the trials to start"
+    )
+    stop.set()
+    await task
+    await harness.scheduler.drain(stop_trials=False)
+
+
+def test_a_warm_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    first = Harness(settings, sessions, tmp_path)
+    sweep_id = first.submit("x=1,2", command=exit_after_flag(flag, 5), split=2)
+    asyncio.run(start_then_leave(first, sweep_id))
+    leaders = [t.pid for t in first.trials(sweep_id)]
+    assert all(t.status == TrialStatus.running for t in first.trials(sweep_id))
+    assert all(pid is not None and not gone(pid) for pid in leaders), "they run on"
+
+    second = Harness(settings, sessions, tmp_path)
+
+    async def adopt_then_release() -> None:
+        second.scheduler._loop = asyncio.get_running_loop()
+        second.scheduler.reconcile()
+        assert second.scheduler.running_count == 2, "both adopted, none requeued"
+        flag.touch()
+        await second.scheduler.run_until_idle()
+
+    asyncio.run(adopt_then_release())
+    trials = second.trials(sweep_id)
+    assert [(t.status, t.exit_code, t.attempt) for t in trials] == [
+        (TrialStatus.failed, 5, 1),
+        (TrialStatus.failed, 5, 1),
+    ]
+
+
+def test_a_trial_that_ends_while_no_daemon_runs_is_recorded_with_its_exit_status(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    first = Harness(settings, sessions, tmp_path)
+    sweep_id = first.submit(command=exit_after_flag(flag, 0))
+    asyncio.run(start_then_leave(first, sweep_id))
+    (trial,) = first.trials(sweep_id)
+    run_dir = settings.runs_dir / f"{trial.id}.1"
+    flag.touch()
+    deadline = time.monotonic() + DEADLINE
+    while not (run_dir / "exit.json").exists():
+        assert time.monotonic() < deadline, "the supervisor never recorded the exit"
+        time.sleep(0.02)
+
+    second = Harness(settings, sessions, tmp_path)
+    second.scheduler.reconcile()
+    (trial,) = second.trials(sweep_id)
+    assert (trial.status, trial.exit_code, trial.attempt) == (TrialStatus.succeeded, 0, 1)
+
+
+def test_a_supervisor_killed_with_its_daemon_away_leaves_a_lost_trial_that_is_requeued(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    first = Harness(settings, sessions, tmp_path)
+    pidfile = tmp_path / "pids"
+    sweep_id = first.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])
+    asyncio.run(start_then_leave(first, sweep_id))
+    (trial,) = first.trials(sweep_id)
+    assert trial.supervisor_pid is not None
+    os.kill(trial.supervisor_pid, signal.SIGKILL)
+    assert wait_gone([trial.supervisor_pid]) == []
+
+    second = Harness(settings, sessions, tmp_path)
+    second.scheduler.reconcile()
+    assert wait_gone([int(pid) for pid in pidfile.read_text().split()]) == [], "no orphans"
+    (trial,) = second.trials(sweep_id)
+    assert (trial.status, trial.attempt) == (TrialStatus.queued, 2)
+    assert trial.error == "attempt 1 lost its supervisor while the daemon was away; requeued"
+
+
+def test_a_supervisor_whose_heartbeat_goes_stale_is_killed_and_its_trial_requeued(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    settings.heartbeat_interval = 0.1
+    settings.heartbeat_timeout = 1.0
+    harness = Harness(settings, sessions, tmp_path)
+    pidfile = tmp_path / "pids"
+    sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])
+
+    async def scenario() -> tuple[list[int], str | None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(pidfile.exists, "the trial to start")
+        first_pids = [int(pid) for pid in pidfile.read_text().split()]
+        (trial,) = harness.trials(sweep_id)
+        assert trial.supervisor_pid is not None
+        os.kill(trial.supervisor_pid, signal.SIGSTOP)  # hung: alive, silent
+        await until(lambda: harness.trials(sweep_id)[0].attempt == 2, "the trial to be requeued")
+        error = harness.trials(sweep_id)[0].error
+        stop.set()
+        await task
+        await harness.scheduler.drain(stop_trials=True)
+        return first_pids, error
+
+    first_pids, error = asyncio.run(scenario())
+    assert wait_gone(first_pids) == [], "no orphans"
+    assert error == "attempt 1 lost its supervisor (killed, or stopped answering); requeued"
+
+
+def test_retries_rerun_a_failing_trial_and_then_record_its_failure(harness: Harness) -> None:
+    sweep_id = harness.submit(command=[sys.executable, "-c", "raise SystemExit(4)"], retries=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert (trial.status, trial.attempt, trial.failures, trial.exit_code) == (
+        TrialStatus.failed,
+        3,
+        2,
+        4,
+    )
+
+
+def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    first = Harness(settings, sessions, tmp_path)
+    script = (
+        "import os, pathlib, sys, time\n"
+        f"flag = pathlib.Path({str(flag)!r})\n"
+        "while not flag.exists(): time.sleep(0.02)\n"
+        "sys.exit(10 + int(os.environ['GPUMUX_ATTEMPT']))\n"
+    )
+    sweep_id = first.submit(command=[sys.executable, "-c", script])
+    asyncio.run(start_then_leave(first, sweep_id))
+    with sessions.write.begin() as session:
+        (trial,) = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.queued, attempt=2, pid=None
+        )
+    flag.touch()
+    run_dir = settings.runs_dir / "1.1"
+    deadline = time.monotonic() + DEADLINE
+    while not (run_dir / "exit.json").exists():
+        assert time.monotonic() < deadline, "attempt 1 never ended"
+        time.sleep(0.02)
+
+    second = Harness(settings, sessions, tmp_path)
+    asyncio.run(second.scheduler.run_until_idle())
+    (trial,) = second.trials(sweep_id)
+    assert (trial.status, trial.attempt, trial.exit_code) == (TrialStatus.failed, 2, 12)
+    assert json.loads((run_dir / "exit.json").read_text())["exit_code"] == 11

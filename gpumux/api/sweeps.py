@@ -43,6 +43,8 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         split=sweep.split if sweep.split is not None else "auto",
         objective=objective,
         time_limit_s=sweep.time_limit_s,
+        retries=sweep.retries,
+        priority=sweep.priority,
         trial_count=sweep.trial_count,
         cancel_requested=sweep.cancel_requested,
         created_at=sweep.created_at,

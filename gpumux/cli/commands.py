@@ -45,9 +45,24 @@ def serve(
         Path | None, typer.Option(help="data directory (GPUMUX_HOME)", resolve_path=True)
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    stop_trials: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-trials",
+            help="on Ctrl-C or SIGTERM, also stop the running trials and requeue them "
+            "(default: they run on, and the next daemon adopts them)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Run the daemon in the foreground: the API and the scheduler (Ctrl-C or SIGTERM stops it)."""
-    flags: dict[str, Any] = dict(host=host, port=port, uds=uds, db=db, home=home)
+    """Run the daemon in the foreground: the API and the scheduler (Ctrl-C or SIGTERM stops it).
+
+    Running trials outlive it under their supervisors unless --stop-trials; a second Ctrl-C
+    or SIGTERM kills them at once.
+    """
+    flags: dict[str, Any] = dict(
+        host=host, port=port, uds=uds, db=db, home=home, stop_trials=stop_trials
+    )
     settings = build_settings(**{name: value for name, value in flags.items() if value is not None})
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):

@@ -37,6 +37,8 @@ OPTION_NAMES = {
     "split": "--split",
     "objective": "--objective",
     "time_limit_s": "--time-limit",
+    "retries": "--retries",
+    "priority": "--priority",
 }
 
 SWEEP_HELP = """Run COMMAND once per point of the parameter space, packed onto every device.
@@ -72,6 +74,8 @@ def build_sweep(
     objective: str | None,
     name: str | None,
     time_limit: float | None,
+    retries: int = 0,
+    priority: int = 0,
 ) -> SweepCreate:
     """The sweep to submit, checked as the daemon would check it; CliError(exit 2) if not."""
     try:
@@ -108,6 +112,8 @@ def build_sweep(
                 split=split_value,
                 objective=objective,
                 time_limit_s=time_limit,
+                retries=retries,
+                priority=priority,
             )
         )
     except ValidationError as error:
@@ -178,6 +184,14 @@ def sweep(
     time_limit: Annotated[
         float | None, typer.Option("--time-limit", help="seconds each trial may run")
     ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            help="reruns of a trial whose command fails (lost and out-of-memory trials are "
+            "rerun anyway)"
+        ),
+    ] = 0,
+    priority: Annotated[int, typer.Option(help="among your sweeps, higher runs first")] = 0,
     detach: Annotated[
         bool, typer.Option("--detach", help="submit and return at once (needs a daemon)")
     ] = False,
@@ -194,6 +208,8 @@ def sweep(
         objective=objective,
         name=name,
         time_limit=time_limit,
+        retries=retries,
+        priority=priority,
     )
     target = state.resolve_url(url)
     if detach:

@@ -1,0 +1,335 @@
+"""The per-attempt supervisor: owns one trial's process group and outlives the daemon.
+
+The daemon starts it as `python -I -S supervisor.py RUN_DIR` in a session of its own, so it
+imports the standard library alone. It reads RUN_DIR/spec.json, starts the trial in a new
+session (as another user when it is root and the spec names one), copies the trial's output
+into the log (rotated at a size cap; output lost to a full disk is counted and said), touches
+RUN_DIR/heartbeat, and when the trial's leader exits it kills what is left of the group and
+writes RUN_DIR/exit.json atomically. A daemon that restarts reads that file, or adopts a
+supervisor still running. SIGTERM: stop the trial (SIGTERM, then SIGKILL after the grace
+period); SIGUSR1: kill it now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC = "spec.json"
+TRIAL = "trial.json"
+EXIT = "exit.json"
+HEARTBEAT = "heartbeat"
+READ_SIZE = 64 * 1024
+# After the leader exits, a grandchild outside its group may still hold the output pipe.
+DRAIN_SECONDS = 2.0
+
+
+def write_json_atomically(path: Path, value: dict[str, Any]) -> None:
+    """Write a JSON file so that a reader sees the old file or the whole new one, never half."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with open(temporary, "w") as out:
+            json.dump(value, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def start_ticks(pid: int, *, living: bool = False) -> int | None:
+    """When the process started, in clock ticks since boot: with the pid, an identity.
+
+    With `living`, None for a zombie too: it has exited, and only waits to be collected.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat.rpartition(")")[2].split()
+    if living and fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, path: str) -> str:
+    """Why the trial's command could not start, and what to do about it."""
+    program = argv[0]
+    if isinstance(error, ValueError):
+        return f"could not start {program!r}: {error} (in its command, directory or environment)"
+    if isinstance(error, FileNotFoundError) and error.filename == cwd:
+        return f"working directory {cwd} does not exist"
+    if isinstance(error, FileNotFoundError):
+        return f"command not found: {program!r} (searched PATH={path}); check the command"
+    if isinstance(error, PermissionError) or error.errno == errno.EACCES:
+        return f"permission denied running {program!r}: is it executable (chmod +x)?"
+    return f"could not start {program!r}: {error}"
+
+
+class RotatingLog:
+    """The trial's log: appended to, rotated at a size cap, and honest about lost output."""
+
+    def __init__(self, path: Path, *, max_bytes: int, keep: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.lost = 0
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.size = os.fstat(self.fd).st_size
+
+    def write(self, data: bytes) -> None:
+        if self.lost:
+            notice = f"[gpumux: {self.lost} bytes of output lost: {self._why_lost}]\n".encode()
+            if not self._write(notice):
+                self.lost += len(data)
+                return
+            self.lost = 0
+        if not self._write(data):
+            self.lost += len(data)
+        if self.size >= self.max_bytes:
+            self.rotate()
+
+    def _write(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except OSError as error:
+                # A full disk must not stop the trial: count what is lost, say so once it fits.
+                self._why_lost = os.strerror(error.errno or 0).lower()
+                return False
+            self.size += written
+            view = view[written:]
+        return True
+
+    def rotate(self) -> None:
+        """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped."""
+        os.close(self.fd)
+        if self.keep == 0:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        else:
+            for piece in range(self.keep, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{piece}")
+                newer = (
+                    self.path
+                    if piece == 1
+                    else self.path.with_name(f"{self.path.name}.{piece - 1}")
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(newer, older)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.size = 0
+        self._write(b"[gpumux: log rotated; the earlier output is in the .1 file]\n")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Supervisor:
+    """One trial attempt, from spawn to its recorded exit."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.spec: dict[str, Any] = json.loads((run_dir / SPEC).read_text())
+        self.kill_at: float | None = None
+        self.term_requested = False
+        self.trial: subprocess.Popen[bytes] | None = None
+        # The leader's record while it waits to be written (a full disk); {} once it is.
+        self.leader: dict[str, Any] = {}
+
+    def run(self) -> int:
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        # A signal wakes the select loop through this pipe, so a grace period starts on time.
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGUSR1, self._on_kill)
+        # The daemon starts it with these blocked, so that none arrives before its handler.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
+        log = RotatingLog(
+            Path(self.spec["log_path"]),
+            max_bytes=int(self.spec["log_max_bytes"]),
+            keep=int(self.spec["log_keep"]),
+        )
+        log.write(self.spec["banner"].encode())
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.trial = self._spawn(write_end)
+        except (OSError, ValueError) as error:
+            spec = self.spec
+            path = spec["env"].get("PATH", "")
+            message = explain_spawn_error(error, spec["argv"], spec["cwd"], path)
+            log.write(f"gpumux: {message}\n".encode())
+            self._record_exit(self._exit_record(None, None, message))
+            return 0
+        finally:
+            os.close(write_end)
+        pid = self.trial.pid
+        self.leader = {"pid": pid, "pgid": pid, "started": start_ticks(pid)}
+        self._record_leader()
+        if self.term_requested:
+            self._on_term(signal.SIGTERM, None)
+        self._watch(read_end, wake_read, log)
+        # Killing the group before reaping the leader: its unreaped pid pins the group id.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        self._drain(read_end, log)
+        returncode = self.trial.wait()
+        log.close()
+        code, killed_by = (None, -returncode) if returncode < 0 else (returncode, None)
+        self._record_exit(self._exit_record(code, killed_by, None))
+        return 0
+
+    def _record_leader(self) -> None:
+        try:
+            write_json_atomically(self.run_dir / TRIAL, self.leader)
+        except OSError as error:
+            # A full disk: the trial runs on; the record is tried again at each heartbeat.
+            print(f"gpumux supervisor: cannot record the trial's pid yet: {error}", file=sys.stderr)
+        else:
+            self.leader = {}
+
+    def _record_exit(self, record: dict[str, Any]) -> None:
+        """Write the exit record, waiting for room on a full disk: the result is not lost."""
+        interval = float(self.spec["heartbeat_interval"])
+        while True:
+            try:
+                write_json_atomically(self.run_dir / EXIT, record)
+                return
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    print(f"gpumux supervisor: cannot record the exit: {error}", file=sys.stderr)
+            self._heartbeat()
+            time.sleep(interval)
+
+    def _spawn(self, output: int) -> subprocess.Popen[bytes]:
+        spec = self.spec
+        identity: dict[str, Any] = {}
+        user = spec.get("user")
+        if user is not None and os.geteuid() == 0:
+            identity = {"user": user["uid"], "group": user["gid"], "extra_groups": user["groups"]}
+        return subprocess.Popen(
+            spec["argv"],
+            cwd=spec["cwd"],
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+            **identity,
+        )
+
+    def _watch(self, read_end: int, wake_read: int, log: RotatingLog) -> None:
+        assert self.trial is not None
+        pidfd = os.pidfd_open(self.trial.pid)
+        interval = float(self.spec["heartbeat_interval"])
+        watched = [read_end, pidfd, wake_read]
+        beat_at = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= beat_at:
+                self._heartbeat()
+                if self.leader:
+                    self._record_leader()
+                beat_at = now + interval
+            if self.kill_at is not None and now >= self.kill_at:
+                self._kill_group()
+                self.kill_at = None
+            timeout = beat_at - now
+            if self.kill_at is not None:
+                timeout = min(timeout, self.kill_at - now)
+            ready, _, _ = select.select(watched, [], [], max(0.0, timeout))
+            if wake_read in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, READ_SIZE)
+            if read_end in ready and not self._copy(read_end, log):
+                watched.remove(read_end)
+            if pidfd in ready:
+                os.close(pidfd)
+                return
+
+    def _drain(self, read_end: int, log: RotatingLog) -> None:
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([read_end], [], [], left)
+            if not ready or not self._copy(read_end, log):
+                break
+        os.close(read_end)
+
+    def _copy(self, read_end: int, log: RotatingLog) -> bool:
+        try:
+            data = os.read(read_end, READ_SIZE)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        log.write(data)
+        return True
+
+    def _heartbeat(self) -> None:
+        beat = self.run_dir / HEARTBEAT
+        try:
+            os.utime(beat)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                beat.touch()
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        if self.trial is None:
+            self.term_requested = True
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.trial.pid, signal.SIGTERM)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + float(self.spec["kill_grace"])
+
+    def _on_kill(self, signum: int, frame: object) -> None:
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        if self.trial is not None and self.trial.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.trial.pid, signal.SIGKILL)
+
+    def _exit_record(
+        self, code: int | None, killed_by: int | None, error: str | None
+    ) -> dict[str, Any]:
+        return {
+            "trial_id": self.spec["trial_id"],
+            "attempt": self.spec["attempt"],
+            "exit_code": code,
+            "signal": killed_by,
+            "error": error,
+            "ended_at": time.time(),
+        }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: supervisor.py RUN_DIR", file=sys.stderr)
+        return 2
+    return Supervisor(Path(argv[1])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

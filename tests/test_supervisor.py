@@ -1,0 +1,175 @@
+"""The per-attempt supervisor, run for real as the daemon runs it: `python -I -S supervisor.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpumux import supervisor
+from gpumux.launcher import SUPERVISOR_PATH
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def start(
+    tmp_path: Path, argv: list[str], **overrides: Any
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A supervisor for `argv`, started on a spec like the daemon writes."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = {
+        "trial_id": 7,
+        "attempt": 2,
+        "argv": argv,
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
+        "user": None,
+        "log_path": str(tmp_path / "trial.log"),
+        "log_max_bytes": 1024 * 1024,
+        "log_keep": 2,
+        "kill_grace": 0.5,
+        "heartbeat_interval": 0.2,
+        "banner": "gpumux: banner\n",
+        **overrides,
+    }
+    (run_dir / supervisor.SPEC).write_text(json.dumps(spec))
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)], start_new_session=True
+    )
+    return process, run_dir
+
+
+def exit_record(process: subprocess.Popen[bytes], run_dir: Path) -> dict[str, Any]:
+    assert process.wait(timeout=60) == 0
+    record: dict[str, Any] = json.loads((run_dir / supervisor.EXIT).read_text())
+    return record
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
+    script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script])
+    record = exit_record(process, run_dir)
+    assert (record["exit_code"], record["signal"], record["error"]) == (3, None, None)
+    assert (record["trial_id"], record["attempt"]) == (7, 2)
+    assert (tmp_path / "trial.log").read_text().splitlines() == ["gpumux: banner", "out", "err"]
+    leader = json.loads((run_dir / supervisor.TRIAL).read_text())
+    assert leader["pid"] == leader["pgid"] and leader["started"] > 0
+    assert (run_dir / supervisor.HEARTBEAT).exists()
+
+
+def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path) -> None:
+    process, run_dir = start(tmp_path, ["no-such-command-gpumux"])
+    record = exit_record(process, run_dir)
+    assert record["exit_code"] is None
+    assert record["error"].startswith("command not found: 'no-such-command-gpumux'")
+    assert "command not found" in (tmp_path / "trial.log").read_text()
+
+
+def test_sigterm_stops_the_group_and_sigkill_follows_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    process, run_dir = start(tmp_path, argv)
+    wait_for(pidfile)
+    leader, grandchild = (int(pid) for pid in pidfile.read_text().split())
+    process.send_signal(signal.SIGTERM)
+    record = exit_record(process, run_dir)
+    assert record["signal"] == signal.SIGKILL, "the leader ignores SIGTERM: SIGKILL ends it"
+    assert not alive(leader) and not alive(grandchild)
+
+
+def test_sigusr1_kills_the_trial_at_once(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    process, run_dir = start(tmp_path, argv, kill_grace=600)
+    wait_for(pidfile)
+    process.send_signal(signal.SIGUSR1)
+    assert exit_record(process, run_dir)["signal"] == signal.SIGKILL
+
+
+def test_grandchildren_left_in_the_group_are_killed_when_the_leader_exits(
+    tmp_path: Path,
+) -> None:
+    pidfile = tmp_path / "pid"
+    script = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+    )
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script])
+    record = exit_record(process, run_dir)
+    assert record["exit_code"] == 0
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_the_log_is_rotated_at_its_cap_and_keeps_the_newest_pieces(tmp_path: Path) -> None:
+    script = "import sys\nfor i in range(12000): print(f'line {i:05d} ' + 'x' * 40)"
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script], log_max_bytes=50_000)
+    assert exit_record(process, run_dir)["exit_code"] == 0
+    log = tmp_path / "trial.log"
+    pieces = [log, log.with_name("trial.log.1"), log.with_name("trial.log.2")]
+    assert all(piece.exists() for piece in pieces)
+    assert not log.with_name("trial.log.3").exists()
+    assert all(piece.stat().st_size < 50_000 + 64 * 1024 for piece in pieces)
+    kept = [
+        int(line.split()[1])
+        for piece in reversed(pieces)
+        for line in piece.read_text().splitlines()
+        if line.startswith("line ")
+    ]
+    assert kept[-1] == 11999 and kept == list(range(kept[0], 12000)), "the newest, in order"
+    assert len(kept) < 12000, "the oldest piece was dropped"
+
+
+def test_output_lost_to_a_full_disk_is_counted_and_the_trial_runs_on(tmp_path: Path) -> None:
+    # Every write to /dev/full fails with ENOSPC, as on a full disk.
+    script = "print('x' * 100)\nprint('done')"
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script], log_path="/dev/full")
+    record = exit_record(process, run_dir)
+    assert (record["exit_code"], record["error"]) == (0, None)
+
+
+def test_the_log_says_how_much_was_lost_once_the_disk_has_room_again(tmp_path: Path) -> None:
+    log = supervisor.RotatingLog(tmp_path / "trial.log", max_bytes=10**9, keep=1)
+    disk_fd, log.fd = log.fd, os.open("/dev/full", os.O_WRONLY)
+    log.write(b"lost line\n")
+    os.close(log.fd)
+    log.fd = disk_fd
+    log.write(b"back\n")
+    log.close()
+    assert (tmp_path / "trial.log").read_text() == (
+        "[gpumux: 10 bytes of output lost: no space left on device]\nback\n"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> None:
+    user = {"uid": 65534, "gid": 65534, "groups": [65534]}
+    argv = ["/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G)"]
+    process, run_dir = start(tmp_path, argv, user=user, cwd="/")
+    assert exit_record(process, run_dir)["exit_code"] == 0
+    assert (tmp_path / "trial.log").read_text().splitlines()[-1] == "65534 65534 65534"
