@@ -203,6 +203,9 @@ def test_following_a_sweep_ends_with_the_ranked_table(
     sweep_id = int(found.group(1))
     out = "\n".join(rest)
     assert re.search(r"\[\d/4\] trial \d+ x=3: failed .*boom: x=3 is too large", out), out
+    # Each new best is a line once its trial has ended; the last one is the winner.
+    news = [line for line in rest if line.startswith("best so far: ")]
+    assert re.fullmatch(r"best so far: trial \d+  x=2  loss=0", news[-1]), out
     assert f"sweep {sweep_id} finished after" in out
     assert "3 succeeded, 1 failed" in out
     # Best first by loss = (x - 2)**2; the failed trial, with no loss, last.
@@ -228,6 +231,31 @@ def test_following_a_sweep_ends_with_the_ranked_table(
     assert re.search(r"trial \d+ \(x=3\) failed: exited with code 1\n", show.stdout)
     assert "training with x=3" in show.stdout
     assert "boom: x=3 is too large" in show.stdout
+
+
+def test_piped_follow_estimates_the_time_left_once_a_trial_has_ended(
+    server: Server, tmp_path: Path
+) -> None:
+    flags = tmp_path / "go{x}"
+    follower = start_gpumux(
+        "sweep", "x=1,2", "--split", "1", "--", sys.executable, WAIT_FOR_FILE, str(flags),
+        env=server.env,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    lines = []
+    for line in follower.stdout:
+        lines.append(line)
+        if re.match(r"\[0/2\] trial \d+ x=1: running", line):
+            (tmp_path / "go1").touch()
+        if line.startswith("[1/2]"):
+            break
+    assert not any("ETA" in line for line in lines[:-1]), lines
+    assert re.fullmatch(r"\[1/2\] trial \d+ x=1: succeeded \(after .*\); ETA \d.*\n", lines[-1])
+    (tmp_path / "go2").touch()
+    rest, errors = follower.communicate(timeout=DEADLINE_S)
+    assert follower.returncode == 0, errors
+    last = row(rest, "[2/2]")
+    assert re.fullmatch(r"\[2/2\] trial \d+ x=2: succeeded \(after [^)]*\)", last), last
 
 
 def test_a_sweep_whose_trials_all_fail_exits_1(server: Server, tmp_path: Path) -> None:

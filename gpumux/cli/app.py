@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands, profiles, tune
+from gpumux.cli import commands, profiles, top, tune
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
@@ -85,6 +85,7 @@ for command in (
     commands.logs,
     commands.best,
     commands.devices,
+    top.top,
     profiles.profiles,
     tune.tune,
 ):

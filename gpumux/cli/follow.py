@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from statistics import fmean
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -14,12 +15,14 @@ from rich.text import Text
 
 from gpumux.cli import render
 from gpumux.client import TRIALS_PAGE, Client
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas import SweepDetail, TrialPublic, parse_objective
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
 
 POLL_S = 0.5
 RECENT_FINISHED = 5
 FINAL_SWEEP_STATUSES = (SweepStatus.finished, SweepStatus.cancelled)
+# What the live view shows for a figure it cannot estimate yet.
+UNKNOWN = "—"
 
 
 def sweep_ended(sweep: SweepDetail) -> bool:
@@ -36,11 +39,69 @@ def poll(client: Client, sweep_id: int) -> tuple[SweepDetail, list[TrialPublic]]
     return sweep, active
 
 
-def progress_view(sweep: SweepDetail, now: datetime) -> Table:
-    """The progress bar with finished/total, running count and elapsed time."""
+def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) -> float | None:
+    """Seconds until the sweep ends, from what its trials took so far; None until one has ended.
+
+    With every trial at hand and some running: per-trial durations. D is the mean run time of
+    the trials that ended and C the trials running now (the slots in use). The work left is D
+    for each trial not started plus what D leaves of each running one; the sweep needs that
+    work / C, and no less than the largest remainder of one running trial (one trial's work
+    cannot be shared between slots). Unlike a rate of finished trials, this counts the trials
+    that are part done, so it does not swing by a whole trial's length between batches of
+    long trials, and C follows the split as --split auto raises it.
+
+    Otherwise (a sweep too big to list, or none of its trials running now): the sweep's
+    throughput so far, finished trials per second since it was submitted; remaining / rate.
+    """
+    # The trials are fetched after the sweep: one may have ended after its counts were taken.
+    listed = sum(trial.status in FINAL_TRIAL_STATUSES for trial in trials)
+    done = max(render.finished_count(sweep.counts), listed)
+    if done == 0:
+        return None
+    remaining = sweep.trial_count - done
+    if remaining <= 0:
+        return 0.0
+    durations = [
+        render.since(trial.started_at, trial.ended_at)
+        for trial in trials
+        if trial.status in FINAL_TRIAL_STATUSES and trial.started_at and trial.ended_at
+    ]
+    running = [trial for trial in trials if trial.status in ACTIVE_TRIAL_STATUSES]
+    if len(trials) >= sweep.trial_count and durations and running:
+        mean = fmean(durations)
+        ages = [render.since(t.started_at, now) if t.started_at else 0.0 for t in running]
+        left = [max(0.0, mean - age) for age in ages]
+        not_started = max(0, remaining - len(running))
+        return max((mean * not_started + sum(left)) / len(running), max(left))
+    return render.since(sweep.created_at, now) * remaining / done
+
+
+def best_so_far(sweep: SweepDetail) -> Text | None:
+    """ "best so far: trial 7  lr=0.01  val_loss=0.12"; None for a sweep without an objective."""
+    if sweep.objective is None:
+        return None
+    metric, _ = parse_objective(sweep.objective)
+    best = sweep.best
+    if best is None or best.objective is None:
+        return Text(f"best so far: {UNKNOWN} (no trial has reported {metric} yet)", style="dim")
+    return Text.assemble(
+        ("best so far: ", "bold"),
+        f"trial {best.id}  {render.params_text(best.params)}  ",
+        (f"{metric}={render.number(best.objective)}", "bold green"),
+    )
+
+
+def eta_text(eta: float | None) -> str:
+    """The ETA as the views show it: a duration, or a dash until it can be estimated."""
+    return UNKNOWN if eta is None else render.duration(eta)
+
+
+def progress_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) -> Table:
+    """The progress bar with finished/total, running count, elapsed time and ETA."""
     done = render.finished_count(sweep.counts)
     running = sum(sweep.counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES)
     failed = sweep.counts.get(TrialStatus.failed, 0) + sweep.counts.get(TrialStatus.lost, 0)
+    elapsed = render.since(sweep.created_at, sweep.finished_at or now)
     line = Table.grid(padding=(0, 1))
     line.add_row(
         Text(f"sweep {sweep.id}", style="bold"),
@@ -48,25 +109,29 @@ def progress_view(sweep: SweepDetail, now: datetime) -> Table:
         Text(f"{done}/{sweep.trial_count} finished"),
         Text(f"{running} running", style="cyan"),
         Text(f"{failed} failed", style="red" if failed else "dim"),
-        Text(render.duration(render.since(sweep.created_at, now)), style="dim"),
+        Text(f"elapsed {render.duration(elapsed)}", style="dim"),
+        Text(f"ETA {eta_text(eta_seconds(sweep, trials, now))}", style="bold"),
     )
     return line
 
 
 def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) -> Group:
-    """Progress, then the running trials and the last ones to finish."""
+    """Progress and the best trial so far, then the running trials and the last to finish."""
     active = [trial for trial in trials if trial.status in ACTIVE_TRIAL_STATUSES]
     ended = [trial for trial in trials if trial.status in FINAL_TRIAL_STATUSES and trial.ended_at]
     ended.sort(key=lambda trial: trial.ended_at or now, reverse=True)
     shown = active + ended[:RECENT_FINISHED]
-    parts: list[RenderableType] = [progress_view(sweep, now)]
+    parts: list[RenderableType] = [progress_view(sweep, trials, now)]
+    best = best_so_far(sweep)
+    if best is not None:
+        parts.append(best)
     parts.extend(render.search_text(profile) for profile in sweep.profiles)
     if shown:
-        parts.append(render.trials_table(shown, objective=sweep.objective))
+        parts.append(render.trials_table(shown, objective=sweep.objective, now=now))
     return Group(*parts)
 
 
-def event_line(sweep: SweepDetail, trial: TrialPublic, done: int) -> Text:
+def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | None = None) -> Text:
     """One plain line for a trial that changed status, `done` trials having ended so far."""
     text = Text(f"[{done}/{sweep.trial_count}] trial {trial.id} ")
     text.append(render.params_text(trial.params))
@@ -83,6 +148,8 @@ def event_line(sweep: SweepDetail, trial: TrialPublic, done: int) -> Text:
         if trial.status != TrialStatus.succeeded and trial.error:
             details.append(render.error_summary(trial.error))
         text.append(f" ({', '.join(details)})")
+        if eta is not None and done < sweep.trial_count:
+            text.append(f"; ETA {render.duration(eta)}")
     return text
 
 
@@ -107,20 +174,34 @@ def _follow_live(client: Client, sweep_id: int, console: Console) -> SweepDetail
 def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     seen: dict[int, TrialStatus] = {}
     searches: dict[int, str | None] = {}
+    best_shown: tuple[int, float | None] | None = None
     done = 0
     while True:
         sweep, trials = poll(client, sweep_id)
+        eta = eta_seconds(sweep, trials, datetime.now(UTC))
         for profile in sweep.profiles:
             # Each decision of the split search, once: N measured, next N, or settled.
             if searches.get(profile.id, "") != profile.reason:
                 console.print(render.search_text(profile), soft_wrap=True)
                 searches[profile.id] = profile.reason
-        for trial in sorted(trials, key=lambda t: (t.ended_at is None, t.ended_at, t.number)):
-            # A queued trial is no news; a requeued one (running -> queued) is.
-            if seen.get(trial.id, TrialStatus.queued) != trial.status:
-                done += trial.status in FINAL_TRIAL_STATUSES
-                console.print(event_line(sweep, trial, done), soft_wrap=True)
+        # A queued trial is no news; a requeued one (running -> queued) is.
+        changed = [
+            trial for trial in trials if seen.get(trial.id, TrialStatus.queued) != trial.status
+        ]
+        changed.sort(key=lambda t: (t.ended_at is None, t.ended_at, t.number))
+        ends = [n for n, trial in enumerate(changed) if trial.status in FINAL_TRIAL_STATUSES]
+        for n, trial in enumerate(changed):
+            done += trial.status in FINAL_TRIAL_STATUSES
+            # The estimate is as of this poll: it belongs on its last end, not on earlier ones.
+            estimate = eta if ends and n == ends[-1] else None
+            console.print(event_line(sweep, trial, done, estimate), soft_wrap=True)
             seen[trial.id] = trial.status
+        # A new best is news once its trial has ended, not at each epoch a running one reports.
+        best, line = sweep.best, best_so_far(sweep)
+        if best is not None and best.status in FINAL_TRIAL_STATUSES and line is not None:
+            if best.objective is not None and (best.id, best.objective) != best_shown:
+                console.print(line, soft_wrap=True)
+                best_shown = (best.id, best.objective)
         if sweep_ended(sweep):
             return sweep
         time.sleep(POLL_S)

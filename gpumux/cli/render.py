@@ -119,11 +119,11 @@ def device_text(trial: TrialPublic) -> str:
     return trial.device if trial.slot is None else f"{trial.device}/{trial.slot}"
 
 
-def trial_seconds(trial: TrialPublic) -> float | None:
-    """How long the trial has run (so far, if it is still running)."""
+def trial_seconds(trial: TrialPublic, now: datetime | None = None) -> float | None:
+    """How long the trial has run (until `now`, default the present, if it is still running)."""
     if trial.started_at is None:
         return None
-    return since(trial.started_at, trial.ended_at)
+    return since(trial.started_at, trial.ended_at or now)
 
 
 def objective_header(objective: str | None) -> str | None:
@@ -160,8 +160,12 @@ def trials_table(
     objective: str | None,
     title: str | None = None,
     errors: bool = True,
+    now: datetime | None = None,
 ) -> Table:
-    """A row per trial: a column per swept parameter, status, device, time, samples/s, objective."""
+    """A row per trial: a column per swept parameter, status, device, time, samples/s, objective.
+
+    The time of a running trial is counted up to `now` (default the present).
+    """
     header = objective_header(objective)
     show_errors = errors and any(trial.error for trial in trials if trial.status != "succeeded")
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -183,7 +187,7 @@ def trials_table(
             *(format_value(trial.params[n]) if n in trial.params else NONE for n in names),
             status_text(trial.status),
             device_text(trial),
-            duration(trial_seconds(trial)),
+            duration(trial_seconds(trial, now)),
             rate(trial.samples_per_s),
         ]
         if header is not None:
