@@ -1,0 +1,135 @@
+// The overview: every device with the trials packed on it, and the newest sweeps.
+
+import { api } from "./api.js";
+import {
+  badge,
+  fill,
+  fmtDuration,
+  fmtMb,
+  fmtNum,
+  fmtTime,
+  h,
+  link,
+  panel,
+  progress,
+  replace,
+  seconds,
+  sweepHref,
+  trialHref,
+} from "./dom.js";
+
+function packedSummary(trials) {
+  const rate = trials.reduce((sum, t) => sum + (t.samples_per_s || 0), 0);
+  const text = `${trials.length} trial${trials.length === 1 ? "" : "s"} packed`;
+  return rate ? `${text} · ${fmtNum(rate)} samples/s in all` : text;
+}
+
+function deviceCard(device) {
+  const memory = h("div", { class: "meter" });
+  if (device.memory_total_mb) {
+    const used = device.memory_used_mb || 0;
+    const fillBar = h("div", { class: used / device.memory_total_mb > 0.9 ? "fill hot" : "fill" });
+    fillBar.style.width = `${Math.min(100, (100 * used) / device.memory_total_mb)}%`;
+    fill(memory, [
+      h("div", { class: "label" }, h("span", null, "memory"), h("span", null, `${fmtMb(used)} / ${fmtMb(device.memory_total_mb)}`)),
+      h("div", { class: "bar" }, fillBar),
+    ]);
+  }
+  const util = h("div", { class: "meter" });
+  if (device.utilization_pct !== null && device.utilization_pct !== undefined) {
+    const fillBar = h("div", { class: "fill" });
+    fillBar.style.width = `${Math.min(100, device.utilization_pct)}%`;
+    fill(util, [
+      h("div", { class: "label" }, h("span", null, "utilisation"), h("span", null, `${device.utilization_pct}%`)),
+      h("div", { class: "bar" }, fillBar),
+    ]);
+  }
+  const trials = device.trials.length
+    ? h(
+        "ul",
+        { class: "packed" },
+        device.trials.map((t) =>
+          h(
+            "li",
+            null,
+            link(trialHref(t.trial_id), `trial ${t.trial_id}`),
+            " · ",
+            link(sweepHref(t.sweep_id), `sweep ${t.sweep_id}`),
+            t.slot !== null ? ` · slot ${t.slot}` : "",
+            t.memory_limit_mb ? ` · ${fmtMb(t.memory_limit_mb)}` : "",
+            t.samples_per_s !== null ? ` · ${fmtNum(t.samples_per_s)} samples/s` : "",
+          ),
+        ),
+      )
+    : h("div", { class: "small muted" }, "idle");
+  return h(
+    "div",
+    { class: "card device", "data-device": device.key },
+    h(
+      "div",
+      { class: "card-head" },
+      h("strong", { title: device.name }, device.name),
+      h("span", { class: "muted mono" }, device.key),
+    ),
+    device.kind === "cpu" && device.cpu_count ? h("div", { class: "small muted" }, `${device.cpu_count} cores`) : null,
+    memory,
+    util,
+    device.error ? h("div", { class: "device-error" }, device.error) : null,
+    h("div", { class: "small" }, packedSummary(device.trials)),
+    trials,
+  );
+}
+
+function sweepTitle(sweep) {
+  return sweep.name || sweep.command.join(" ");
+}
+
+function sweepsTable(sweeps) {
+  const head = ["id", "sweep", "status", "progress", "objective", "split", "owner", "created", "elapsed"];
+  const rows = sweeps.map((sweep) =>
+    h(
+      "tr",
+      { class: "link", "data-sweep-id": sweep.id, onclick: () => (window.location.hash = sweepHref(sweep.id)) },
+      h("td", { class: "num" }, link(sweepHref(sweep.id), String(sweep.id))),
+      h("td", { class: "cmd", title: sweep.command.join(" ") }, sweepTitle(sweep)),
+      h("td", null, badge(sweep.status, "sweep-status")),
+      h("td", null, progress(sweep.counts, sweep.trial_count)),
+      h("td", null, sweep.objective || "—"),
+      h("td", { class: "num" }, String(sweep.split)),
+      h("td", null, sweep.owner),
+      h("td", null, fmtTime(sweep.created_at)),
+      h("td", { class: "num" }, fmtDuration(seconds(sweep.created_at, sweep.finished_at))),
+    ),
+  );
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", { class: "sweeps" }, h("thead", null, h("tr", null, head.map((name) => h("th", null, name)))), h("tbody", null, rows)),
+  );
+}
+
+export function overviewView() {
+  const root = h("div", null, h("div", { class: "message" }, "loading…"));
+  return {
+    root,
+    async refresh() {
+      const [devices, sweeps] = await Promise.all([api("devices"), api("sweeps", { limit: 50 })]);
+      replace(root, 
+        panel(
+          "Devices",
+          devices.length
+            ? h("div", { class: "cards" }, devices.map(deviceCard))
+            : h("div", { class: "muted" }, "the scheduler has not listed the devices yet"),
+        ),
+        panel(
+          `Sweeps (${sweeps.count})`,
+          sweeps.data.length
+            ? sweepsTable(sweeps.data)
+            : h("div", { class: "muted" }, "no sweeps yet: gpumux sweep PARAM... -- COMMAND..."),
+          sweeps.count > sweeps.data.length ? h("div", { class: "small muted" }, `the newest ${sweeps.data.length} shown`) : null,
+        ),
+      );
+      return true;
+    },
+  };
+}

@@ -1,0 +1,263 @@
+// A sweep: its progress, the split search, the objective against each parameter, its trials.
+
+import { PAGE, api } from "./api.js";
+import { chart, figure } from "./chart.js";
+import {
+  badge,
+  facts,
+  fmtDuration,
+  fmtNum,
+  fmtTime,
+  fmtValue,
+  h,
+  legend,
+  link,
+  panel,
+  progress,
+  replace,
+  seconds,
+  statusClass,
+  sweepHref,
+  trialHref,
+} from "./dom.js";
+
+const MAX_TRIALS = 10000;
+const MAX_ROWS = 2000;
+
+function paramNames(sweep, trials) {
+  const names = [];
+  for (const token of sweep.params) {
+    const name = token.split("=")[0];
+    if (name && !names.includes(name)) names.push(name);
+  }
+  for (const trial of trials) {
+    for (const name of Object.keys(trial.params)) if (!names.includes(name)) names.push(name);
+  }
+  return names;
+}
+
+function compare(a, b) {
+  const missingA = a === null || a === undefined;
+  const missingB = b === null || b === undefined;
+  if (missingA || missingB) return missingA === missingB ? 0 : missingA ? 1 : -1;
+  if (typeof a === "number" && typeof b === "number") return a - b;
+  return String(a).localeCompare(String(b), "en", { numeric: true });
+}
+
+function trialsTable(sweep, trials, names, sort, onSort) {
+  const bestId = sweep.best ? sweep.best.id : null;
+  const columns = [
+    { key: "number", label: "#", num: true, value: (t) => t.number },
+    { key: "id", label: "trial", num: true, value: (t) => t.id, cell: (t) => link(trialHref(t.id), String(t.id)) },
+    { key: "status", label: "status", value: (t) => t.status, cell: (t) => badge(t.status) },
+    ...names.map((name) => ({ key: "p:" + name, label: name, num: true, value: (t) => t.params[name], cell: (t) => fmtValue(t.params[name]) })),
+    { key: "objective", label: sweep.objective ? `objective (${sweep.objective})` : "objective", num: true, value: (t) => t.objective },
+    { key: "samples_per_s", label: "samples/s", num: true, value: (t) => t.samples_per_s },
+    { key: "duration", label: "duration", num: true, value: (t) => seconds(t.started_at, t.ended_at), cell: (t) => fmtDuration(seconds(t.started_at, t.ended_at)) },
+    { key: "device", label: "device", value: (t) => t.device },
+    { key: "split", label: "split", num: true, value: (t) => t.split },
+    { key: "attempt", label: "attempt", num: true, value: (t) => t.attempt },
+  ];
+  const column = columns.find((c) => c.key === sort.key) || columns[0];
+  const sorted = [...trials].sort((a, b) => {
+    const order = compare(column.value(a), column.value(b));
+    return (sort.descending ? -order : order) || a.number - b.number;
+  });
+  const head = columns.map((c) => {
+    const active = c.key === column.key;
+    const arrow = active ? (sort.descending ? "▼" : "▲") : "";
+    return h(
+      "th",
+      { class: c.num ? "num" : null, "aria-sort": active ? (sort.descending ? "descending" : "ascending") : "none" },
+      h("button", { type: "button", onclick: () => onSort(c.key) }, c.label, arrow),
+    );
+  });
+  const rows = sorted.slice(0, MAX_ROWS).map((t) =>
+    h(
+      "tr",
+      { class: t.id === bestId ? "link best" : "link", "data-trial-id": t.id, onclick: (event) => {
+        if (!(event.target instanceof HTMLAnchorElement)) window.location.hash = trialHref(t.id);
+      } },
+      columns.map((c) => h("td", { class: c.num ? "num" : null }, c.cell ? c.cell(t) : fmtValue(c.value(t) ?? "—"))),
+    ),
+  );
+  return h(
+    "div",
+    null,
+    h("div", { class: "table-wrap" }, h("table", { class: "trials" }, h("thead", null, h("tr", null, head)), h("tbody", null, rows))),
+    sorted.length > MAX_ROWS ? h("div", { class: "small muted" }, `the first ${MAX_ROWS} of ${sorted.length} rows in this order`) : null,
+  );
+}
+
+// One scatter per swept parameter: the objective of each trial against its value.
+function objectiveCharts(sweep, trials, names) {
+  if (!sweep.objective) {
+    return h("div", { class: "muted" }, "this sweep has no --objective: nothing to rank or plot");
+  }
+  const scored = trials.filter((t) => typeof t.objective === "number");
+  const figures = [];
+  for (const name of names) {
+    const values = trials.map((t) => t.params[name]).filter((v) => v !== undefined);
+    const distinct = [...new Set(values.map((v) => JSON.stringify(v)))];
+    if (distinct.length < 2) continue;
+    const numeric = values.every((v) => typeof v === "number");
+    const x = { label: name };
+    let position = (v) => v;
+    if (numeric) {
+      const lo = Math.min(...values);
+      const hi = Math.max(...values);
+      x.log = lo > 0 && hi / lo >= 10;
+    } else {
+      const keys = distinct.map((d) => JSON.parse(d)).sort(compare).map((v) => JSON.stringify(v));
+      x.categories = keys.map((k) => fmtValue(JSON.parse(k)));
+      position = (v) => keys.indexOf(JSON.stringify(v));
+    }
+    const points = scored
+      .filter((t) => t.params[name] !== undefined)
+      .map((t) => ({
+        x: position(t.params[name]),
+        y: t.objective,
+        cls: statusClass(t.status),
+        highlight: sweep.best && t.id === sweep.best.id,
+        href: trialHref(t.id),
+        title: `trial ${t.id}: ${name}=${fmtValue(t.params[name])}, ${sweep.objective.split(":")[0]}=${fmtNum(t.objective)} (${t.status})`,
+      }));
+    const chartNode = chart({ series: [{ points }], x, y: { label: sweep.objective.split(":")[0] } });
+    figures.push(figure(`${sweep.objective.split(":")[0]} against ${name}${x.log ? " (log)" : ""}`, chartNode));
+  }
+  if (!figures.length) return h("div", { class: "muted" }, "no parameter varies in this sweep");
+  return h("div", { class: "charts" }, figures);
+}
+
+function curveFigures(profile) {
+  const points = profile.curve;
+  const unit = profile.unit;
+  const size = { width: 320, height: 220 };
+  const throughput = chart({
+    ...size,
+    series: [{ line: true, points: points.map((p) => ({ x: p.split, y: p.throughput, title: `N=${p.split}: ${fmtNum(p.throughput)} ${unit}` })) }],
+    x: { label: "N (trials at once)", integer: true },
+    y: { label: unit, zero: true },
+    markers: profile.best_split ? [profile.best_split] : [],
+  });
+  const timed = points.filter((p) => p.seconds_per_trial !== null);
+  const perTrial = chart({
+    ...size,
+    series: [{ line: true, cls: "s1", points: timed.map((p) => ({ x: p.split, y: p.seconds_per_trial, title: `N=${p.split}: ${fmtDuration(p.seconds_per_trial)} per trial` })) }],
+    x: { label: "N (trials at once)", integer: true },
+    y: { label: "seconds per trial", zero: true },
+    markers: profile.best_split ? [profile.best_split] : [],
+  });
+  return [figure(`aggregate throughput (${unit})`, throughput), figure("time per trial", perTrial)];
+}
+
+export function profileBlock(profile, withWorkload) {
+  const state = profile.settled ? "settled" : "searching";
+  return h(
+    "div",
+    { class: "profile", "data-profile-id": profile.id },
+    h("h3", null, `${profile.device_name}: best N = ${profile.best_split ?? "—"} (${state})`),
+    profile.reason ? h("div", { class: "small muted" }, profile.reason) : null,
+    withWorkload
+      ? facts([
+          ["workload", h("code", null, profile.command.join(" "))],
+          ["cost parameters", profile.param_tokens.join(" ") || "—"],
+          ["measured by", profile.sweep_id !== null ? link(sweepHref(profile.sweep_id), `sweep ${profile.sweep_id}`) : "—"],
+          ["updated", fmtTime(profile.updated_at)],
+        ])
+      : null,
+    h("div", { class: "charts compact" }, curveFigures(profile)),
+  );
+}
+
+function splitSearch(sweep) {
+  if (sweep.split !== "auto") {
+    return h("div", { class: "muted" }, `the split is fixed at ${sweep.split} trials per device: no search`);
+  }
+  if (!sweep.profiles.length) {
+    return h("div", { class: "muted" }, "no measurement yet (or the search is off: GPUMUX_TUNE=0)");
+  }
+  return h("div", null, sweep.profiles.map((profile) => profileBlock(profile, false)));
+}
+
+async function allTrials(id) {
+  const trials = [];
+  let count = Infinity;
+  while (trials.length < Math.min(count, MAX_TRIALS)) {
+    const page = await api(`sweeps/${id}/trials`, { offset: trials.length, limit: PAGE });
+    count = page.count;
+    trials.push(...page.data);
+    if (!page.data.length) break;
+  }
+  return { trials, count };
+}
+
+export function sweepView(id) {
+  const root = h("div", null, h("div", { class: "message" }, "loading…"));
+  const sort = { key: "number", descending: false };
+  let last = null;
+  function render() {
+    const { sweep, trials, count } = last;
+    const names = paramNames(sweep, trials);
+    const best = sweep.best;
+    const table = h("div");
+    const drawTable = () => replace(table, trialsTable(sweep, trials, names, sort, (key) => {
+      sort.descending = sort.key === key ? !sort.descending : false;
+      sort.key = key;
+      drawTable();
+    }));
+    drawTable();
+    replace(root, 
+      h("div", { class: "crumbs" }, link("#/", "Overview"), "/ ", `sweep ${sweep.id}`),
+      h("h1", null, `Sweep ${sweep.id}`, sweep.name ? h("span", { class: "muted" }, sweep.name) : null, badge(sweep.status, "sweep-status")),
+      h(
+        "div",
+        { class: "columns" },
+        panel(
+          null,
+          progress(sweep.counts, sweep.trial_count),
+          legend(sweep.counts),
+          facts([
+            ["command", h("code", null, sweep.command.join(" "))],
+            ["parameters", h("code", null, sweep.params.join(" ") || "—")],
+            ["trials", sweep.trials ? `${sweep.trial_count} random (seed ${sweep.seed})` : `${sweep.trial_count} (grid)`],
+            ["objective", sweep.objective || "—"],
+            ["time limit", sweep.time_limit_s ? fmtDuration(sweep.time_limit_s) : null],
+            ["directory", h("code", null, sweep.workdir)],
+            ["owner", sweep.owner],
+            ["created", fmtTime(sweep.created_at)],
+            ["finished", sweep.finished_at ? `${fmtTime(sweep.finished_at)} (${fmtDuration(seconds(sweep.created_at, sweep.finished_at))})` : null],
+            ["cancel", sweep.cancel_requested ? "requested" : null],
+          ]),
+          best
+            ? h(
+                "div",
+                { class: "best-trial" },
+                h("h3", null, "Best trial"),
+                facts([
+                  ["trial", link(trialHref(best.id), `${best.id} (#${best.number})`)],
+                  [sweep.objective, fmtNum(best.objective)],
+                  ["parameters", Object.entries(best.params).map(([k, v]) => `${k}=${fmtValue(v)}`).join("  ")],
+                ]),
+              )
+            : null,
+        ),
+        panel(`Split search (split ${sweep.split})`, splitSearch(sweep)),
+      ),
+      panel("Objective against each parameter", objectiveCharts(sweep, trials, names)),
+      panel(`Trials (${count})`, count > trials.length ? h("div", { class: "small muted" }, `the first ${trials.length} loaded`) : null, table),
+    );
+  }
+  return {
+    root,
+    async refresh() {
+      if (last && (last.sweep.status === "finished" || last.sweep.status === "cancelled")) {
+        return false;
+      }
+      const [sweep, { trials, count }] = await Promise.all([api(`sweeps/${id}`), allTrials(id)]);
+      last = { sweep, trials, count };
+      render();
+      return true;
+    },
+  };
+}

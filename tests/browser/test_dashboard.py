@@ -1,0 +1,120 @@
+"""The dashboard in Chromium, watching a real daemon run a real sweep."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from harness import CHROMIUM, VIEWPORT, Served, daemon, launch, submit
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+# Generous: a trial is a Python start-up on two shared cores, and the page polls every 2 s.
+SWEEP_DONE_MS = 90_000
+NAME = "<b>dash</b> & <i>board</i>"
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Page]:
+    """A 1280x800 page in headless Chromium; uncaught script errors fail the test."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+    )
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        browser = launch(playwright)
+        page = browser.new_page(viewport=VIEWPORT)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        yield page
+        browser.close()
+    assert errors == [], "the page's script failed"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    """A daemon with the split search off, so the sweep runs at the default split at once."""
+    with daemon(tmp_path / "home", {"GPUMUX_TUNE": "0"}) as running:
+        yield running
+
+
+def save_screenshot(page: Page, tmp_path: Path) -> None:
+    """Into tmp_path, and into $GPUMUX_ARTIFACTS (relative to the repository) when set."""
+    page.screenshot(path=tmp_path / "dashboard.png", full_page=True)
+    artifacts = os.environ.get("GPUMUX_ARTIFACTS")
+    if artifacts:
+        directory = ROOT / artifacts
+        directory.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=directory / "dashboard.png", full_page=True)
+
+
+def test_the_dashboard_follows_a_sweep_to_its_end(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    assert served.token, "over TCP the page needs the token the daemon keeps for its user"
+    # Through the daemon's home page, which keeps the query on its way to the dashboard.
+    page.goto(f"{served.url}/?token={served.token}")
+    expect(page.locator(".card.device").first).to_be_visible()
+    assert "token" not in page.url, "the token is taken out of the address bar"
+    with page.expect_request(lambda request: request.url.endswith("/sweeps?limit=50")) as polled:
+        sweep_id = submit(
+            served,
+            tmp_path,
+            [sys.executable, str(FIXTURES / "report_objective.py")],
+            params=["x=0.25,1,2,4"],
+            objective="loss:min",
+            name=NAME,
+            split=2,
+        )
+    assert polled.value.headers["authorization"] == f"Bearer {served.token}"
+
+    row = page.locator(f"tr[data-sweep-id='{sweep_id}']")
+    expect(row.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+    expect(row.locator(".progress")).to_contain_text("4/4")
+    # The sweep's name is the user's text, shown as text: no element comes out of it.
+    expect(row.locator("td.cmd")).to_have_text(NAME)
+    expect(row.locator("b, i")).to_have_count(0)
+
+    row.locator("a").first.click()
+    expect(page).to_have_url(re.compile(f"#/sweeps/{sweep_id}$"))
+    trials = page.locator("table.trials tbody tr")
+    expect(trials).to_have_count(4)
+    expect(page.locator("table.trials .badge")).to_have_text(["succeeded"] * 4)
+    # x = 0.25 .. 4 spans 16x: the objective is drawn against a log axis, a point per trial.
+    figure = page.locator("figure.chart", has_text="loss against x (log)")
+    expect(figure.locator("circle.dot")).to_have_count(4)
+    expect(figure.locator("circle.highlight")).to_have_count(1)
+    expect(page.locator(".best-trial")).to_contain_text("x=2")
+
+    page.get_by_role("button", name="objective").click()
+    expect(trials.first.locator("td").nth(3)).to_have_text("2")
+    page.get_by_role("button", name="objective").click()
+    expect(trials.first.locator("td").nth(3)).to_have_text("4")
+    save_screenshot(page, tmp_path)
+
+    page.locator("tr.best a").click()
+    expect(page.locator(".trial-status")).to_have_text("succeeded")
+    expect(page.locator("pre.log")).to_contain_text("reported 204")
+    expect(page.locator("figure.chart", has_text="loss")).to_be_visible()
+
+
+def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with daemon(tmp_path / "home", {"GPUMUX_TUNE": "0"}) as running:
+        page.goto(running.page())
+        expect(page.locator(".card.device").first).to_be_visible()
+        expect(page.locator("#banner")).to_be_hidden()
+    expect(page.locator("#banner")).to_contain_text("daemon unreachable", timeout=10_000)
+    expect(page.locator(".card.device").first).to_be_visible()
