@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 from pydantic import TypeAdapter
 
+from gpumux import tokenfile
+from gpumux.config import default_home
 from gpumux.schemas import (
     DevicePublic,
     Health,
@@ -19,6 +23,9 @@ from gpumux.schemas import (
     SweepCreate,
     SweepDetail,
     SweepsPublic,
+    TokenCreate,
+    TokenCreated,
+    TokensRevoked,
     TrialPublic,
     TrialsPublic,
 )
@@ -30,6 +37,11 @@ UNIX_PREFIX = "unix:"
 TRIALS_PAGE = 1000
 
 _devices = TypeAdapter(list[DevicePublic])
+
+
+def data_home() -> Path:
+    """The data directory a daemon of this user keeps (and its own token in): GPUMUX_HOME."""
+    return Path(os.environ.get("GPUMUX_HOME") or default_home())
 
 
 class ApiError(RuntimeError):
@@ -75,7 +87,11 @@ def _validation_line(item: Any) -> str:
 class Client:
     """The daemon at `url`: http://HOST:PORT, or unix:/path/to.sock."""
 
-    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = DEFAULT_TIMEOUT, token: str | None = None
+    ) -> None:
+        """Over a Unix socket the kernel tells the daemon who we are; over TCP `token` does
+        (default: the one tokenfile.discover_token finds)."""
         self.url = url
         self._uds: str | None = None
         if url.startswith(UNIX_PREFIX):
@@ -85,7 +101,9 @@ class Client:
                 transport=transport, base_url="http://gpumux", timeout=timeout
             )
         else:
-            self._http = httpx.Client(base_url=url, timeout=timeout)
+            token = token or tokenfile.discover_token(data_home())
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            self._http = httpx.Client(base_url=url, timeout=timeout, headers=headers)
 
     def __enter__(self) -> Client:
         return self
@@ -110,6 +128,16 @@ class Client:
         if response.is_error:
             raise ApiError(response.status_code, error_detail(response))
         return response.json()
+
+    def create_token(self, user: str | None = None) -> TokenCreated:
+        """A new API token for `user` (default: whoever asks); over the Unix socket only."""
+        return TokenCreated.model_validate(
+            self._request("POST", "/tokens", json=TokenCreate(user=user).model_dump())
+        )
+
+    def revoke_tokens(self, user: str) -> TokensRevoked:
+        """Revoke every token of `user`."""
+        return TokensRevoked.model_validate(self._request("DELETE", f"/tokens/{user}"))
 
     def health(self) -> Health:
         """The daemon's version, database and queue."""

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpumux.fairshare import parse_shares
 
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"
+# Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
+SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
 
 
 def default_home() -> Path:
@@ -97,6 +101,12 @@ class Settings(BaseSettings):
     max_queued_per_user: int | None = Field(
         default=None, ge=1, description="trials one user may have waiting"
     )
+
+    @field_validator("shares")
+    @classmethod
+    def _shares_parse(cls, shares: str) -> str:
+        parse_shares(shares)
+        return shares
 
     @model_validator(mode="after")
     def _default_url(self) -> Settings:

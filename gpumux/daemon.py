@@ -17,7 +17,9 @@ from typing import IO
 from urllib.parse import urlsplit
 
 import uvicorn
+from sqlalchemy.exc import OperationalError
 
+from gpumux import identity, tokenfile, tokens
 from gpumux.api import create_app
 from gpumux.config import Settings
 from gpumux.db import (
@@ -29,6 +31,7 @@ from gpumux.db import (
     upgrade,
 )
 from gpumux.devices import DeviceProbe, make_probe
+from gpumux.metrics import Metrics
 from gpumux.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -76,26 +79,67 @@ def acquire_lock(settings: Settings) -> IO[str]:
     return lock_file
 
 
-def bind(settings: Settings, *, fallback_port: bool = False) -> tuple[socket.socket, str]:
-    """The listening socket, and the URL that clients and trials use to reach it."""
-    if settings.uds is not None:
-        path = settings.uds
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # we hold the lock, so a socket file left here is stale
-        if len(os.fsencode(path)) >= UNIX_PATH_MAX:
-            raise DaemonError(
-                f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
-                "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
-            )
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # Created 0600 from the start: no moment in which another user could connect.
-        previous = os.umask(0o177)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(previous)
-        sock.listen(128)
-        return sock, f"unix:{path}"
+def serves_other_users(settings: Settings) -> bool:
+    """Whether other users may connect to the socket: a daemon run by root serves every user,
+    an ordinary one those it is told to accept; a socket in the data directory, its owner."""
+    if settings.uds is None:
+        return False
+    shared = os.geteuid() == 0 or bool(settings.accept_users.strip())
+    return shared and not settings.uds.resolve().is_relative_to(settings.home.resolve())
+
+
+def wants_tcp(settings: Settings) -> bool:
+    """TCP when no socket is named, or beside it when a host or port is asked for too."""
+    return settings.uds is None or bool({"host", "port"} & settings.model_fields_set)
+
+
+def bind(
+    settings: Settings, *, fallback_port: bool = False, shared: bool = False
+) -> list[tuple[socket.socket, str]]:
+    """The listening sockets, each with the URL clients use to reach it: the Unix socket
+    first (trials report there), then TCP. A `shared` Unix socket is open to every user (the
+    kernel tells who connects); TCP requests need a token."""
+    listeners = []
+    try:
+        if settings.uds is not None:
+            listeners.append(bind_unix(settings.uds, shared=shared))
+        if wants_tcp(settings):
+            listeners.append(bind_tcp(settings, fallback_port=fallback_port))
+    except BaseException:
+        for sock, _ in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
+    """A listening Unix socket at `path` (0600, or 0666 when shared)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # we hold the lock, so a socket file left here is stale
+    if len(os.fsencode(path)) >= UNIX_PATH_MAX:
+        raise DaemonError(
+            f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
+            "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Created 0600 from the start: no moment in which another user could connect.
+    previous = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(previous)
+    if shared:
+        # Anyone may connect: the kernel tells the daemon who they are (SO_PEERCRED).
+        os.chmod(path, 0o666)
+    sock.listen(128)
+    return sock, f"unix:{path}"
+
+
+def bind_tcp(settings: Settings, *, fallback_port: bool) -> tuple[socket.socket, str]:
+    """A listening TCP socket at settings.host:port (any free port if taken and allowed)."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -118,12 +162,17 @@ def bind(settings: Settings, *, fallback_port: bool = False) -> tuple[socket.soc
 class Daemon:
     """One gpumux daemon: `start()` prepares it, `serve()` runs it until stopped."""
 
-    def __init__(self, settings: Settings, *, probe: DeviceProbe | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, probe: DeviceProbe | None = None, personal: bool = False
+    ) -> None:
         self.settings = settings
         self._probe = probe
+        # The CLI's embedded daemon serves the user who runs it, whoever that is.
+        self.personal = personal
         self._lock: IO[str] | None = None
-        self._socket: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
         self.url = ""
+        self.urls: list[str] = []
         self.sessions: Sessions | None = None
         self.scheduler: Scheduler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -151,7 +200,12 @@ class Daemon:
             engine = make_engine(self.settings.db_url)
             self.sessions = make_sessions(engine)
             upgrade(engine)
-            self._socket, self.url = bind(self.settings, fallback_port=fallback_port)
+            self._own_token()
+            shared = not self.personal and serves_other_users(self.settings)
+            listeners = bind(self.settings, fallback_port=fallback_port, shared=shared)
+            self._sockets = [sock for sock, _ in listeners]
+            self.urls = [url for _, url in listeners]
+            self.url = self.urls[0]
         except BaseException:
             self.close()
             raise
@@ -160,9 +214,31 @@ class Daemon:
         self._lock.write(f"{os.getpid()} {self.url}\n")
         self._lock.flush()
 
+    def _own_token(self) -> None:
+        """A token for the daemon's own user, kept in its data directory, so that the CLI of
+        that user can reach it over TCP without a `gpumux token create`."""
+        assert self.sessions is not None
+        path = self.settings.home / tokenfile.DAEMON_TOKEN_NAME
+        with contextlib.suppress(tokenfile.TokenFileError):
+            kept = tokenfile.read_token_file(path)
+            if kept is not None:
+                with self.sessions.write.begin() as session:
+                    if tokens.resolve_token(session=session, token=kept) is not None:
+                        return
+        account = identity.UserAccount.from_uid(os.geteuid())
+        try:
+            with self.sessions.write.begin() as session:
+                token = tokens.create_token(
+                    session=session, owner_name=account.name, uid=account.uid
+                )
+            tokenfile.write_token_file(path, token)
+        except (OSError, OperationalError) as error:
+            # Only TCP clients of this user need it; the daemon serves on without.
+            log.warning("daemon: no token for %s in %s: %s", account.name, path, error)
+
     async def serve(self) -> None:
         """Run the API and the scheduler until a stop is requested, then stop in order."""
-        assert self.sessions is not None and self._socket is not None, "start() first"
+        assert self.sessions is not None and self._sockets, "start() first"
         self._loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
         visible = (
@@ -171,8 +247,13 @@ class Daemon:
             else os.environ.get("CUDA_VISIBLE_DEVICES")
         )
         probe = self._probe or make_probe(visible=visible)
+        metrics = Metrics()
         self.scheduler = Scheduler(
-            settings=self.settings, sessions=self.sessions, probe=probe, url=self.url
+            settings=self.settings,
+            sessions=self.sessions,
+            probe=probe,
+            url=self.url,
+            on_tick=metrics.observe_tick,
         )
         scheduler = self.scheduler
         app = create_app(
@@ -180,16 +261,27 @@ class Daemon:
             sessions=self.sessions,
             devices_view=lambda: scheduler.devices,
             notify=scheduler.wake,
+            metrics=metrics,
         )
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            # Each connection on the Unix socket carries its peer's uid, read from the kernel.
+            http=identity.PeerHttpProtocol,
+            ws="none",
+        )
         server = _Server(config)
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
         stop_scheduling = asyncio.Event()
-        server_task = asyncio.create_task(server.serve(sockets=[self._socket]))
+        server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
-        log.info("daemon: serving on %s (database %s)", self.url, self.settings.db_path)
+        log.info(
+            "daemon: serving on %s (database %s)", " and ".join(self.urls), self.settings.db_path
+        )
         try:
             first = asyncio.create_task(self._signals.get())
             await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
@@ -231,12 +323,13 @@ class Daemon:
 
     def close(self) -> None:
         """Release the socket, the database and the lock."""
-        if self._socket is not None:
-            self._socket.close()
+        if self._sockets:
+            for sock in self._sockets:
+                sock.close()
             if self.settings.uds is not None:
                 with contextlib.suppress(FileNotFoundError):
                     self.settings.uds.unlink()
-            self._socket = None
+            self._sockets = []
         if self.sessions is not None:
             self.sessions.engine.dispose()
         if self._lock is not None:
@@ -264,7 +357,10 @@ def embedded(settings: Settings) -> Iterator[Daemon]:
     port is taken by something else, on a free one.
     """
     # Ctrl-C on `gpumux sweep` means stop: its trials are stopped and requeued, not left behind.
-    daemon = Daemon(listen_where_clients_look(settings).model_copy(update={"stop_trials": True}))
+    daemon = Daemon(
+        listen_where_clients_look(settings).model_copy(update={"stop_trials": True}),
+        personal=True,
+    )
     daemon.start(fallback_port=True)
     ready = threading.Event()
     failure: list[BaseException] = []
@@ -309,7 +405,9 @@ def serve_forever(settings: Settings) -> None:
         settings = listen_where_clients_look(settings)
     daemon = Daemon(settings)
     daemon.start()
-    print(f"gpumux: serving on {daemon.url} (database {settings.db_path})", flush=True)
+    print(
+        f"gpumux: serving on {' and '.join(daemon.urls)} (database {settings.db_path})", flush=True
+    )
     asyncio.run(daemon.serve())
 
 

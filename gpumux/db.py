@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -218,10 +219,7 @@ def upgrade(engine: Engine) -> None:
         with engine.connect() as connection:
             current = MigrationContext.configure(connection).get_current_revision()
     except exc.DatabaseError as error:
-        raise DatabaseError(
-            f"{engine.url.database} cannot be opened as a database ({error.orig}); "
-            "move it aside or pass another --db"
-        ) from error
+        raise DatabaseError(_open_failure(engine, error)) from error
     if current is not None and current not in {
         script.revision for script in scripts.walk_revisions()
     }:
@@ -232,3 +230,26 @@ def upgrade(engine: Engine) -> None:
     if current != scripts.get_current_head():
         log.info("db %s: upgrading schema %s -> %s", engine.url.database, current, "head")
         command.upgrade(config, "head")
+
+
+# SQLITE_FULL, and SQLITE_IOERR_SHMSIZE: no room to create the WAL index (the -shm file).
+_NO_ROOM_CODES = {13, 4874}
+
+
+def _open_failure(engine: Engine, error: exc.DatabaseError) -> str:
+    """Why the database could not be opened, and what to do: a full disk is not a bad file."""
+    path = engine.url.database or ""
+    code = getattr(error.orig, "sqlite_errorcode", None)
+    folder = Path(path).parent
+    try:
+        no_room = shutil.disk_usage(folder).free == 0
+    except OSError:
+        no_room = False
+    if code in _NO_ROOM_CODES or no_room:
+        return (
+            f"{path} cannot be opened: the disk holding {folder} is full ({error.orig}); "
+            "free space there and start again (the database itself is intact)"
+        )
+    return (
+        f"{path} cannot be opened as a database ({error.orig}); move it aside or pass another --db"
+    )

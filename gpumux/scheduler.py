@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpumux import outcomes, placement, store, sweepspec
+from gpumux import fairshare, identity, outcomes, placement, store, sweepspec
 from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import DeviceProbe, DeviceSnapshot, NvmlUnavailable
@@ -24,7 +28,7 @@ from gpumux.launcher import (
     group_members,
     kill_leftovers,
 )
-from gpumux.models import Trial, utcnow
+from gpumux.models import Sweep, Trial, utcnow
 from gpumux.outcomes import StopReason
 from gpumux.schemas import MAX_SPLIT
 from gpumux.splitsearch import Searches
@@ -55,9 +59,17 @@ class Scheduler:
     """Fills device slots from the queue; the only writer of trial lifecycle state."""
 
     def __init__(
-        self, *, settings: Settings, sessions: Sessions, probe: DeviceProbe, url: str
+        self,
+        *,
+        settings: Settings,
+        sessions: Sessions,
+        probe: DeviceProbe,
+        url: str,
+        on_tick: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.settings = settings
+        # Told how long each tick took (the daemon's /metrics histogram).
+        self.on_tick = on_tick
         self.sessions = sessions
         self.probe = probe
         self.url = url
@@ -66,6 +78,7 @@ class Scheduler:
         # replaces the configured overhead in the packing budget once measured.
         self.overhead: dict[str, int] = {}
         self.searches = Searches(settings)
+        self.shares = fairshare.parse_shares(settings.shares)
         self._probed_at = float("-inf")
         self._running: dict[int, Running] = {}
         self._wake = asyncio.Event()
@@ -86,11 +99,13 @@ class Scheduler:
         self._loop = asyncio.get_running_loop()
         self.reconcile()
         while not stop.is_set():
+            began = time.perf_counter()
             try:
                 await self.tick()
             except Exception:
                 # A defect must not take every other trial down with the daemon: log it, go on.
                 log.exception("scheduler: a tick failed; carrying on")
+            self.on_tick(time.perf_counter() - began)
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, timeout=self._next_wait(), return_when="FIRST_COMPLETED")
@@ -268,7 +283,6 @@ class Scheduler:
             return
         with self.sessions.write.begin() as session:
             for trial_id, leader in fresh.items():
-                self._running[trial_id].leader_recorded = True
                 trial = store.get_trial(session=session, trial_id=trial_id)
                 if (
                     trial is not None
@@ -276,6 +290,9 @@ class Scheduler:
                     and leader is not None
                 ):
                     trial.pid, trial.pid_started = leader
+        # Only once committed: a write that failed (a full disk) is tried again next tick.
+        for trial_id in fresh:
+            self._running[trial_id].leader_recorded = True
 
     def check_heartbeats(self) -> None:
         """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost."""
@@ -351,6 +368,7 @@ class Scheduler:
                     tuned[trial.sweep_id] = self.searches.tuned_splits(
                         session=session, sweep=trial.sweep, devices=devices
                     )
+            queued = self._fair_order(queued, active)
             pending = [
                 placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
                 for t in queued
@@ -396,9 +414,39 @@ class Scheduler:
                 log.exception("trial %s: launch failed", chosen.trial_id)
                 self._fail_unstarted(chosen.trial_id, f"gpumux could not launch it: {error!r}")
 
+    def _fair_order(self, queued: list[Trial], active: list[Trial]) -> list[Trial]:
+        """Queued trials in the order free slots go to them: each user's fair share first."""
+        running = Counter(trial.sweep.owner.name for trial in active)
+        by_id = {trial.id: trial for trial in queued}
+        order = fairshare.fair_order(
+            (
+                fairshare.Candidate(
+                    trial_id=trial.id,
+                    owner=trial.sweep.owner.name,
+                    sweep_id=trial.sweep_id,
+                    priority=trial.sweep.priority,
+                )
+                for trial in queued
+            ),
+            running=running,
+            shares=self.shares,
+            max_running=self.settings.max_running_per_user,
+        )
+        return [by_id[candidate.trial_id] for candidate in order]
+
     def launch(self, chosen: placement.Placement, device: DeviceSnapshot) -> None:
         """Start one placed trial: claim its slot, spawn it, record its pid."""
         token = secrets.token_urlsafe(32)
+        with self.sessions.read() as session:
+            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+            if trial is None:
+                return
+            try:
+                user, user_env = run_as(trial.sweep)
+            except LaunchError as error:
+                log.warning("trial %s: %s", chosen.trial_id, error)
+                self._fail_unstarted(chosen.trial_id, str(error))
+                return
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=chosen.trial_id)
             if trial is None or trial.status is not TrialStatus.queued:
@@ -429,7 +477,7 @@ class Scheduler:
                 attempt=trial.attempt,
                 argv=sweepspec.render_command(sweep.command, trial.params),
                 workdir=sweep.workdir,
-                base_env=sweep.env,
+                base_env={**sweep.env, **user_env},
                 params=trial.params,
                 url=self.url,
                 token=token,
@@ -444,7 +492,9 @@ class Scheduler:
             time_limit = sweep.time_limit_s
             run_dir = self.run_dir(trial)
         try:
-            process = SupervisedTrial.spawn(spec, run_dir=run_dir, options=self._supervision())
+            process = SupervisedTrial.spawn(
+                spec, run_dir=run_dir, options=self._supervision(), user=user
+            )
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
             self._fail_unstarted(chosen.trial_id, str(error))
@@ -592,6 +642,25 @@ class Scheduler:
                 if moment is not None:
                     moments.append(max(0.0, moment - now))
         return min(moments)
+
+
+def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """Whom a trial of this sweep runs as: when the daemon is root, the sweep's owner (their
+    uid, gid and groups, their HOME), never root's; otherwise the daemon's own user."""
+    if os.geteuid() != 0:
+        return None, {}
+    try:
+        account = identity.UserAccount.from_name(sweep.owner.name)
+    except identity.UnknownUser as error:
+        raise LaunchError(f"cannot run as {sweep.owner.name}: {error}") from error
+    if account.uid == 0:
+        return None, {}
+    reason = identity.readable_directory(sweep.workdir, account)
+    if reason is not None:
+        raise LaunchError(f"{account.name} cannot use the working directory: {reason}")
+    user = {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)}
+    env = {"HOME": str(account.home), "USER": account.name, "LOGNAME": account.name}
+    return user, env
 
 
 def visible_device(device: DeviceSnapshot) -> str:

@@ -221,6 +221,11 @@ class LogChunk(BaseModel):
     offset: int
     next_offset: int
     size: int
+    skipped: int = Field(
+        default=0,
+        description="bytes after the asked offset that the log's rotation dropped before "
+        "they were read; the chunk starts after them",
+    )
     data: str
     complete: bool = Field(description="the trial has ended and this chunk reaches the end")
 
@@ -297,3 +302,17 @@ class ProfilesPublic(BaseModel):
 
 
 SweepDetail.model_rebuild()
+
+
+class TokenCreate(BaseModel):
+    user: str | None = Field(default=None, description="whose token (default: yours)")
+
+
+class TokenCreated(BaseModel):
+    user: str
+    token: str = Field(description="shown once: only its hash is stored")
+
+
+class TokensRevoked(BaseModel):
+    user: str
+    revoked: int

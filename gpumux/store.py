@@ -49,7 +49,23 @@ def get_or_create_owner(*, session: Session, name: str, uid: int | None = None) 
         owner = Owner(name=name, uid=uid)
         session.add(owner)
         session.flush()
+    elif owner.uid is None and uid is not None:
+        owner.uid = uid
     return owner
+
+
+def queued_count(*, session: Session, owner: str) -> int:
+    """How many trials of this user's sweeps wait in the queue."""
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Trial)
+            .join(Sweep)
+            .join(Owner)
+            .where(Owner.name == owner, Trial.status == TrialStatus.queued)
+        )
+        or 0
+    )
 
 
 def create_sweep(
@@ -230,8 +246,8 @@ def list_reports(
 
 
 def queued_trials(*, session: Session, limit: int) -> list[Trial]:
-    """The next queued trials: higher-priority sweeps first, then first come first served,
-    skipping sweeps being cancelled."""
+    """The next queued trials of each owner, at most `limit` each: higher-priority sweeps
+    first, then first come first served, skipping sweeps being cancelled."""
     sweeps = session.scalars(
         select(Sweep)
         .where(
@@ -241,17 +257,19 @@ def queued_trials(*, session: Session, limit: int) -> list[Trial]:
         .order_by(Sweep.priority.desc(), Sweep.id)
     )
     chosen: list[Trial] = []
+    taken: dict[int, int] = {}
     for sweep in sweeps:
-        chosen.extend(
-            session.scalars(
-                select(Trial)
-                .where(Trial.sweep_id == sweep.id, Trial.status == TrialStatus.queued)
-                .order_by(Trial.number)
-                .limit(limit - len(chosen))
-            )
-        )
-        if len(chosen) >= limit:
-            break
+        room = limit - taken.get(sweep.owner_id, 0)
+        if room <= 0:
+            continue
+        trials = session.scalars(
+            select(Trial)
+            .where(Trial.sweep_id == sweep.id, Trial.status == TrialStatus.queued)
+            .order_by(Trial.number)
+            .limit(room)
+        ).all()
+        taken[sweep.owner_id] = taken.get(sweep.owner_id, 0) + len(trials)
+        chosen.extend(trials)
     return chosen
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import select
@@ -83,30 +84,43 @@ def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, 
     return f"could not start {program!r}: {error}"
 
 
+def log_base_path(log_path: Path) -> Path:
+    """Where a rotated log records how many bytes came before its current piece."""
+    return log_path.with_name(log_path.name + ".base")
+
+
 class RotatingLog:
-    """The trial's log: appended to, rotated at a size cap, and honest about lost output."""
+    """The trial's log: appended to, rotated at a size cap, and honest about lost output.
+
+    Offsets count the whole output: the current piece starts at `base` (kept in a file beside
+    it), so a reader following by offset notices a rotation instead of rereading or skipping.
+    """
 
     def __init__(self, path: Path, *, max_bytes: int, keep: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
         self.lost = 0
+        self._why_lost = ""
+        self.base = 0
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = os.fstat(self.fd).st_size
+        self.at_line_start = True
 
     def write(self, data: bytes) -> None:
         if self.lost:
+            newline = b"" if self.at_line_start else b"\n"
             notice = f"[gpumux: {self.lost} bytes of output lost: {self._why_lost}]\n".encode()
-            if not self._write(notice):
+            if self._write(newline + notice) < len(newline + notice):
                 self.lost += len(data)
                 return
             self.lost = 0
-        if not self._write(data):
-            self.lost += len(data)
+        self.lost += len(data) - self._write(data)
         if self.size >= self.max_bytes:
             self.rotate()
 
-    def _write(self, data: bytes) -> bool:
+    def _write(self, data: bytes) -> int:
+        """Write what fits; how many bytes did."""
         view = memoryview(data)
         while view:
             try:
@@ -114,10 +128,11 @@ class RotatingLog:
             except OSError as error:
                 # A full disk must not stop the trial: count what is lost, say so once it fits.
                 self._why_lost = os.strerror(error.errno or 0).lower()
-                return False
+                break
             self.size += written
+            self.at_line_start = view[written - 1 : written] == b"\n"
             view = view[written:]
-        return True
+        return len(data) - len(view)
 
     def rotate(self) -> None:
         """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped."""
@@ -135,6 +150,9 @@ class RotatingLog:
                 )
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(newer, older)
+        self.base += self.size
+        with contextlib.suppress(OSError):
+            write_json_atomically(log_base_path(self.path), {"base": self.base})
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = 0
         self._write(b"[gpumux: log rotated; the earlier output is in the .1 file]\n")
@@ -174,12 +192,18 @@ class Supervisor:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             self.trial = self._spawn(write_end)
+        except subprocess.SubprocessError:
+            user = self.spec["user"]
+            message = f"uid {user['uid']} cannot enter the working directory {self.spec['cwd']}"
+            log.write(f"gpumux: {message}\n".encode())
+            self._record_exit(self._exit_record(None, None, message), log)
+            return 0
         except (OSError, ValueError) as error:
             spec = self.spec
             path = spec["env"].get("PATH", "")
             message = explain_spawn_error(error, spec["argv"], spec["cwd"], path)
             log.write(f"gpumux: {message}\n".encode())
-            self._record_exit(self._exit_record(None, None, message))
+            self._record_exit(self._exit_record(None, None, message), log)
             return 0
         finally:
             os.close(write_end)
@@ -194,9 +218,9 @@ class Supervisor:
             os.killpg(pid, signal.SIGKILL)
         self._drain(read_end, log)
         returncode = self.trial.wait()
-        log.close()
         code, killed_by = (None, -returncode) if returncode < 0 else (returncode, None)
-        self._record_exit(self._exit_record(code, killed_by, None))
+        self._record_exit(self._exit_record(code, killed_by, None), log)
+        log.close()
         return 0
 
     def _record_leader(self) -> None:
@@ -208,10 +232,12 @@ class Supervisor:
         else:
             self.leader = {}
 
-    def _record_exit(self, record: dict[str, Any]) -> None:
-        """Write the exit record, waiting for room on a full disk: the result is not lost."""
+    def _record_exit(self, record: dict[str, Any], log: RotatingLog) -> None:
+        """Write the exit record, waiting for room on a full disk: the result is not lost (nor
+        the log's note of output the full disk swallowed)."""
         interval = float(self.spec["heartbeat_interval"])
         while True:
+            log.write(b"")
             try:
                 write_json_atomically(self.run_dir / EXIT, record)
                 return
@@ -223,20 +249,26 @@ class Supervisor:
 
     def _spawn(self, output: int) -> subprocess.Popen[bytes]:
         spec = self.spec
-        identity: dict[str, Any] = {}
+        where: dict[str, Any] = {"cwd": spec["cwd"]}
         user = spec.get("user")
         if user is not None and os.geteuid() == 0:
-            identity = {"user": user["uid"], "group": user["gid"], "extra_groups": user["groups"]}
+            # The directory is entered after the switch to the user (subprocess would enter
+            # `cwd` as root first): one the user may not enter fails as it would for them.
+            where = {
+                "user": user["uid"],
+                "group": user["gid"],
+                "extra_groups": user["groups"],
+                "preexec_fn": functools.partial(os.chdir, spec["cwd"]),
+            }
         return subprocess.Popen(
             spec["argv"],
-            cwd=spec["cwd"],
             env=spec["env"],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=output,
             start_new_session=True,
             close_fds=True,
-            **identity,
+            **where,
         )
 
     def _watch(self, read_end: int, wake_read: int, log: RotatingLog) -> None:

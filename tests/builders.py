@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 
+from gpumux import tokenfile, tokens
 from gpumux.db import Sessions
 from gpumux.schemas import SweepCreate
 
@@ -43,3 +45,22 @@ def selects(sessions: Sessions) -> Iterator[list[tuple[str, Any]]]:
         yield statements
     finally:
         event.remove(sessions.engine, "before_cursor_execute", record)
+
+
+def bearer(sessions: Sessions, user: str | None = None) -> dict[str, str]:
+    """Headers carrying a fresh API token of `user` (default: whoever runs the tests)."""
+    with sessions.write.begin() as session:
+        token = tokens.create_token(session=session, owner_name=user or getpass.getuser())
+    return {"Authorization": f"Bearer {token}"}
+
+
+def daemon_token(home: Path) -> str:
+    """The token a daemon keeps for its own user in its data directory."""
+    token = tokenfile.read_token_file(home / tokenfile.DAEMON_TOKEN_NAME)
+    assert token is not None, f"no daemon token in {home}"
+    return token
+
+
+def daemon_bearer(home: Path) -> dict[str, str]:
+    """Headers carrying the token a daemon keeps for its own user in its data directory."""
+    return {"Authorization": f"Bearer {daemon_token(home)}"}

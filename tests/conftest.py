@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from builders import bearer
 
 from gpumux.api import create_app
 from gpumux.config import Settings
@@ -37,8 +38,10 @@ def sessions(settings: Settings) -> Iterator[Sessions]:
 
 @pytest.fixture
 def api(settings: Settings, sessions: Sessions) -> Iterator[httpx.Client]:
-    """A client of the API served by uvicorn on a real socket (no scheduler behind it)."""
+    """A client of the API served by uvicorn on a real TCP socket (no scheduler behind it),
+    carrying a token of the user running the tests."""
     app = create_app(settings=settings, sessions=sessions)
+    headers = bearer(sessions)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
@@ -46,7 +49,7 @@ def api(settings: Settings, sessions: Sessions) -> Iterator[httpx.Client]:
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     thread.start()
     port = sock.getsockname()[1]
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, headers=headers) as client:
         yield client
     server.should_exit = True
     thread.join()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from builders import daemon_token
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
@@ -137,7 +138,7 @@ def _answers(client: Client, process: subprocess.Popen[bytes]) -> bool:
 
 @pytest.fixture
 def client(server: Server) -> Iterator[Client]:
-    with Client(server.url, timeout=10) as api:
+    with Client(server.url, timeout=10, token=daemon_token(server.root / "home")) as api:
         yield api
 
 
@@ -460,7 +461,7 @@ def test_the_embedded_daemon_waits_for_the_sweeps_of_others(tmp_path: Path) -> N
         if "trials of other sweeps are queued or running" in line:
             break
     assert owner.poll() is None, "the embedded daemon stopped under another user's sweep"
-    with Client(url, timeout=10) as api:
+    with Client(url, timeout=10, token=daemon_token(tmp_path / "home")) as api:
         assert api.get_sweep(1).status == SweepStatus.finished
         theirs.touch()
         assert wait_ended(api, 2).counts == {TrialStatus.succeeded: 1}
@@ -477,7 +478,7 @@ def test_ctrl_c_kill_or_hangup_with_an_embedded_daemon_requeues_the_trials(
     follower = start_gpumux("sweep", "--", sys.executable, BLOCK, env=env)
     assert follower.stdout is not None
     assert follower.stdout.readline() == "sweep 1: 1 trial queued\n"
-    with Client(url, timeout=10) as api:
+    with Client(url, timeout=10, token=daemon_token(tmp_path / "home")) as api:
         wait_running(api, 1, 1)
     follower.send_signal(signum)
     _, errors = follower.communicate(timeout=DEADLINE_S)
@@ -487,7 +488,10 @@ def test_ctrl_c_kill_or_hangup_with_an_embedded_daemon_requeues_the_trials(
     )
     # The next gpumux finds the trial queued again, on its second attempt.
     settings = Settings(home=tmp_path / "home", url=url)
-    with embedded(settings) as running, Client(running.url, timeout=10) as api:
+    with (
+        embedded(settings) as running,
+        Client(running.url, timeout=10, token=daemon_token(tmp_path / "home")) as api,
+    ):
         trial = api.all_trials(1)[0]
         assert trial.attempt == 2
         assert trial.status in (TrialStatus.queued, TrialStatus.starting, TrialStatus.running)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gpumux import client as client_module
+from gpumux import tokenfile
 from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
 from gpumux.config import Settings
 from gpumux.daemon import embedded
@@ -40,17 +41,19 @@ def wait_ended(client: Client, sweep_id: int) -> SweepDetail:
 
 
 @pytest.fixture(scope="module")
-def daemon_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str | None]]:
+    """The URL of a daemon over TCP, and the token it keeps for its own user."""
     home = tmp_path_factory.mktemp("client") / "home"
     url = f"http://127.0.0.1:{free_port()}"
     settings = Settings(home=home, url=url, max_grid=MAX_GRID, poll_interval=0.2)
     with embedded(settings) as running:
-        yield running.url
+        yield running.url, tokenfile.read_token_file(home / tokenfile.DAEMON_TOKEN_NAME)
 
 
 @pytest.fixture
-def client(daemon_url: str) -> Iterator[Client]:
-    with Client(daemon_url, timeout=10) as api:
+def client(daemon: tuple[str, str | None]) -> Iterator[Client]:
+    url, token = daemon
+    with Client(url, timeout=10, token=token) as api:
         yield api
 
 

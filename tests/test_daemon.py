@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from builders import daemon_bearer
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
 from gpumux.daemon import DaemonAlreadyRunning, DaemonError, embedded, listen_where_clients_look
@@ -38,7 +40,8 @@ def test_the_embedded_daemon_runs_a_sweep_over_http(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{port}")
     with embedded(settings) as daemon:
         assert daemon.url == f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=daemon.url, timeout=10) as client:
+        headers = daemon_bearer(settings.home)
+        with httpx.Client(base_url=daemon.url, timeout=10, headers=headers) as client:
             assert client.get("/health").json()["status"] == "ok"
             created = client.post(
                 "/sweeps",
@@ -158,3 +161,21 @@ def test_the_daemon_offers_only_the_gpus_it_is_given(
                 assert time.monotonic() < deadline, "no device snapshot"
                 time.sleep(0.05)
     assert [device["uuid"] for device in devices] == [nvml.gpus[1].uuid]
+
+
+def test_the_daemon_reports_its_scheduler_ticks_in_its_metrics(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")
+    with embedded(settings) as daemon, httpx.Client(base_url=daemon.url, timeout=10) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            families = {
+                family.name: family
+                for family in text_string_to_metric_families(client.get("/metrics").text)
+            }
+            ticks = families["gpumux_scheduler_tick_seconds"].samples
+            count = next(s.value for s in ticks if s.name.endswith("_count"))
+            if count > 0:
+                break
+            assert time.monotonic() < deadline, "no scheduler tick was recorded"
+            time.sleep(0.05)
+        assert next(s.value for s in ticks if s.name.endswith("_sum")) > 0

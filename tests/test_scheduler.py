@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import signal
@@ -52,7 +53,7 @@ class Harness:
             sweepspec.parse_params(sweep.params), trials=None, seed=1, max_grid=100
         )
         with self.sessions.write.begin() as session:
-            owner = store.get_or_create_owner(session=session, name="tester")
+            owner = store.get_or_create_owner(session=session, name=getpass.getuser())
             return store.create_sweep(
                 session=session, sweep_in=sweep, owner=owner, seed=1, trial_params=trial_params
             ).id

@@ -7,11 +7,13 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from gpumux import __version__
-from gpumux.api import devices, health, profiles, reports, sweeps, trials
+from gpumux.api import devices, errors, health, profiles, reports, sweeps, tokens, trials, ui
+from gpumux.api import metrics as metrics_route
 from gpumux.api.deps import AppState
 from gpumux.config import Settings
 from gpumux.db import Sessions
 from gpumux.devices import DeviceSnapshot
+from gpumux.metrics import Metrics
 
 
 def create_app(
@@ -20,8 +22,13 @@ def create_app(
     sessions: Sessions,
     devices_view: Callable[[], list[DeviceSnapshot]] = list,
     notify: Callable[[], None] = lambda: None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
-    """The API over this database; `notify` nudges the scheduler after a write of intent."""
+    """The API over this database; `notify` nudges the scheduler after a write of intent.
+
+    `metrics` is shared with the scheduler, which records its tick times in it; the app adds
+    the state read at each scrape of /metrics, so one Metrics serves one app.
+    """
     app = FastAPI(
         title="gpumux",
         version=__version__,
@@ -30,6 +37,10 @@ def create_app(
     app.state.gpumux = AppState(
         settings=settings, sessions=sessions, devices_view=devices_view, notify=notify
     )
-    for module in (sweeps, trials, reports, devices, profiles, health):
+    app.state.metrics = metrics or Metrics()
+    app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)
+    modules = (sweeps, trials, reports, devices, profiles, tokens, health, metrics_route, ui)
+    for module in modules:
         app.include_router(module.router)
+    errors.install(app)
     return app

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import store, sweepspec
-from gpumux.api.deps import ReadSessionDep, StateDep, UserDep
+from gpumux import identity, store, sweepspec
+from gpumux.api.deps import (
+    AppState,
+    Caller,
+    CallerDep,
+    ReadSessionDep,
+    StateDep,
+    refuse_unless_owner,
+)
 from gpumux.models import Sweep
 from gpumux.schemas import (
     ProfilePublic,
@@ -22,6 +30,8 @@ from gpumux.schemas import (
 )
 from gpumux.splitsearch import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["sweeps"])
 
@@ -66,16 +76,40 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     )
 
 
-def sweep_or_404(session: Session, sweep_id: int) -> Sweep:
+def sweep_or_404(session: Session, sweep_id: int, caller: Caller) -> Sweep:
+    """The sweep, if it exists (404) and the caller may touch it (403)."""
     sweep = store.get_sweep(session=session, sweep_id=sweep_id)
     if sweep is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"sweep {sweep_id} not found")
+    refuse_unless_owner(caller, sweep.owner.name, f"sweep {sweep_id}")
     return sweep
 
 
+def check_submission(sweep_in: SweepCreate, state: AppState, caller: Caller, trials: int) -> None:
+    """Refuse what this user may not run: a directory they cannot enter, or over their quota."""
+    if state.daemon_uid == 0 and caller.account.uid != 0:
+        # Trials run as the submitter: a directory only root can enter must not become theirs.
+        reason = identity.readable_directory(sweep_in.workdir, caller.account)
+        if reason is not None:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{caller.name} cannot use the working directory: {reason}",
+            )
+    quota = state.settings.max_queued_per_user
+    if quota is not None:
+        with state.sessions.read() as session:
+            waiting = store.queued_count(session=session, owner=caller.name)
+        if waiting + trials > quota:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                f"{caller.name} has {waiting:,} trials waiting; {trials:,} more would pass the "
+                f"limit of {quota:,} (GPUMUX_MAX_QUEUED_PER_USER): wait, or cancel some",
+            )
+
+
 @router.post("/sweeps", status_code=status.HTTP_201_CREATED)
-def create_sweep(sweep_in: SweepCreate, state: StateDep, user: UserDep) -> SweepDetail:
-    """Submit a sweep; its trials are queued and committed before this answers."""
+def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> SweepDetail:
+    """Submit a sweep as the caller; its trials are queued and committed before this answers."""
     seed = sweep_in.seed if sweep_in.seed is not None else secrets.randbits(31)
     limit = state.settings.max_grid
     if sweep_in.trials is not None and sweep_in.trials > limit:
@@ -88,8 +122,9 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, user: UserDep) -> Sweep
         trial_params = sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
     except sweepspec.SpecError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
+    check_submission(sweep_in, state, caller, len(trial_params))
     with state.sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name=user)
+        owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
         sweep = store.create_sweep(
             session=session, sweep_in=sweep_in, owner=owner, seed=seed, trial_params=trial_params
         )
@@ -101,12 +136,17 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, user: UserDep) -> Sweep
 @router.get("/sweeps")
 def list_sweeps(
     session: ReadSessionDep,
+    caller: CallerDep,
     status_: Annotated[SweepStatus | None, Query(alias="status")] = None,
-    owner: str | None = None,
+    owner: Annotated[str | None, Query(description="whose (admins: anyone's)")] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SweepsPublic:
-    """Sweeps, newest first, with the count of their trials in each status."""
+    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status."""
+    if owner is not None:
+        refuse_unless_owner(caller, owner, "the sweeps")
+    elif not caller.admin:
+        owner = caller.name
     sweeps, count = store.list_sweeps(
         session=session, status=status_, owner=owner, offset=offset, limit=limit
     )
@@ -117,16 +157,18 @@ def list_sweeps(
 
 
 @router.get("/sweeps/{sweep_id}")
-def get_sweep(sweep_id: int, session: ReadSessionDep) -> SweepDetail:
+def get_sweep(sweep_id: int, session: ReadSessionDep, caller: CallerDep) -> SweepDetail:
     """One sweep with its counts by status and its best trial by the objective."""
-    return sweep_detail(session, sweep_or_404(session, sweep_id))
+    return sweep_detail(session, sweep_or_404(session, sweep_id, caller))
 
 
 @router.post("/sweeps/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
-def cancel_sweep(sweep_id: int, state: StateDep) -> SweepDetail:
+def cancel_sweep(sweep_id: int, state: StateDep, caller: CallerDep) -> SweepDetail:
     """Ask for a sweep to stop: queued trials are dropped, running ones terminated."""
     with state.sessions.write.begin() as session:
-        sweep = store.request_cancel(session=session, sweep=sweep_or_404(session, sweep_id))
+        sweep = sweep_or_404(session, sweep_id, caller)
+        log.info("api: %s cancels sweep %d of %s", caller.name, sweep_id, sweep.owner.name)
+        sweep = store.request_cancel(session=session, sweep=sweep)
         detail = sweep_detail(session, sweep)
     state.notify()
     return detail
@@ -136,12 +178,13 @@ def cancel_sweep(sweep_id: int, state: StateDep) -> SweepDetail:
 def list_sweep_trials(
     sweep_id: int,
     session: ReadSessionDep,
+    caller: CallerDep,
     status_: Annotated[TrialStatus | None, Query(alias="status")] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> TrialsPublic:
     """A sweep's trials in order, paginated."""
-    sweep_or_404(session, sweep_id)
+    sweep_or_404(session, sweep_id, caller)
     trials, count = store.list_trials(
         session=session, sweep_id=sweep_id, status=status_, offset=offset, limit=limit
     )

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import codecs
+import json
 import os
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from gpumux import store
-from gpumux.api.deps import ReadSessionDep
+from gpumux.api.deps import Caller, CallerDep, ReadSessionDep, refuse_unless_owner
 from gpumux.models import Trial
 from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
+from gpumux.supervisor import log_base_path
 
 router = APIRouter(tags=["trials"])
 
@@ -20,35 +23,44 @@ LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_MAX = 1024 * 1024
 
 
-def trial_or_404(session: Session, trial_id: int) -> Trial:
+def trial_or_404(session: Session, trial_id: int, caller: Caller) -> Trial:
+    """The trial, if it exists (404) and the caller may touch its sweep (403)."""
     trial = store.get_trial(session=session, trial_id=trial_id)
     if trial is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
+    refuse_unless_owner(caller, trial.sweep.owner.name, f"trial {trial_id}")
     return trial
 
 
 @router.get("/trials/{trial_id}")
-def get_trial(trial_id: int, session: ReadSessionDep) -> TrialPublic:
+def get_trial(trial_id: int, session: ReadSessionDep, caller: CallerDep) -> TrialPublic:
     """One trial; a failed one carries its exit status and the last lines of its log."""
-    return TrialPublic.model_validate(trial_or_404(session, trial_id))
+    return TrialPublic.model_validate(trial_or_404(session, trial_id, caller))
 
 
 @router.get("/trials/{trial_id}/log")
 def get_trial_log(
     trial_id: int,
     session: ReadSessionDep,
+    caller: CallerDep,
     offset: Annotated[int | None, Query(ge=0, description="byte offset; omit for the tail")] = None,
     limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = 256 * 1024,
 ) -> LogChunk:
     """The trial's log from `offset`, or its tail; follow it with `next_offset`."""
-    trial = trial_or_404(session, trial_id)
-    raw, start, size = b"", 0, 0
+    trial = trial_or_404(session, trial_id, caller)
+    raw, start, size, skipped = b"", 0, 0, 0
     if trial.log_path is not None:
+        # Offsets count the whole output; the current piece of a rotated log starts at `base`.
+        base = _log_base(trial.log_path)
         try:
             with open(trial.log_path, "rb") as log_file:
-                size = os.fstat(log_file.fileno()).st_size
-                start = max(0, size - LOG_TAIL_BYTES) if offset is None else min(offset, size)
-                log_file.seek(start)
+                size = base + os.fstat(log_file.fileno()).st_size
+                if offset is None:
+                    start = max(base, size - LOG_TAIL_BYTES)
+                else:
+                    start = min(max(offset, base), size)
+                    skipped = max(0, base - offset)
+                log_file.seek(start - base)
                 raw = log_file.read(limit)
         except FileNotFoundError:
             pass
@@ -67,20 +79,31 @@ def get_trial_log(
         offset=start,
         next_offset=next_offset,
         size=size,
+        skipped=skipped,
         data=data,
         complete=trial.status.is_final and next_offset >= size,
     )
+
+
+def _log_base(log_path: str) -> int:
+    try:
+        record = json.loads(log_base_path(Path(log_path)).read_text())
+    except (OSError, ValueError):
+        return 0
+    base = record.get("base") if isinstance(record, dict) else None
+    return base if isinstance(base, int) else 0
 
 
 @router.get("/trials/{trial_id}/reports")
 def list_trial_reports(
     trial_id: int,
     session: ReadSessionDep,
+    caller: CallerDep,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> ReportsPublic:
     """What the trial reported over time: samples/s and metrics."""
-    trial_or_404(session, trial_id)
+    trial_or_404(session, trial_id, caller)
     reports, count = store.list_reports(
         session=session, trial_id=trial_id, offset=offset, limit=limit
     )

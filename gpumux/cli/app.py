@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands, profiles, top, tune
+from gpumux.cli import commands, profiles, token, top, tune
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
@@ -90,6 +90,14 @@ for command in (
     tune.tune,
 ):
     app.command()(user_errors(command))
+
+token_app = typer.Typer(
+    help="API tokens, for reaching the daemon over TCP (made over its Unix socket).",
+    no_args_is_help=True,
+)
+token_app.command()(user_errors(token.create))
+token_app.command()(user_errors(token.revoke))
+app.add_typer(token_app, name="token")
 
 
 def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:

@@ -203,12 +203,14 @@ def _print_log(client: Client, trial_id: int, *, follow: bool) -> int:
     offset, attempt = 0, None
     while True:
         chunk = client.get_log(trial_id, offset)
-        if attempt is not None and (chunk.attempt != attempt or chunk.size < offset):
+        if attempt is not None and chunk.attempt != attempt:
             # Requeued: the new attempt writes a new log file, so start from its beginning.
             sys.stdout.write(f"--- gpumux: attempt {chunk.attempt} ---\n")
             offset, attempt = 0, chunk.attempt
             continue
         attempt = chunk.attempt
+        if chunk.skipped:
+            sys.stdout.write(f"--- gpumux: {chunk.skipped} bytes rotated away unread ---\n")
         sys.stdout.write(chunk.data)
         sys.stdout.flush()
         offset = chunk.next_offset

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpumux.cli.state import CliError, CliState
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.config import Settings
+from gpumux.config import SHARED_SOCKET, SOCKET_NAME, Settings
 
 if TYPE_CHECKING:
     from gpumux.daemon import Daemon, DaemonAlreadyRunning
@@ -50,6 +50,11 @@ def find_daemon(url: str, settings: Settings) -> Client:
     lock_url = read_lock_url(settings.lock_path)
     if lock_url is not None and lock_url != url:
         client = _answering(lock_url)
+        if client is not None:
+            return client
+    if url == f"unix:{settings.home / SOCKET_NAME}" and SHARED_SOCKET.exists():
+        # A shared server's daemon (deploy/gpumux.service), when this user names none.
+        client = _answering(f"unix:{SHARED_SOCKET}")
         if client is not None:
             return client
     raise DaemonUnreachable(url, "start one with `gpumux serve`, or give its address with --url")

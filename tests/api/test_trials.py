@@ -73,7 +73,10 @@ def test_reports_need_the_trial_token(
     api: httpx.Client, sessions: Sessions, tmp_path: Path
 ) -> None:
     trial_id = running_trial(sessions, tmp_path)
-    assert api.post("/reports", json=report(trial_id)).status_code == 401
+    anonymous = {"Authorization": ""}
+    assert api.post("/reports", json=report(trial_id), headers=anonymous).status_code == 401
+    user_token = api.post("/reports", json=report(trial_id))
+    assert user_token.status_code == 403, "a user's token is no trial's token"
     wrong = api.post("/reports", json=report(trial_id), headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 403 and "token does not match" in wrong.text
     stale = api.post("/reports", json=report(trial_id, 2), headers={"Authorization": "Bearer tok"})

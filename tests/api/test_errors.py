@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from builders import bearer
+from sqlalchemy import event, text
+
+from gpumux.api import create_app, errors
+from gpumux.config import Settings
+from gpumux.db import BUSY_TIMEOUT_MS, Sessions
+
+# Larger than any SQLite build allows: SQLite lowers it to its own maximum.
+NO_PAGE_LIMIT = 2**32
+
+
+@dataclass
+class Limits:
+    """What each connection is held to when the API takes it from the pool."""
+
+    max_page_count: int = NO_PAGE_LIMIT
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS
+
+
+@pytest.fixture
+def limits(sessions: Sessions) -> Limits:
+    """Limits applied to every connection of the test's engine as it is checked out."""
+    limits = Limits()
+
+    def apply(dbapi_connection: sqlite3.Connection, *_: Any) -> None:
+        # max_page_count: SQLite refuses to grow the file past it with SQLITE_FULL, the very
+        # error a full disk gives.
+        dbapi_connection.execute(f"PRAGMA max_page_count={limits.max_page_count}")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={limits.busy_timeout_ms}")
+
+    event.listen(sessions.engine, "checkout", apply)
+    return limits
+
+
+@pytest.fixture
+def api(settings: Settings, sessions: Sessions, limits: Limits) -> Iterator[httpx.Client]:
+    """A client of the API with its error handlers installed, served by uvicorn on a socket."""
+    app = create_app(settings=settings, sessions=sessions)
+    errors.install(app)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    thread.start()
+    port = sock.getsockname()[1]
+    headers = bearer(sessions)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=headers) as client:
+        yield client
+    server.should_exit = True
+    thread.join()
+    sock.close()
+
+
+def body(tmp_path: Path, *params: str) -> dict[str, Any]:
+    return {
+        "params": list(params),
+        "command": ["python", "-c", "pass"],
+        "workdir": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+    }
+
+
+def stored(api: httpx.Client) -> dict[int, list[dict[str, Any]]]:
+    """Every stored sweep's trials' params, by sweep id."""
+    sweeps = api.get("/sweeps").json()["data"]
+    return {
+        sweep["id"]: [
+            trial["params"]
+            for trial in api.get(f"/sweeps/{sweep['id']}/trials", params={"limit": 1000}).json()[
+                "data"
+            ]
+        ]
+        for sweep in sweeps
+    }
+
+
+def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_is_freed(
+    api: httpx.Client,
+    sessions: Sessions,
+    limits: Limits,
+    settings: Settings,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for _ in range(2):
+        assert api.post("/sweeps", json=body(tmp_path, "x=1..20")).status_code == 201
+    before = stored(api)
+    with sessions.read() as session:
+        limits.max_page_count = session.execute(text("PRAGMA page_count")).scalar_one()
+
+    full = api.post("/sweeps", json=body(tmp_path, "x=1..1000"))
+
+    assert full.status_code == 507, full.text
+    detail = full.json()["detail"]
+    assert f"the database {settings.db_path} is full" in detail
+    assert "nothing of this request was stored" in detail and "Free space" in detail
+    assert f"db {settings.db_path}: full; POST /sweeps refused" in caplog.text
+    assert stored(api) == before and [len(params) for params in before.values()] == [20, 20]
+
+    limits.max_page_count = NO_PAGE_LIMIT
+    landed = api.post("/sweeps", json=body(tmp_path, "x=1..1000"))
+    assert landed.status_code == 201, landed.text
+    after = stored(api)
+    assert len(after[landed.json()["id"]]) == 1000
+    assert {key: after[key] for key in before} == before
+
+
+def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
+    api: httpx.Client, limits: Limits, settings: Settings, tmp_path: Path
+) -> None:
+    limits.busy_timeout_ms = 0
+    blocker = sqlite3.connect(settings.db_path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        locked = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
+        assert locked.status_code == 503, locked.text
+        assert locked.headers["retry-after"] == str(errors.RETRY_AFTER_S)
+        detail = locked.json()["detail"]
+        assert f"the database {settings.db_path} is locked by another writer" in detail
+        assert "nothing of this request was stored" in detail
+        # WAL: readers go on while the writer holds the lock.
+        assert api.get("/sweeps").json()["count"] == 0
+    finally:
+        blocker.close()
+    assert api.post("/sweeps", json=body(tmp_path, "x=1,2")).status_code == 201
+    assert api.get("/sweeps").json()["count"] == 1
+
+
+def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_the_log(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with sessions.write.begin() as session:
+        session.execute(
+            text(
+                "CREATE TRIGGER refuse BEFORE INSERT ON sweeps "
+                "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )
+        )
+
+    failed = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
+
+    assert failed.status_code == 500, failed.text
+    assert failed.json()["detail"] == (
+        "database error in POST /sweeps: IntegrityError: refused by the test "
+        "(the daemon's log has the details)"
+    )
+    (record,) = [r for r in caplog.records if r.name == "gpumux.api.errors"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert "Traceback" in caplog.text and "refused by the test" in caplog.text
+    assert api.get("/health").json()["status"] == "ok"
