@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from gpumux import store
-from gpumux.api.deps import ReadSessionDep, StateDep
+from gpumux.api.deps import ReadSessionDep, StateDep, get_caller
 from gpumux.schemas import DevicePublic, DeviceTrial
 
-router = APIRouter(tags=["devices"])
+# Any user the daemon accepts may look; over TCP that takes a token.
+router = APIRouter(tags=["devices"], dependencies=[Depends(get_caller)])
 
 
 @router.get("/devices")

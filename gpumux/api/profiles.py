@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from gpumux import store
-from gpumux.api.deps import ReadSessionDep
+from gpumux.api.deps import ReadSessionDep, get_caller
 from gpumux.schemas import ProfilePublic, ProfilesPublic
 
-router = APIRouter(tags=["profiles"])
+# Any user the daemon accepts may look; over TCP that takes a token.
+router = APIRouter(tags=["profiles"], dependencies=[Depends(get_caller)])
 
 
 @router.get("/profiles")

@@ -85,8 +85,8 @@ def sweep_or_404(session: Session, sweep_id: int, caller: Caller) -> Sweep:
     return sweep
 
 
-def check_submission(sweep_in: SweepCreate, state: AppState, caller: Caller, trials: int) -> None:
-    """Refuse what this user may not run: a directory they cannot enter, or over their quota."""
+def check_workdir(sweep_in: SweepCreate, state: AppState, caller: Caller) -> None:
+    """Refuse a working directory the user could not enter themselves."""
     if state.daemon_uid == 0 and caller.account.uid != 0:
         # Trials run as the submitter: a directory only root can enter must not become theirs.
         reason = identity.readable_directory(sweep_in.workdir, caller.account)
@@ -95,10 +95,14 @@ def check_submission(sweep_in: SweepCreate, state: AppState, caller: Caller, tri
                 status.HTTP_403_FORBIDDEN,
                 f"{caller.name} cannot use the working directory: {reason}",
             )
+
+
+def check_quota(session: Session, state: AppState, caller: Caller, trials: int) -> None:
+    """Refuse a sweep that would put the user over their queue limit; called in the write
+    transaction that stores it, so that concurrent submissions cannot all slip under it."""
     quota = state.settings.max_queued_per_user
     if quota is not None:
-        with state.sessions.read() as session:
-            waiting = store.queued_count(session=session, owner=caller.name)
+        waiting = store.queued_count(session=session, owner=caller.name)
         if waiting + trials > quota:
             raise HTTPException(
                 status.HTTP_429_TOO_MANY_REQUESTS,
@@ -122,8 +126,9 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
         trial_params = sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
     except sweepspec.SpecError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
-    check_submission(sweep_in, state, caller, len(trial_params))
+    check_workdir(sweep_in, state, caller)
     with state.sessions.write.begin() as session:
+        check_quota(session, state, caller, len(trial_params))
         owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
         sweep = store.create_sweep(
             session=session, sweep_in=sweep_in, owner=owner, seed=seed, trial_params=trial_params
