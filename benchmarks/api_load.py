@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from gpumux import __version__
+from gpumux import __version__, tokenfile
 
 STARTUP_DEADLINE_S = 60.0
 ENDPOINTS = (
@@ -75,6 +75,8 @@ def own_daemon(max_grid: int) -> Iterator[str]:
             daemon = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 wait_for_health(url, daemon)
+                # Over TCP every request needs a token: the one this daemon keeps for its user.
+                os.environ["GPUMUX_TOKEN"] = tokenfile.daemon_token(Path(home)) or ""
                 yield url
             finally:
                 daemon.send_signal(signal.SIGTERM)
@@ -94,6 +96,12 @@ def wait_for_health(url: str, daemon: subprocess.Popen[bytes]) -> None:
     raise SystemExit(f"gpumux serve did not answer at {url} within {STARTUP_DEADLINE_S:g} s")
 
 
+def auth() -> dict[str, str]:
+    """The token header a gpumux client would send (GPUMUX_TOKEN or the user's token file)."""
+    token = tokenfile.discover_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def sweep_body(workdir: str) -> dict[str, Any]:
     return {
         "params": ["x=1,2"],
@@ -105,7 +113,7 @@ def sweep_body(workdir: str) -> dict[str, Any]:
 
 def preload(url: str, trials: int, workdir: str) -> int:
     """A sweep of `trials` trials, cancelled at once so that its rows stay and nothing runs."""
-    with httpx.Client(base_url=url, timeout=600) as http:
+    with httpx.Client(base_url=url, timeout=600, headers=auth()) as http:
         body = sweep_body(workdir) | {"params": [f"n=1..{trials}"]}
         started = time.perf_counter()
         created = http.post("/sweeps", json=body)
@@ -124,7 +132,7 @@ async def one_client(
 ) -> None:
     """Cycle through the endpoints `requests` times, recording each latency."""
     endpoints = ENDPOINTS + (BIG_ENDPOINTS if big else ())
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=auth()) as http:
         await http.get("/health")  # connect before the clock starts
         sweep_id: int | None = None
         for number in range(requests):

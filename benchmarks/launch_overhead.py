@@ -30,6 +30,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gpumux import tokenfile
+
 ROOT = Path(__file__).resolve().parents[1]
 NOOP = ROOT / "examples" / "noop.py"
 console = Console(soft_wrap=True)
@@ -74,6 +76,8 @@ def gpumux_sweep(trials: int, split: int) -> tuple[float, list[float], float]:
         try:
             with httpx.Client(base_url=url, timeout=30) as client:
                 wait_for_health(client)
+                token = tokenfile.daemon_token(Path(home))
+                client.headers["Authorization"] = f"Bearer {token}"
                 submitted = time.perf_counter()
                 sweep = client.post(
                     "/sweeps",

@@ -35,6 +35,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gpumux import tokenfile
+
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(soft_wrap=True)
 
@@ -70,6 +72,7 @@ def daemon(home: Path) -> Iterator[httpx.Client]:
                                 f"serve did not start; see {home}/serve.log"
                             ) from error
                         time.sleep(0.1)
+                client.headers["Authorization"] = f"Bearer {tokenfile.daemon_token(home)}"
                 yield client
         finally:
             process.send_signal(signal.SIGTERM)

@@ -59,6 +59,11 @@ def read_token_file(path: Path) -> str | None:
     return token or None
 
 
+def daemon_token(home: Path) -> str | None:
+    """The token a daemon keeps for its own user in its data directory `home`."""
+    return read_token_file(home / DAEMON_TOKEN_NAME)
+
+
 def discover_token(home: Path | None = None) -> str | None:
     """The token a client sends over TCP: $GPUMUX_TOKEN, else the user's token file, else the
     token the daemon keeps for its own user in the data directory `home` (when readable)."""
@@ -71,5 +76,5 @@ def discover_token(home: Path | None = None) -> str | None:
     if home is not None:
         # Another user's daemon: its token is not ours to read, and that is no error.
         with contextlib.suppress(TokenFileError):
-            return read_token_file(home / DAEMON_TOKEN_NAME)
+            return daemon_token(home)
     return None
