@@ -34,24 +34,27 @@ READ_SIZE = 64 * 1024
 DRAIN_SECONDS = 2.0
 
 
-def write_json_atomically(path: Path, value: dict[str, Any]) -> None:
-    """Write a JSON file so that a reader sees the old file or the whole new one, never half."""
+def write_json_atomically(path: Path, value: dict[str, Any], *, durable: bool = False) -> None:
+    """Write a JSON file so that a reader sees the old file or the whole new one, never half;
+    `durable`: also on disk before this returns (what must survive a power cut)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         with open(temporary, "w") as out:
             json.dump(value, out)
-            out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def start_ticks(pid: int, *, living: bool = False) -> int | None:
@@ -239,7 +242,7 @@ class Supervisor:
         while True:
             log.write(b"")
             try:
-                write_json_atomically(self.run_dir / EXIT, record)
+                write_json_atomically(self.run_dir / EXIT, record, durable=True)
                 return
             except OSError as error:
                 with contextlib.suppress(OSError):
