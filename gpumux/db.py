@@ -247,8 +247,8 @@ def _open_failure(engine: Engine, error: exc.DatabaseError) -> str:
         no_room = False
     if code in _NO_ROOM_CODES or no_room:
         return (
-            f"{path} cannot be opened: the disk holding {folder} is full ({error.orig}); "
-            "free space there and start again (the database itself is intact)"
+            f"{path} cannot be opened: the disk is full ({error.orig}); free space in "
+            f"{folder} and start again (the database itself is intact)"
         )
     return (
         f"{path} cannot be opened as a database ({error.orig}); move it aside or pass another --db"

@@ -1,0 +1,1 @@
+"""Reliability: real daemons loaded, crashed and restarted; nothing acknowledged is lost."""
