@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +20,8 @@ router = APIRouter(tags=["trials"])
 
 LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_MAX = 1024 * 1024
+# The rotated pieces of a log looked for (GPUMUX_LOG_KEEP beyond this are not served).
+MAX_PIECES = 9
 
 
 def trial_or_404(session: Session, trial_id: int, caller: Caller) -> Trial:
@@ -50,20 +51,8 @@ def get_trial_log(
     trial = trial_or_404(session, trial_id, caller)
     raw, start, size, skipped = b"", 0, 0, 0
     if trial.log_path is not None:
-        # Offsets count the whole output; the current piece of a rotated log starts at `base`.
-        base = _log_base(trial.log_path)
         try:
-            with open(trial.log_path, "rb") as log_file:
-                size = base + os.fstat(log_file.fileno()).st_size
-                if offset is None:
-                    start = max(base, size - LOG_TAIL_BYTES)
-                else:
-                    start = min(max(offset, base), size)
-                    skipped = max(0, base - offset)
-                log_file.seek(start - base)
-                raw = log_file.read(limit)
-        except FileNotFoundError:
-            pass
+            raw, start, size, skipped = read_log(Path(trial.log_path), offset, limit)
         except OSError as error:
             raise HTTPException(
                 status.HTTP_500_INTERNAL_SERVER_ERROR,
@@ -85,9 +74,40 @@ def get_trial_log(
     )
 
 
-def _log_base(log_path: str) -> int:
+def read_log(path: Path, offset: int | None, limit: int) -> tuple[bytes, int, int, int]:
+    """Up to `limit` bytes of a log from `offset` (None: its tail), reading the rotated
+    pieces where the offset falls in one: (data, where it starts, the log's size, bytes
+    after `offset` that rotation dropped). Offsets count the whole output."""
+    pieces = [path, *(path.with_name(f"{path.name}.{n}") for n in range(1, MAX_PIECES + 1))]
+    sizes: list[int] = []
+    for piece in pieces:
+        try:
+            sizes.append(piece.stat().st_size)
+        except FileNotFoundError:
+            if piece == path:
+                return b"", 0, 0, 0
+            break
+    starts = [_log_base(path)]
+    for piece_size in sizes[1:]:
+        starts.append(starts[-1] - piece_size)
+    size = starts[0] + sizes[0]
+    if offset is None:
+        offset = max(starts[0], size - LOG_TAIL_BYTES)
+    skipped = max(0, starts[-1] - offset)
+    offset = min(max(offset, starts[-1]), size)
+    index = next(n for n, piece_start in enumerate(starts) if piece_start <= offset)
     try:
-        record = json.loads(log_base_path(Path(log_path)).read_text())
+        with open(pieces[index], "rb") as log_file:
+            log_file.seek(offset - starts[index])
+            return log_file.read(limit), offset, size, skipped
+    except FileNotFoundError:
+        # Rotated between the look and the read: nothing this time, the next ask finds it.
+        return b"", offset, size, skipped
+
+
+def _log_base(path: Path) -> int:
+    try:
+        record = json.loads(log_base_path(path).read_text())
     except (OSError, ValueError):
         return 0
     base = record.get("base") if isinstance(record, dict) else None

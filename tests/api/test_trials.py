@@ -6,6 +6,7 @@ import httpx
 from builders import sweep_in
 
 from gpumux import store
+from gpumux.api.trials import read_log
 from gpumux.db import Sessions
 from gpumux.status import TrialStatus
 
@@ -91,3 +92,19 @@ def test_reports_need_the_trial_token(
     assert reports["count"] == 1 and reports["data"][0]["samples_per_s"] == 250
     trial = api.get(f"/trials/{trial_id}").json()
     assert trial["objective"] == 0.25 and trial["samples_per_s"] == 250
+
+
+def test_log_offsets_count_the_whole_output_across_rotated_pieces(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    (tmp_path / "trial.log.2").write_bytes(b"abc")
+    (tmp_path / "trial.log.1").write_bytes(b"def")
+    log.write_bytes(b"gh")
+    (tmp_path / "trial.log.base").write_text('{"base": 7}')  # one byte was dropped before
+    assert read_log(log, 0, 100) == (b"abc", 1, 9, 1)
+    assert read_log(log, 2, 100) == (b"bc", 2, 9, 0)
+    assert read_log(log, 4, 2) == (b"de", 4, 9, 0)
+    assert read_log(log, 6, 100) == (b"f", 6, 9, 0)
+    assert read_log(log, 7, 100) == (b"gh", 7, 9, 0)
+    assert read_log(log, 9, 100) == (b"", 9, 9, 0)
+    assert read_log(log, None, 100) == (b"gh", 7, 9, 0)
+    assert read_log(tmp_path / "absent.log", 0, 100) == (b"", 0, 0, 0)

@@ -383,8 +383,11 @@ def test_a_runaway_log_is_rotated_within_its_cap_and_its_tail_is_still_served(
         assert tail["data"].endswith(f"{lines - 1:08d} {'x' * 1014}\nrunaway: done\n")
         assert (tail["size"], tail["complete"]) == (base + sizes[name], True)
         # A follower that fell behind the rotation is told how much it missed, not fed a gap.
+        oldest = base - sizes[f"{name}.1"] - sizes[f"{name}.2"]
         behind = client.get(f"/trials/{first['id']}/log", params={"offset": 10}).json()
-        assert (behind["offset"], behind["skipped"]) == (base, base - 10)
+        assert (behind["offset"], behind["skipped"]) == (oldest, oldest - 10)
+        kept_piece = (logs / f"{name}.2").read_bytes()
+        assert behind["data"].encode() == kept_piece[: len(behind["data"].encode())]
 
 
 def test_a_daemon_started_on_a_full_disk_refuses_with_a_clear_message_and_loses_nothing(
