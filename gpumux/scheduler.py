@@ -9,7 +9,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 OVERHEAD_BELIEVABLE = 4
 # The supervisor kills a trial at the grace period; the daemon steps in this much later.
 KILL_BACKSTOP_S = 5.0
+# How soon to look again for the pid of a trial whose supervisor is starting it.
+LEADER_POLL_S = 0.05
+LEADER_POLL_FOR_S = 2.0
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Running:
     stop: StopReason | None = None
     kill_at: float | None = None
     leader_recorded: bool = False
+    watched_since: float = field(default_factory=time.monotonic)
 
 
 class Scheduler:
@@ -132,7 +136,6 @@ class Scheduler:
         self.reap()
         if not self._draining:
             self.reconcile()
-        self.record_leaders()
         self.apply_cancels()
         self.apply_deadlines()
         self.check_heartbeats()
@@ -210,49 +213,87 @@ class Scheduler:
         return self.settings.runs_dir / f"{trial.id}.{trial.attempt}"
 
     def reap(self) -> None:
-        """Record the end of every trial whose supervisor has exited."""
+        """Record the end of every trial whose supervisor has exited, and the leader pid of
+        every trial newly started, in one transaction (each commit waits for the disk)."""
+        ended: list[tuple[int, Running, TrialEnd | None]] = []
         for trial_id, entry in list(self._running.items()):
             if not entry.process.exited():
                 continue
             if self._loop is not None and entry.process.pidfd is not None:
                 self._loop.remove_reader(entry.process.pidfd)
-            end = entry.process.finish()
+            ended.append((trial_id, entry, entry.process.finish()))
             del self._running[trial_id]
-            with self.sessions.write.begin() as session:
+        leaders = {
+            trial_id: leader
+            for trial_id, entry in self._running.items()
+            if not entry.leader_recorded and (leader := entry.process.leader) is not None
+        }
+        if not ended and not leaders:
+            return
+        # A failed commit (a full disk) leaves these trials active in the database and no
+        # longer watched: reconcile() picks them up at the next tick, from their run records.
+        with self.sessions.write.begin() as session:
+            for trial_id, entry, end in ended:
+                self._record_end(session, trial_id, entry, end)
+            for trial_id, (pid, started) in leaders.items():
                 trial = store.get_trial(session=session, trial_id=trial_id)
-                if trial is None:
-                    continue
-                if (
-                    trial.attempt != entry.process.attempt
-                    or trial.status not in ACTIVE_TRIAL_STATUSES
-                ):
-                    # Fencing: the end of an older attempt never overwrites a newer one.
-                    log.warning(
-                        "trial %s: ignoring the end of attempt %d (now attempt %d, %s)",
-                        trial_id,
-                        entry.process.attempt,
-                        trial.attempt,
-                        trial.status,
-                    )
-                    continue
-                if end is None:
-                    outcomes.requeue_or_lose(
-                        session=session,
-                        trial=trial,
-                        why="lost its supervisor (killed, or stopped answering)",
-                        settings=self.settings,
-                    )
-                else:
-                    self._record(session, trial, end, stop=entry.stop)
+                if trial is not None and trial.status in ACTIVE_TRIAL_STATUSES:
+                    self._record_running(session, trial, self._running[trial_id].process)
+                    trial.pid, trial.pid_started = pid, started
+        for trial_id in leaders:
+            self._running[trial_id].leader_recorded = True
+
+    def _record_running(
+        self, session: Session, trial: Trial, process: SupervisedTrial | None
+    ) -> None:
+        if trial.status is TrialStatus.starting:
+            supervised = {}
+            if process is not None:
+                supervised = {"supervisor_pid": process.pid, "supervisor_started": process.started}
+            store.set_trial_status(
+                session=session, trial=trial, status=TrialStatus.running, **supervised
+            )
+
+    def _record_end(
+        self, session: Session, trial_id: int, entry: Running, end: TrialEnd | None
+    ) -> None:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        if trial is None:
+            return
+        if trial.attempt != entry.process.attempt or trial.status not in ACTIVE_TRIAL_STATUSES:
+            # Fencing: the end of an older attempt never overwrites a newer one.
+            log.warning(
+                "trial %s: ignoring the end of attempt %d (now attempt %d, %s)",
+                trial_id,
+                entry.process.attempt,
+                trial.attempt,
+                trial.status,
+            )
+            return
+        if end is None:
+            outcomes.requeue_or_lose(
+                session=session,
+                trial=trial,
+                why="lost its supervisor (killed, or stopped answering)",
+                settings=self.settings,
+            )
+        else:
+            self._record(session, trial, end, stop=entry.stop, process=entry.process)
 
     def _record(
-        self, session: Session, trial: Trial, end: TrialEnd, *, stop: StopReason | None
+        self,
+        session: Session,
+        trial: Trial,
+        end: TrialEnd,
+        *,
+        stop: StopReason | None,
+        process: SupervisedTrial | None = None,
     ) -> None:
         if stop is None and trial.sweep.cancel_requested:
             stop = StopReason.cancel
-        if trial.status is TrialStatus.starting:
-            # Its launch was not recorded (a write failed): it did run, so say so first.
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        # Ended before its start was recorded (a short trial, or a write that failed): it did
+        # run, so say so first.
+        self._record_running(session, trial, process)
         if end.error is not None and stop is None:
             store.set_trial_status(
                 session=session,
@@ -271,28 +312,6 @@ class Scheduler:
                 searches=self.searches,
             )
         log.info("trial %s: %s -> %s", trial.id, end.exit_status.describe(), trial.status)
-
-    def record_leaders(self) -> None:
-        """Record each new trial's leader pid once its supervisor has started it."""
-        fresh = {
-            trial_id: entry.process.leader
-            for trial_id, entry in self._running.items()
-            if not entry.leader_recorded and entry.process.leader is not None
-        }
-        if not fresh:
-            return
-        with self.sessions.write.begin() as session:
-            for trial_id, leader in fresh.items():
-                trial = store.get_trial(session=session, trial_id=trial_id)
-                if (
-                    trial is not None
-                    and trial.status in ACTIVE_TRIAL_STATUSES
-                    and leader is not None
-                ):
-                    trial.pid, trial.pid_started = leader
-        # Only once committed: a write that failed (a full disk) is tried again next tick.
-        for trial_id in fresh:
-            self._running[trial_id].leader_recorded = True
 
     def check_heartbeats(self) -> None:
         """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost."""
@@ -469,6 +488,9 @@ class Scheduler:
                 log_path=str(log_path),
                 exit_code=None,
                 signal=None,
+                pid=None,
+                pid_started=None,
+                started_at=utcnow(),
             )
             sweep = trial.sweep
             spec = LaunchSpec(
@@ -509,19 +531,8 @@ class Scheduler:
                 deadline=deadline,
             ),
         )
-        with self.sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is not None:
-                store.set_trial_status(
-                    session=session,
-                    trial=trial,
-                    status=TrialStatus.running,
-                    supervisor_pid=process.pid,
-                    supervisor_started=process.started,
-                    pid=None,
-                    pid_started=None,
-                    started_at=utcnow(),
-                )
+        # It counts as running once its supervisor has started the command (reap() records
+        # that with the leader's pid, soon: see _next_wait).
 
     def _watch(self, trial_id: int, entry: Running) -> None:
         self._running[trial_id] = entry
@@ -637,6 +648,12 @@ class Scheduler:
     def _next_wait(self) -> float:
         now = time.monotonic()
         moments = [self.settings.poll_interval]
+        if any(
+            not entry.leader_recorded and now - entry.watched_since < LEADER_POLL_FOR_S
+            for entry in self._running.values()
+        ):
+            # A trial just launched: record it as running as soon as its command has started.
+            moments.append(LEADER_POLL_S)
         for entry in self._running.values():
             for moment in (entry.deadline if entry.stop is None else None, entry.kill_at):
                 if moment is not None:

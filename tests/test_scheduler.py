@@ -515,7 +515,7 @@ def test_a_supervisor_whose_heartbeat_goes_stale_is_killed_and_its_trial_requeue
     settings: Settings, sessions: Sessions, tmp_path: Path
 ) -> None:
     settings.heartbeat_interval = 0.1
-    settings.heartbeat_timeout = 1.0
+    settings.heartbeat_timeout = 3.0
     harness = Harness(settings, sessions, tmp_path)
     pidfile = tmp_path / "pids"
     sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])

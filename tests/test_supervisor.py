@@ -154,7 +154,7 @@ def test_output_lost_to_a_full_disk_is_counted_and_the_trial_runs_on(tmp_path: P
 
 
 def test_the_log_says_how_much_was_lost_once_the_disk_has_room_again(tmp_path: Path) -> None:
-    log = supervisor.RotatingLog(tmp_path / "trial.log", max_bytes=10**9, keep=1)
+    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10**9, keep=1)
     disk_fd, log.fd = log.fd, os.open("/dev/full", os.O_WRONLY)
     log.write(b"lost line\n")
     os.close(log.fd)

@@ -107,7 +107,7 @@ def read_log(path: Path, offset: int | None, limit: int) -> tuple[bytes, int, in
 
 def _log_base(path: Path) -> int:
     try:
-        record = json.loads(log_base_path(path).read_text())
+        record = json.loads(Path(log_base_path(path)).read_text())
     except (OSError, ValueError):
         return 0
     base = record.get("base") if isinstance(record, dict) else None
