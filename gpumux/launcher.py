@@ -201,6 +201,8 @@ class SupervisedTrial:
             own_log = os.open(
                 run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
             )
+            # Its stdin: it starts the trial only on a byte sent once it is on record below.
+            go_read, go_write = os.pipe2(os.O_CLOEXEC)
             try:
                 # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
                 pid = os.posix_spawn(
@@ -208,7 +210,7 @@ class SupervisedTrial:
                     [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
                     {"PATH": os.defpath},
                     file_actions=[
-                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, go_read, 0),
                         (os.POSIX_SPAWN_DUP2, own_log, 1),
                         (os.POSIX_SPAWN_DUP2, own_log, 2),
                     ],
@@ -218,15 +220,21 @@ class SupervisedTrial:
                 )
             finally:
                 os.close(own_log)
+                os.close(go_read)
         except OSError as error:
             raise LaunchError(
                 f"cannot start the trial's supervisor in {run_dir}: {error}"
             ) from error
         started = start_ticks(pid)
-        # Before the database hears of it: a daemon that dies now still finds its supervisor.
-        supervisor.write_json_atomically(
-            run_dir / SUPERVISOR_RECORD, {"pid": pid, "started": started}
-        )
+        try:
+            # On record before the trial starts: a daemon that dies at any moment leaves either
+            # a recorded supervisor to adopt, or one that exits without running anything.
+            supervisor.write_json_atomically(
+                run_dir / SUPERVISOR_RECORD, {"pid": pid, "started": started}
+            )
+            os.write(go_write, supervisor.GO)
+        finally:
+            os.close(go_write)
         log.info("trial %s: supervisor pid %d: %s", spec.trial_id, pid, shlex.join(spec.argv))
         return cls(
             trial_id=spec.trial_id,

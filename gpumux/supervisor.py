@@ -29,6 +29,8 @@ SPEC = "spec.json"
 TRIAL = "trial.json"
 EXIT = "exit.json"
 HEARTBEAT = "heartbeat"
+# What the daemon sends on the supervisor's stdin once it has recorded the supervisor's pid.
+GO = b"g"
 READ_SIZE = 64 * 1024
 # After the leader exits, a grandchild outside its group may still hold the output pipe.
 DRAIN_SECONDS = 2.0
@@ -185,6 +187,11 @@ class Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+        if os.read(0, 1) != GO:
+            # The daemon died before it recorded this supervisor: the next one will not look
+            # for it, and requeues the trial; running it here too would run it twice.
+            print("gpumux supervisor: the daemon went away before the start; exiting")
+            return 0
         # A signal wakes the select loop through this pipe, so a grace period starts on time.
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)

@@ -20,9 +20,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def start(
-    tmp_path: Path, argv: list[str], **overrides: Any
+    tmp_path: Path, argv: list[str], *, go: bool = True, **overrides: Any
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """A supervisor for `argv`, started on a spec like the daemon writes."""
+    """A supervisor for `argv`, started on a spec like the daemon writes, and told to go
+    (or, without `go`, its stdin closed as when the daemon dies before it says so)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     spec = {
@@ -42,8 +43,14 @@ def start(
     }
     (run_dir / supervisor.SPEC).write_text(json.dumps(spec))
     process = subprocess.Popen(
-        [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)], start_new_session=True
+        [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
+        start_new_session=True,
+        stdin=subprocess.PIPE,
     )
+    assert process.stdin is not None
+    with process.stdin:
+        if go:
+            process.stdin.write(supervisor.GO)
     return process, run_dir
 
 
@@ -78,6 +85,14 @@ def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
     leader = json.loads((run_dir / supervisor.TRIAL).read_text())
     assert leader["pid"] == leader["pgid"] and leader["started"] > 0
     assert (run_dir / supervisor.HEARTBEAT).exists()
+
+
+def test_without_the_daemons_go_the_trial_never_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    process, run_dir = start(tmp_path, ["touch", str(marker)], go=False)
+    assert process.wait(timeout=60) == 0
+    assert not marker.exists(), "the trial ran though no daemon recorded its supervisor"
+    assert not (run_dir / supervisor.TRIAL).exists() and not (run_dir / supervisor.EXIT).exists()
 
 
 def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path) -> None:
