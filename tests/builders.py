@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
-from collections.abc import Iterator
+import signal
+import socket
+import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+import uvicorn
+from fastapi import FastAPI
 from sqlalchemy import event
 
 from gpumux import tokenfile, tokens
@@ -64,3 +71,40 @@ def daemon_token(home: Path) -> str:
 def daemon_bearer(home: Path) -> dict[str, str]:
     """Headers carrying the token a daemon keeps for its own user in its data directory."""
     return {"Authorization": f"Bearer {daemon_token(home)}"}
+
+
+@contextmanager
+def served(app: FastAPI, headers: Mapping[str, str] | None = None) -> Iterator[httpx.Client]:
+    """A client of `app` served by uvicorn on a real TCP socket, in a thread, for the block."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    thread.start()
+    try:
+        base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with httpx.Client(base_url=base_url, timeout=30, headers=headers) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()
+
+
+def kill_processes_naming(path: Path) -> list[int]:
+    """SIGKILL every process whose command line names `path` (a test's leftovers); their pids."""
+    needle = os.fsencode(path)
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                named = needle in cmdline.read()
+            if named:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed

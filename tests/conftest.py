@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from builders import bearer
+from builders import bearer, served
 
 from gpumux.api import create_app
 from gpumux.config import Settings
@@ -41,16 +37,5 @@ def api(settings: Settings, sessions: Sessions) -> Iterator[httpx.Client]:
     """A client of the API served by uvicorn on a real TCP socket (no scheduler behind it),
     carrying a token of the user running the tests."""
     app = create_app(settings=settings, sessions=sessions)
-    headers = bearer(sessions)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
-    port = sock.getsockname()[1]
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, headers=headers) as client:
+    with served(app, bearer(sessions)) as client:
         yield client
-    server.should_exit = True
-    thread.join()
-    sock.close()

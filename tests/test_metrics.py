@@ -1,22 +1,15 @@
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
-import socket
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
-from builders import sweep_in
-from fastapi import FastAPI
+from builders import served, sweep_in
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
@@ -62,24 +55,6 @@ DEVICES = [
     # A GPU whose fields NVML could not read: no memory or utilisation samples, its load still.
     gpu("gpu:1", "NVIDIA H200"),
 ]
-
-
-@contextmanager
-def served(app: FastAPI) -> Iterator[httpx.Client]:
-    """A client of `app` served by uvicorn on a real socket, as conftest's `api` fixture does."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join()
-        sock.close()
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import kill_processes_naming, sweep_in
 from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
 from gpumux import store, sweepspec
@@ -118,6 +118,13 @@ def wait_gone(pids: list[int]) -> list[int]:
 @pytest.fixture
 def harness(settings: Settings, sessions: Sessions, tmp_path: Path) -> Harness:
     return Harness(settings, sessions, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def no_strays(tmp_path: Path) -> Iterator[None]:
+    """Whatever a failed test leaves running (supervisors, trials) is killed at its end."""
+    yield
+    kill_processes_naming(tmp_path)
 
 
 def test_split_2_never_runs_more_than_2_at_once(harness: Harness) -> None:
@@ -335,6 +342,10 @@ def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(
             ScriptedProcess(pid=leader, used_mb=trial.memory_limit_mb + 500),
             ScriptedProcess(pid=worker, used_mb=200),
         ]
+        await until(
+            lambda: any(p.pid == leader for p in harness.scheduler.devices[0].processes or ()),
+            "a probe that sees the trial's processes",
+        )
         harness.submit(command=["true"])
         await until(lambda: bool(harness.scheduler.overhead), "a measurement")
         harness.cancel(1)
@@ -525,6 +536,9 @@ def test_a_supervisor_whose_heartbeat_goes_stale_is_killed_and_its_trial_requeue
         task = asyncio.create_task(harness.scheduler.run(stop))
         await until(pidfile.exists, "the trial to start")
         first_pids = [int(pid) for pid in pidfile.read_text().split()]
+        await until(
+            lambda: harness.trials(sweep_id)[0].supervisor_pid is not None, "it to be running"
+        )
         (trial,) = harness.trials(sweep_id)
         assert trial.supervisor_pid is not None
         os.kill(trial.supervisor_pid, signal.SIGSTOP)  # hung: alive, silent

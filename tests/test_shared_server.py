@@ -16,7 +16,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from reliability.conftest import START_TIMEOUT_S, DaemonProcess
+from reliability.conftest import DaemonProcess
 
 from gpumux.identity import UserAccount
 
@@ -242,38 +241,12 @@ class SharedDaemon(DaemonProcess):
     """`gpumux serve` as root on a Unix socket every user may open, and on TCP."""
 
     def __init__(self, home: Path, *, uds: Path, env: Mapping[str, str]) -> None:
-        super().__init__(home, env={**DAEMON_ENV, **env})
-        self.uds = uds
+        super().__init__(home, env={**DAEMON_ENV, **env}, uds=uds)
         self.socket = Via(unix=uds)
 
     def tcp(self, token: str | None = None) -> Via:
         """Its TCP address, with a token or without one."""
         return Via(url=self.url, token=token)
-
-    def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
-        """Start it on the socket and TCP; its /health once it answers."""
-        assert not self.running, "already running"
-        command = [sys.executable, "-m", "gpumux.cli", "serve", "--uds", str(self.uds)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                command,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-            )
-        assert self.popen.stdout is not None
-        line = self._read_line(self.popen.stdout, time.monotonic() + timeout)
-        if not line.startswith(f"gpumux: serving on unix:{self.uds} and {self.url} "):
-            self.wait()
-            raise AssertionError(f"daemon did not start: {line!r}\n{self.log_tail()}")
-        self._drain = threading.Thread(
-            target=self._copy_to_log, args=(self.popen.stdout,), daemon=True
-        )
-        self._drain.start()
-        return self.health()
 
     def log_lines(self) -> list[str]:
         """What the daemon has logged so far."""
@@ -357,6 +330,7 @@ def key_values(text: str) -> dict[str, str]:
 def test_the_socket_is_open_to_every_user_and_the_data_to_root_alone(
     daemon: SharedDaemon,
 ) -> None:
+    assert daemon.uds is not None
     assert stat.S_IMODE(daemon.uds.stat().st_mode) == 0o666
     assert stat.S_IMODE(daemon.home.stat().st_mode) == 0o700
 

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import socket
 import sqlite3
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from builders import bearer
+from builders import bearer, served
 from sqlalchemy import event, text
 
 from gpumux.api import create_app, errors
@@ -53,19 +49,8 @@ def api(settings: Settings, sessions: Sessions, limits: Limits) -> Iterator[http
     """A client of the API with its error handlers installed, served by uvicorn on a socket."""
     app = create_app(settings=settings, sessions=sessions)
     errors.install(app)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
-    port = sock.getsockname()[1]
-    headers = bearer(sessions)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=headers) as client:
+    with served(app, bearer(sessions)) as client:
         yield client
-    server.should_exit = True
-    thread.join()
-    sock.close()
 
 
 def body(tmp_path: Path, *params: str) -> dict[str, Any]:

@@ -62,8 +62,8 @@ class DaemonProcess:
 
     It keeps its port across restarts, so that trials started by one run reach the next.
     `env` is added to the environment it starts with (GPUMUX_HOME=home, GPUMUX_TUNE=0, the
-    test's own environment less its GPUMUX_ variables); `args` to the command line. Its stdout
-    and stderr are appended to `log_path`.
+    test's own environment less its GPUMUX_ variables); `args` to the command line; with `uds`
+    it also listens on that Unix socket. Its stdout and stderr are appended to `log_path`.
     """
 
     def __init__(
@@ -73,8 +73,10 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
         port: int | None = None,
+        uds: Path | None = None,
     ) -> None:
         self.home = home
+        self.uds = uds
         self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home.with_name(home.name + ".log")
@@ -104,6 +106,10 @@ class DaemonProcess:
         assert not self.running, "already running"
         command = [sys.executable, "-m", "gpumux.cli", "serve", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), *self.args]
+        serving = self.url
+        if self.uds is not None:
+            command += ["--uds", str(self.uds)]
+            serving = f"unix:{self.uds} and {self.url}"
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 command,
@@ -116,7 +122,7 @@ class DaemonProcess:
         assert self.popen.stdout is not None
         # `serve` prints this line once it listens: connections made from then on are served.
         line = self._read_line(self.popen.stdout, time.monotonic() + timeout)
-        if not line.startswith(f"gpumux: serving on {self.url} "):
+        if not line.startswith(f"gpumux: serving on {serving} "):
             self.wait()
             raise AssertionError(f"daemon did not start: {line!r}\n{self.log_tail()}")
         # Anything it prints later must not fill the pipe and block it.
