@@ -36,6 +36,7 @@ from gpumux.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
+HOME_LOCK_NAME = "daemon.lock"
 UNIX_PATH_MAX = 108  # sun_path in struct sockaddr_un, with its terminating NUL
 
 # A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
@@ -60,6 +61,23 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
+def acquire_home_lock(settings: Settings) -> IO[str]:
+    """Hold the data directory for the daemon's life: its run records, logs, token and socket
+    are one daemon's; refuse if another daemon holds it (even over another database)."""
+    path = settings.home / HOME_LOCK_NAME
+    lock_file = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")  # noqa: SIM115
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.close()
+        raise DaemonAlreadyRunning(
+            f"another gpumux daemon is using the data directory {settings.home}; stop it "
+            "first, or give this one its own --home",
+            None,
+        ) from None
+    return lock_file
+
+
 def acquire_lock(settings: Settings) -> IO[str]:
     """Hold the database's lock file for the daemon's life; refuse if another daemon holds it."""
     descriptor = os.open(settings.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
@@ -73,7 +91,7 @@ def acquire_lock(settings: Settings) -> IO[str]:
         pid, url = (holder + ["?", ""])[:2] if holder else ("?", "")
         raise DaemonAlreadyRunning(
             f"another gpumux daemon (pid {pid}, {url or 'address unknown'}) is using "
-            f"{settings.db_path}; stop it first, or give this one its own --db",
+            f"{settings.db_path}; stop it first, or give this one its own --home",
             url or None,
         ) from None
     return lock_file
@@ -170,6 +188,7 @@ class Daemon:
         # The CLI's embedded daemon serves the user who runs it, whoever that is.
         self.personal = personal
         self._lock: IO[str] | None = None
+        self._home_lock: IO[str] | None = None
         self._sockets: list[socket.socket] = []
         self.url = ""
         self.urls: list[str] = []
@@ -197,6 +216,7 @@ class Daemon:
         os.close(os.open(self.settings.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = acquire_lock(self.settings)
         try:
+            self._home_lock = acquire_home_lock(self.settings)
             engine = make_engine(self.settings.db_url)
             self.sessions = make_sessions(engine)
             upgrade(engine)
@@ -332,9 +352,10 @@ class Daemon:
             self._sockets = []
         if self.sessions is not None:
             self.sessions.engine.dispose()
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        for held in (self._home_lock, self._lock):
+            if held is not None:
+                held.close()
+        self._lock = self._home_lock = None
 
 
 def listen_where_clients_look(settings: Settings) -> Settings:

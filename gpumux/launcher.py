@@ -10,7 +10,6 @@ import select
 import shlex
 import signal
 import sys
-import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,7 +229,8 @@ class SupervisedTrial:
             # On record before the trial starts: a daemon that dies at any moment leaves either
             # a recorded supervisor to adopt, or one that exits without running anything.
             supervisor.write_json_atomically(
-                run_dir / SUPERVISOR_RECORD, {"pid": pid, "started": started}
+                run_dir / SUPERVISOR_RECORD,
+                {"pid": pid, "started": started, "boot": supervisor.boot_id()},
             )
             os.write(go_write, supervisor.GO)
         finally:
@@ -249,7 +249,7 @@ class SupervisedTrial:
     def find(cls, *, trial_id: int, attempt: int, run_dir: Path) -> SupervisedTrial | None:
         """The live supervisor of this attempt, as recorded in its run directory, if any."""
         record = read_json(run_dir / SUPERVISOR_RECORD)
-        if record is None or record.get("started") is None:
+        if record is None or record.get("started") is None or not this_boot(record):
             return None
         return cls.adopt(
             trial_id=trial_id,
@@ -298,10 +298,10 @@ class SupervisedTrial:
     def pgid(self) -> int | None:
         return None if self.leader is None else self.leader[0]
 
-    def heartbeat_age(self) -> float | None:
-        """Seconds since the supervisor's last heartbeat; None before the first."""
+    def heartbeat(self) -> float | None:
+        """When the supervisor last beat (the file's mtime, as a marker); None before the first."""
         try:
-            return time.time() - (self.run_dir / supervisor.HEARTBEAT).stat().st_mtime
+            return (self.run_dir / supervisor.HEARTBEAT).stat().st_mtime
         except FileNotFoundError:
             return None
 
@@ -364,10 +364,17 @@ def kill_leftovers(
     """SIGKILL what is left of an attempt's process group, as its run directory names it
     (or as given, for a trial started before supervisors kept one)."""
     record = read_json(run_dir / supervisor.TRIAL)
+    if record is not None and not this_boot(record):
+        return  # the machine rebooted since: those processes are long gone
     if record is not None and record.get("started") is not None:
         pgid, started = int(record["pgid"]), int(record["started"])
     if pgid is not None and started is not None:
         kill_orphans(trial_id, pgid=pgid, started=started)
+
+
+def this_boot(record: Mapping[str, Any]) -> bool:
+    """Whether a pid record was made in this boot of the machine (older records lack one)."""
+    return record.get("boot") in (None, supervisor.boot_id())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -417,9 +424,13 @@ def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
     """SIGKILL what is left of a trial's process group after its daemon died.
 
     The leader may be gone while its children (data loaders, say) still hold the GPU. A member
-    counts as the trial's only if it started no earlier than the leader: a group id freed and
-    reused by an unrelated process since is left alone.
+    counts as the trial's only if it started no earlier than the leader, and none is killed
+    when the leader's pid now names another process: the group id was freed and reused (while
+    any member lives, the id stays taken, so members of a dead leader's group are its own).
     """
+    leader_ticks = start_ticks(pgid)
+    if leader_ticks is not None and leader_ticks != started:
+        return
     for pid in group_members({pgid}):
         ticks = start_ticks(pid)
         if ticks is not None and ticks >= started:

@@ -57,6 +57,9 @@ class Running:
     kill_at: float | None = None
     leader_recorded: bool = False
     watched_since: float = field(default_factory=time.monotonic)
+    # The supervisor's last heartbeat seen, and when (monotonic) it was first seen.
+    beat: float | None = None
+    beat_seen: float = field(default_factory=time.monotonic)
 
 
 class Scheduler:
@@ -174,6 +177,13 @@ class Scheduler:
                 )
                 if found is not None:
                     self._adopt(session, trial, found)
+                    continue
+                # It may have written its exit and gone between the two looks.
+                end = SupervisedTrial(
+                    trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir, pid=0, started=None
+                ).end()
+                if end is not None:
+                    self._record(session, trial, end, stop=None)
                     continue
                 kill_leftovers(trial.id, run_dir, pgid=trial.pid, started=trial.pid_started)
                 outcomes.requeue_or_lose(
@@ -314,15 +324,22 @@ class Scheduler:
         log.info("trial %s: %s -> %s", trial.id, end.exit_status.describe(), trial.status)
 
     def check_heartbeats(self) -> None:
-        """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost."""
+        """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost.
+
+        Stale means unchanged for the timeout on this daemon's monotonic clock: a wall clock
+        that jumps (NTP, a laptop's suspend) must not make every supervisor look dead.
+        """
+        now = time.monotonic()
         for trial_id, entry in self._running.items():
-            age = entry.process.heartbeat_age()
-            if age is not None and age > self.settings.heartbeat_timeout:
+            beat = entry.process.heartbeat()
+            if beat != entry.beat:
+                entry.beat, entry.beat_seen = beat, now
+            elif beat is not None and now - entry.beat_seen > self.settings.heartbeat_timeout:
                 log.error(
                     "trial %s: supervisor pid %d silent for %.0f s; killing it",
                     trial_id,
                     entry.process.pid,
-                    age,
+                    now - entry.beat_seen,
                 )
                 entry.process.kill_supervisor()
 

@@ -93,6 +93,15 @@ def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, 
     return f"could not start {program!r}: {error}"
 
 
+def boot_id() -> str:
+    """This boot of the machine: pids and start ticks recorded in another boot name nothing."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return boot.read().strip()
+    except OSError:
+        return ""
+
+
 def log_base_path(log_path: str | os.PathLike[str]) -> str:
     """Where a rotated log records how many bytes came before its current piece."""
     return os.fspath(log_path) + ".base"
@@ -148,20 +157,36 @@ class RotatingLog:
         return len(data) - len(view)
 
     def rotate(self) -> None:
-        """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped."""
-        os.close(self.fd)
-        if self.keep == 0:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-        else:
-            for piece in range(self.keep, 0, -1):
-                newer = self.path if piece == 1 else f"{self.path}.{piece - 1}"
+        """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped.
+
+        The new piece is opened first: where that fails (no inode, no quota) the log grows on
+        and rotation is tried again at the next write, instead of killing this supervisor.
+        """
+        fresh_path = f"{self.path}.new"
+        try:
+            fresh = os.open(fresh_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        except OSError:
+            return
+        try:
+            for piece in range(self.keep, 1, -1):
                 with contextlib.suppress(FileNotFoundError):
-                    os.replace(newer, f"{self.path}.{piece}")
+                    os.replace(f"{self.path}.{piece - 1}", f"{self.path}.{piece}")
+            if self.keep:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.path}.1")
+                os.link(self.path, f"{self.path}.1")
+            # The swap is one rename: a reader always finds a current piece.
+            os.replace(fresh_path, self.path)
+        except OSError:
+            os.close(fresh)
+            with contextlib.suppress(OSError):
+                os.unlink(fresh_path)
+            return
+        os.close(self.fd)
+        self.fd = fresh
         self.base += self.size
         with contextlib.suppress(OSError):
             write_json_atomically(log_base_path(self.path), {"base": self.base})
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = 0
         self._write(b"[gpumux: log rotated; the earlier output is in the .1 file]\n")
 
@@ -178,6 +203,7 @@ class Supervisor:
             self.spec: dict[str, Any] = json.load(spec_file)
         self.kill_at: float | None = None
         self.term_requested = False
+        self.kill_requested = False
         # The trial's leader (its pid is the group's id), and its exit status once reaped.
         self.trial: int | None = None
         self.returncode: int | None = None
@@ -214,9 +240,11 @@ class Supervisor:
             return 0
         finally:
             os.close(write_end)
-        self.leader = {"pid": pid, "pgid": pid, "started": start_ticks(pid)}
+        self.leader = {"pid": pid, "pgid": pid, "started": start_ticks(pid), "boot": boot_id()}
         self._record_leader()
-        if self.term_requested:
+        if self.kill_requested:
+            self._kill_group()
+        elif self.term_requested:
             self._on_term(signal.SIGTERM, None)
         self._watch(read_end, wake_read, log)
         # Killing the group before reaping the leader: its unreaped pid pins the group id.
@@ -269,6 +297,11 @@ class Supervisor:
         os.waitpid(pid, 0)
         stage, number, text = failure.decode(errors="replace").split(":", 2)
         user = spec.get("user")
+        if stage == "setup" and user is not None:
+            raise SpawnError(
+                f"cannot switch to uid {user['uid']} gid {user['gid']}: {text} (the daemon must "
+                "run as root, with CAP_SETUID and CAP_SETGID, to run trials as their owners)"
+            )
         if stage == "chdir" and user is not None:
             raise SpawnError(
                 f"uid {user['uid']} cannot enter the working directory {spec['cwd']}: {text}"
@@ -286,7 +319,9 @@ class Supervisor:
         try:
             os.setsid()
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1):
+            # Python ignores SIGPIPE and SIGXFSZ, and exec keeps what is ignored: restore both.
+            restored = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1)
+            for signum in (*restored, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
@@ -377,6 +412,7 @@ class Supervisor:
             self.kill_at = time.monotonic() + float(self.spec["kill_grace"])
 
     def _on_kill(self, signum: int, frame: object) -> None:
+        self.kill_requested = True
         self._kill_group()
 
     def _kill_group(self) -> None:

@@ -73,6 +73,21 @@ def test_a_second_daemon_on_one_database_is_refused_and_told_where_the_first_is(
         assert f"pid {os.getpid()}" in str(refused.value)
 
 
+def test_a_second_daemon_on_one_data_directory_is_refused_even_with_its_own_database(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")
+    other = settings.model_copy(
+        update={"db": tmp_path / "other.db", "url": f"http://127.0.0.1:{free_port()}"}
+    )
+    with embedded(settings) as first:
+        with pytest.raises(DaemonAlreadyRunning, match="using the data directory"):
+            with embedded(other):
+                pass
+        with httpx.Client(base_url=first.url, timeout=10) as client:
+            assert client.get("/health").json()["status"] == "ok", "the first one serves on"
+
+
 def test_a_unix_socket_url_makes_the_daemon_listen_there(tmp_path: Path) -> None:
     sock = tmp_path / "gpumux.sock"
     settings = Settings(home=tmp_path / "home", url=f"unix:{sock}")

@@ -497,6 +497,12 @@ def test_tcp_needs_a_live_token_and_tokens_are_made_over_the_socket(
         ],
     )
     assert (for_alice.status, revoke_alice.status) == (403, 403), (for_alice, revoke_alice)
+    # Not even an admin: a token is the power to run code as its user (root's, above all).
+    for admin in (cast.carol, cast.dave):
+        for user in (alice.name, "root"):
+            minted = admin.ask(daemon.socket, "POST", "/tokens", {"user": user})
+            assert minted.status == 403, (admin.name, user, minted.body)
+            assert "only root makes tokens for other users" in minted.detail
 
     revoked = bob.ask(daemon.socket, "DELETE", f"/tokens/{bob.name}")
     assert revoked.status == 200, revoked.body

@@ -188,3 +188,15 @@ def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> No
     process, run_dir = start(tmp_path, argv, user=user, cwd="/")
     assert exit_record(process, run_dir)["exit_code"] == 0
     assert (tmp_path / "trial.log").read_text().splitlines()[-1] == "65534 65534 65534"
+
+
+def test_a_rotation_that_cannot_open_a_new_piece_keeps_writing_to_the_old_one(
+    tmp_path: Path,
+) -> None:
+    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10, keep=1)
+    (tmp_path / "trial.log.new").mkdir()  # where the new piece would be opened: EISDIR
+    log.write(b"0123456789abcdef\n")
+    log.write(b"more\n")
+    log.close()
+    assert (tmp_path / "trial.log").read_bytes() == b"0123456789abcdef\nmore\n"
+    assert not (tmp_path / "trial.log.1").exists()

@@ -84,9 +84,11 @@ def read_log(path: Path, offset: int | None, limit: int) -> tuple[bytes, int, in
         try:
             sizes.append(piece.stat().st_size)
         except FileNotFoundError:
-            if piece == path:
-                return b"", 0, 0, 0
-            break
+            if piece != path:
+                break
+            # Caught in a rotation's renames (or no log yet): nothing now, nothing lost; a
+            # follower asks again from where it is.
+            return b"", offset or 0, offset or 0, 0
     starts = [_log_base(path)]
     for piece_size in sizes[1:]:
         starts.append(starts[-1] - piece_size)

@@ -20,7 +20,7 @@ Url = Annotated[
 def create(
     ctx: typer.Context,
     user: Annotated[
-        str | None, typer.Argument(help="whose token (admins: anyone's; default: yours)")
+        str | None, typer.Argument(help="whose token (root: anyone's; default: yours)")
     ] = None,
     file: Annotated[
         Path | None,
