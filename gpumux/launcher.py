@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 SUPERVISOR_PATH = str(Path(supervisor.__file__).resolve())
 SUPERVISOR_RECORD = "supervisor.json"
+STOP_RECORD = "stop"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "runtime" / "bootstrap"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Set per trial by the launcher; a submitter's own values must not leak into a trial.
@@ -324,6 +325,18 @@ class SupervisedTrial:
             self.kill_leftovers()
         self.close()
         return end
+
+    def note_stop(self, reason: str) -> None:
+        """Record why gpumux stops this trial, for a daemon that adopts it or its end later."""
+        with contextlib.suppress(OSError):
+            (self.run_dir / STOP_RECORD).write_text(reason)
+
+    def stop_reason(self) -> str | None:
+        """Why gpumux stopped this trial, if it did."""
+        try:
+            return (self.run_dir / STOP_RECORD).read_text().strip() or None
+        except OSError:
+            return None
 
     def terminate(self) -> None:
         """Ask the supervisor to stop the trial: SIGTERM now, SIGKILL after its grace period."""

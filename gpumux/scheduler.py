@@ -165,12 +165,13 @@ class Scheduler:
                 if trial.id in self._running:
                     continue
                 run_dir = self.run_dir(trial)
-                end = SupervisedTrial(
+                away = SupervisedTrial(
                     trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir, pid=0, started=None
-                ).end()
+                )
+                end = away.end()
                 if end is not None:
                     log.info("trial %s: ended while the daemon was away", trial.id)
-                    self._record(session, trial, end, stop=None)
+                    self._record(session, trial, end, stop=stop_reason(away))
                     continue
                 found = SupervisedTrial.find(
                     trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir
@@ -179,11 +180,9 @@ class Scheduler:
                     self._adopt(session, trial, found)
                     continue
                 # It may have written its exit and gone between the two looks.
-                end = SupervisedTrial(
-                    trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir, pid=0, started=None
-                ).end()
+                end = away.end()
                 if end is not None:
-                    self._record(session, trial, end, stop=None)
+                    self._record(session, trial, end, stop=stop_reason(away))
                     continue
                 kill_leftovers(trial.id, run_dir, pgid=trial.pid, started=trial.pid_started)
                 outcomes.requeue_or_lose(
@@ -199,6 +198,7 @@ class Scheduler:
         if trial.sweep.time_limit_s and trial.started_at is not None:
             elapsed = (utcnow() - trial.started_at).total_seconds()
             deadline = time.monotonic() + trial.sweep.time_limit_s - elapsed
+        stop = stop_reason(process)
         self._watch(
             trial.id,
             Running(
@@ -206,6 +206,11 @@ class Scheduler:
                 sweep_id=trial.sweep_id,
                 memory_limit_mb=trial.memory_limit_mb,
                 deadline=deadline,
+                stop=stop,
+                # Its supervisor was told to stop it: step in if it has not within the grace.
+                kill_at=time.monotonic() + self.settings.kill_grace + KILL_BACKSTOP_S
+                if stop is not None
+                else None,
             ),
         )
         if trial.status is TrialStatus.starting:
@@ -384,6 +389,8 @@ class Scheduler:
         """Have the supervisor SIGTERM the trial's group now and SIGKILL it after the grace
         period (at once if cold); the daemon kills it itself if the supervisor does not."""
         entry = self._running[trial_id]
+        if entry.stop is None:
+            entry.process.note_stop(reason)
         entry.stop = entry.stop or reason
         if cold:
             entry.process.kill()
@@ -676,6 +683,12 @@ class Scheduler:
                 if moment is not None:
                     moments.append(max(0.0, moment - now))
         return min(moments)
+
+
+def stop_reason(process: SupervisedTrial) -> StopReason | None:
+    """Why a previous daemon stopped this trial, as its run directory says."""
+    reason = process.stop_reason()
+    return StopReason(reason) if reason in set(StopReason) else None
 
 
 def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:

@@ -596,3 +596,37 @@ def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
     (trial,) = second.trials(sweep_id)
     assert (trial.status, trial.attempt, trial.exit_code) == (TrialStatus.failed, 2, 12)
     assert json.loads((run_dir / "exit.json").read_text())["exit_code"] == 11
+
+
+def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pids"
+    first = Harness(settings, sessions, tmp_path)
+    # Deaf to SIGTERM: it outlives the grace period, in which this daemon goes away.
+    sleeper = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    sweep_id = first.submit(command=sleeper, time_limit_s=1.0)
+
+    async def stop_then_leave() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(first.scheduler.run(stop))
+        await until(
+            lambda: any(e.stop is not None for e in first.scheduler._running.values()),
+            "the time limit to stop the trial",
+        )
+        stop.set()
+        await task
+        await first.scheduler.drain(stop_trials=False)
+
+    asyncio.run(stop_then_leave())
+    run_dir = settings.runs_dir / "1.1"
+    deadline = time.monotonic() + DEADLINE
+    while not (run_dir / "exit.json").exists():
+        assert time.monotonic() < deadline, "the supervisor did not kill the trial"
+        time.sleep(0.02)
+
+    second = Harness(settings, sessions, tmp_path)
+    second.scheduler.reconcile()
+    (trial,) = second.trials(sweep_id)
+    assert (trial.status, trial.signal) == (TrialStatus.failed, signal.SIGKILL)
+    assert trial.error == "time limit of 1 s exceeded; stopped"
