@@ -252,6 +252,21 @@ def readable_directory(path: str | os.PathLike[str], account: UserAccount) -> st
     AppArmor) are not considered.
     """
     target = Path(os.path.abspath(path))
+    if account.uid != 0:
+        # The way there first, as the user would walk it: what lies beyond a directory they
+        # cannot search (whether the path exists, what it is) is not theirs to learn.
+        for ancestor in reversed(target.parents):
+            try:
+                ancestor_info = ancestor.stat()
+            except OSError:
+                return f"{account.name} cannot reach {target}: {ancestor} is not there"
+            if not stat.S_ISDIR(ancestor_info.st_mode):
+                return f"{account.name} cannot reach {target}: {ancestor} is not a directory"
+            if not _grants(ancestor, ancestor_info, account, _EXECUTE):
+                return (
+                    f"{account.name} cannot reach {target}: no search permission on {ancestor} "
+                    f"({_describe(ancestor, ancestor_info)})"
+                )
     try:
         info = target.stat()
     except FileNotFoundError:

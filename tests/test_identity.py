@@ -450,16 +450,18 @@ def stranger(
 
 def test_readable_directory_for_root_and_for_what_is_no_directory(tmp_path: Path) -> None:
     private = make_dir(tmp_path / "private", 0o700, uid=os.getuid(), gid=os.getgid())
-    assert readable_directory(private, UserAccount.from_uid(0)) is None
-    assert (
-        readable_directory(tmp_path / "absent", stranger())
-        == f"{tmp_path / 'absent'} does not exist"
-    )
+    root = UserAccount.from_uid(0)
+    assert readable_directory(private, root) is None
+    assert readable_directory(tmp_path / "absent", root) == f"{tmp_path / 'absent'} does not exist"
     (tmp_path / "file").touch()
-    assert (
-        readable_directory(tmp_path / "file", stranger())
-        == f"{tmp_path / 'file'} is not a directory"
-    )
+    assert readable_directory(tmp_path / "file", root) == f"{tmp_path / 'file'} is not a directory"
+    # Behind a directory they cannot search, a stranger learns neither that the path is
+    # missing nor what it is: only where the way is shut.
+    shut = next(p for p in reversed(tmp_path.parents) if not os.stat(p).st_mode & stat.S_IXOTH)
+    for hidden in (tmp_path / "absent", tmp_path / "file"):
+        reason = readable_directory(hidden, stranger())
+        assert reason is not None and reason.startswith(f"ghost cannot reach {hidden}: ")
+        assert f"no search permission on {shut} " in reason
 
 
 def test_readable_directory_names_the_blocking_directory(tmp_path: Path) -> None:
