@@ -308,11 +308,7 @@ class SupervisedTrial:
 
     def end(self) -> TrialEnd | None:
         """What the supervisor recorded of the trial's end; None when it died without saying."""
-        record = read_json(self.run_dir / supervisor.EXIT)
-        if record is None or record.get("attempt") != self.attempt:
-            return None
-        exit_status = ExitStatus(exit_code=record["exit_code"], signal=record["signal"])
-        return TrialEnd(exit_status=exit_status, error=record.get("error"))
+        return recorded_end(self.run_dir, self.attempt)
 
     def finish(self) -> TrialEnd | None:
         """After the supervisor exited: collect it, kill any leftovers, read the trial's end."""
@@ -330,13 +326,6 @@ class SupervisedTrial:
         """Record why gpumux stops this trial, for a daemon that adopts it or its end later."""
         with contextlib.suppress(OSError):
             (self.run_dir / STOP_RECORD).write_text(reason)
-
-    def stop_reason(self) -> str | None:
-        """Why gpumux stopped this trial, if it did."""
-        try:
-            return (self.run_dir / STOP_RECORD).read_text().strip() or None
-        except OSError:
-            return None
 
     def terminate(self) -> None:
         """Ask the supervisor to stop the trial: SIGTERM now, SIGKILL after its grace period."""
@@ -383,6 +372,23 @@ def kill_leftovers(
         pgid, started = int(record["pgid"]), int(record["started"])
     if pgid is not None and started is not None:
         kill_orphans(trial_id, pgid=pgid, started=started)
+
+
+def recorded_end(run_dir: Path, attempt: int) -> TrialEnd | None:
+    """The end of this attempt as its supervisor recorded it in `run_dir`, if it did."""
+    record = read_json(run_dir / supervisor.EXIT)
+    if record is None or record.get("attempt") != attempt:
+        return None
+    exit_status = ExitStatus(exit_code=record["exit_code"], signal=record["signal"])
+    return TrialEnd(exit_status=exit_status, error=record.get("error"))
+
+
+def recorded_stop(run_dir: Path) -> str | None:
+    """Why gpumux stopped the attempt of `run_dir`, if it did (SupervisedTrial.note_stop)."""
+    try:
+        return (run_dir / STOP_RECORD).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def this_boot(record: Mapping[str, Any]) -> bool:

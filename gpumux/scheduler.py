@@ -27,6 +27,8 @@ from gpumux.launcher import (
     TrialEnd,
     group_members,
     kill_leftovers,
+    recorded_end,
+    recorded_stop,
 )
 from gpumux.models import Sweep, Trial, utcnow
 from gpumux.outcomes import StopReason
@@ -91,6 +93,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        # At start, and after a tick failed: trials the database calls active may be unwatched.
+        self._reconcile_due = True
 
     @property
     def running_count(self) -> int:
@@ -104,7 +108,6 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until `stop` is set, waking on trial exits, new work and deadlines."""
         self._loop = asyncio.get_running_loop()
-        self.reconcile()
         while not stop.is_set():
             began = time.perf_counter()
             try:
@@ -112,6 +115,9 @@ class Scheduler:
             except Exception:
                 # A defect must not take every other trial down with the daemon: log it, go on.
                 log.exception("scheduler: a tick failed; carrying on")
+                # Its writes may have failed half way (a full disk): look again at what the
+                # database calls active but no one watches.
+                self._reconcile_due = True
             self.on_tick(time.perf_counter() - began)
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -122,7 +128,6 @@ class Scheduler:
     async def run_until_idle(self) -> None:
         """Burst mode: tick until no trial is queued or running (for tests and tools)."""
         self._loop = asyncio.get_running_loop()
-        self.reconcile()
         while True:
             await self.tick()
             with self.sessions.read() as session:
@@ -137,7 +142,7 @@ class Scheduler:
     async def tick(self) -> None:
         """One pass: reap exits, act on cancels and deadlines, then fill free slots."""
         self.reap()
-        if not self._draining:
+        if self._reconcile_due and not self._draining:
             self.reconcile()
         self.apply_cancels()
         self.apply_deadlines()
@@ -159,19 +164,17 @@ class Scheduler:
         with self.sessions.read() as session:
             active = {trial.id for trial in store.active_trials(session=session)}
         if active <= self._running.keys():
+            self._reconcile_due = False
             return
         with self.sessions.write.begin() as session:
             for trial in store.active_trials(session=session):
                 if trial.id in self._running:
                     continue
                 run_dir = self.run_dir(trial)
-                away = SupervisedTrial(
-                    trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir, pid=0, started=None
-                )
-                end = away.end()
+                end = recorded_end(run_dir, trial.attempt)
                 if end is not None:
                     log.info("trial %s: ended while the daemon was away", trial.id)
-                    self._record(session, trial, end, stop=stop_reason(away))
+                    self._record(session, trial, end, stop=stop_reason(run_dir))
                     continue
                 found = SupervisedTrial.find(
                     trial_id=trial.id, attempt=trial.attempt, run_dir=run_dir
@@ -180,9 +183,9 @@ class Scheduler:
                     self._adopt(session, trial, found)
                     continue
                 # It may have written its exit and gone between the two looks.
-                end = away.end()
+                end = recorded_end(run_dir, trial.attempt)
                 if end is not None:
-                    self._record(session, trial, end, stop=stop_reason(away))
+                    self._record(session, trial, end, stop=stop_reason(run_dir))
                     continue
                 kill_leftovers(trial.id, run_dir, pgid=trial.pid, started=trial.pid_started)
                 outcomes.requeue_or_lose(
@@ -191,6 +194,7 @@ class Scheduler:
                     why="lost its supervisor while the daemon was away",
                     settings=self.settings,
                 )
+        self._reconcile_due = False
 
     def _adopt(self, session: Session, trial: Trial, process: SupervisedTrial) -> None:
         log.info("trial %s: adopted (supervisor pid %d)", trial.id, process.pid)
@@ -198,7 +202,7 @@ class Scheduler:
         if trial.sweep.time_limit_s and trial.started_at is not None:
             elapsed = (utcnow() - trial.started_at).total_seconds()
             deadline = time.monotonic() + trial.sweep.time_limit_s - elapsed
-        stop = stop_reason(process)
+        stop = stop_reason(process.run_dir)
         self._watch(
             trial.id,
             Running(
@@ -685,9 +689,9 @@ class Scheduler:
         return min(moments)
 
 
-def stop_reason(process: SupervisedTrial) -> StopReason | None:
+def stop_reason(run_dir: Path) -> StopReason | None:
     """Why a previous daemon stopped this trial, as its run directory says."""
-    reason = process.stop_reason()
+    reason = recorded_stop(run_dir)
     return StopReason(reason) if reason in set(StopReason) else None
 
 
