@@ -107,6 +107,14 @@ def gone(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "Z"
 
 
+def wait_for_file(path: Path, what: str) -> None:
+    """Wait for a file that a process outside the test's control writes, with a deadline."""
+    deadline = time.monotonic() + DEADLINE
+    while not path.exists():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 def wait_gone(pids: list[int]) -> list[int]:
     """The pids still running once they all ended or 10 s passed (SIGKILL needs a moment)."""
     deadline = time.monotonic() + 10
@@ -394,10 +402,7 @@ def test_at_start_the_children_of_a_dead_trial_leader_are_killed(
         start_new_session=True,
         stdout=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + DEADLINE
-    while not pidfile.exists():
-        assert time.monotonic() < deadline, "the sleeper did not start"
-        time.sleep(0.02)
+    wait_for_file(pidfile, "the sleeper did not start")
     child = int(pidfile.read_text().split()[1])
     started = process_start_ticks(leader.pid)
     leader.kill()
@@ -491,10 +496,7 @@ def test_a_trial_that_ends_while_no_daemon_runs_is_recorded_with_its_exit_status
     (trial,) = first.trials(sweep_id)
     run_dir = settings.runs_dir / f"{trial.id}.1"
     flag.touch()
-    deadline = time.monotonic() + DEADLINE
-    while not (run_dir / "exit.json").exists():
-        assert time.monotonic() < deadline, "the supervisor never recorded the exit"
-        time.sleep(0.02)
+    wait_for_file(run_dir / "exit.json", "the supervisor never recorded the exit")
 
     second = Harness(settings, sessions, tmp_path)
     second.scheduler.reconcile()
@@ -586,10 +588,7 @@ def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
         )
     flag.touch()
     run_dir = settings.runs_dir / "1.1"
-    deadline = time.monotonic() + DEADLINE
-    while not (run_dir / "exit.json").exists():
-        assert time.monotonic() < deadline, "attempt 1 never ended"
-        time.sleep(0.02)
+    wait_for_file(run_dir / "exit.json", "attempt 1 never ended")
 
     second = Harness(settings, sessions, tmp_path)
     asyncio.run(second.scheduler.run_until_idle())
@@ -620,10 +619,7 @@ def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
 
     asyncio.run(stop_then_leave())
     run_dir = settings.runs_dir / "1.1"
-    deadline = time.monotonic() + DEADLINE
-    while not (run_dir / "exit.json").exists():
-        assert time.monotonic() < deadline, "the supervisor did not kill the trial"
-        time.sleep(0.02)
+    wait_for_file(run_dir / "exit.json", "the supervisor did not kill the trial")
 
     second = Harness(settings, sessions, tmp_path)
     second.scheduler.reconcile()
