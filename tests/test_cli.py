@@ -507,3 +507,19 @@ def test_detach_needs_a_running_daemon(tmp_path: Path) -> None:
     assert f"no gpumux daemon answers at {url}" in result.stderr
     assert "--detach needs a running daemon" in result.stderr
     assert not (tmp_path / "home" / "gpumux.db").exists()
+
+
+def test_a_token_file_other_users_can_read_is_refused_with_the_fix(tmp_path: Path) -> None:
+    env = cli_env(
+        home=tmp_path / "home",
+        url=f"http://127.0.0.1:{free_port()}",
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+    )
+    token = tmp_path / "config" / "gpumux" / "token"
+    token.parent.mkdir(parents=True)
+    token.write_text("gmx_secret\n")
+    token.chmod(0o644)
+    result = gpumux("ls", env=env)
+    assert result.returncode == 1
+    assert f"run `chmod 600 {token}`" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr

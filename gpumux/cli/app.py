@@ -16,6 +16,7 @@ from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_er
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
 from gpumux.sweepspec import SpecError
+from gpumux.tokenfile import TokenFileError
 
 # The daemon answers these for a request it finds malformed: the user's input, so exit 2.
 BAD_INPUT_STATUSES = (400, 422)
@@ -37,7 +38,7 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
         except ApiError as error:
             message = str(error)
             code = EXIT_USAGE if error.status_code in BAD_INPUT_STATUSES else 1
-        except DaemonUnreachable as error:
+        except (DaemonUnreachable, TokenFileError) as error:
             message, code = str(error), 1
         print_error(message)
         raise typer.Exit(code)
