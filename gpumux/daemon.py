@@ -144,9 +144,12 @@ def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
     previous = os.umask(0o177)
     try:
         sock.bind(str(path))
-    except OSError:
+    except OSError as error:
         sock.close()
-        raise
+        raise DaemonError(
+            f"cannot listen on the socket {path}: {error.strerror}; create its directory "
+            "(writable by this user) or choose another --uds"
+        ) from error
     finally:
         os.umask(previous)
     if shared:

@@ -14,7 +14,13 @@ from builders import daemon_bearer
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
-from gpumux.daemon import DaemonAlreadyRunning, DaemonError, embedded, listen_where_clients_look
+from gpumux.daemon import (
+    Daemon,
+    DaemonAlreadyRunning,
+    DaemonError,
+    embedded,
+    listen_where_clients_look,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -194,3 +200,12 @@ def test_the_daemon_reports_its_scheduler_ticks_in_its_metrics(tmp_path: Path) -
             assert time.monotonic() < deadline, "no scheduler tick was recorded"
             time.sleep(0.05)
         assert next(s.value for s in ticks if s.name.endswith("_sum")) > 0
+
+
+def test_a_socket_that_cannot_be_made_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    where = tmp_path / "no-such-dir" / "gpumux.sock"
+    settings = Settings(home=tmp_path / "home", uds=where)
+    with pytest.raises(DaemonError, match=f"cannot listen on the socket {where}: No such file"):
+        Daemon(settings).start()
+    with embedded(Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")):
+        pass  # the refused daemon released its locks
