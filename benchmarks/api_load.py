@@ -70,7 +70,7 @@ def own_daemon(max_grid: int) -> Iterator[str]:
         url = f"http://127.0.0.1:{port}"
         env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
         env.update(GPUMUX_HOME=home, GPUMUX_KILL_GRACE="2", GPUMUX_MAX_GRID=str(max_grid))
-        command = [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port)]
+        command = [sys.executable, "-m", "gpumux", "serve", "--port", str(port)]
         with open(Path(home) / "serve.log", "w") as log:
             daemon = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:

@@ -69,7 +69,7 @@ def gpumux_sweep(trials: int, split: int) -> tuple[float, list[float], float]:
         url = f"http://127.0.0.1:{port}"
         daemon_log = open(Path(home) / "daemon.log", "w")  # noqa: SIM115 - closed below
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--home", home],
+            [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--home", home],
             stdout=daemon_log,
             stderr=subprocess.STDOUT,
         )

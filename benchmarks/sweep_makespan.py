@@ -54,7 +54,7 @@ def daemon(home: Path) -> Iterator[httpx.Client]:
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     with open(home / "serve.log", "a") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--home", str(home)],
+            [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--home", str(home)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

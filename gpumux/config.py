@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpumux.fairshare import parse_shares
+from gpumux.scheduling.fairshare import parse_shares
 
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 
 from gpumux.config import Settings
-from gpumux.db import make_engine
-from gpumux.models import Base
+from gpumux.storage.engine import make_engine
+from gpumux.storage.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -18,9 +18,10 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import event
 
-from gpumux import tokenfile, tokens
-from gpumux.db import Sessions
+from gpumux import tokenfile
 from gpumux.schemas import SweepCreate
+from gpumux.storage import tokens
+from gpumux.storage.engine import Sessions
 
 
 def sweep_in(

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from builders import bearer, served
 
-from gpumux.api import create_app
 from gpumux.config import Settings
-from gpumux.db import Sessions, make_engine, make_sessions, upgrade
+from gpumux.server.api import create_app
+from gpumux.storage.engine import Sessions, make_engine, make_sessions, upgrade
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -50,7 +50,7 @@ class ScriptedHandle:
 
 
 class ScriptedNvml:
-    """The subset of pynvml that gpumux.devices calls, answering from `gpus`."""
+    """The subset of pynvml that gpumux.devices.probes calls, answering from `gpus`."""
 
     NVMLError = pynvml.NVMLError
     NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError

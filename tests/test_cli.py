@@ -19,8 +19,8 @@ from builders import daemon_token
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
-from gpumux.daemon import embedded
 from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -51,7 +51,7 @@ def gpumux(
     *args: str, env: dict[str, str], cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpumux.cli", *args],
+        [sys.executable, "-m", "gpumux", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -62,7 +62,7 @@ def gpumux(
 
 def start_gpumux(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpumux.cli", *args],
+        [sys.executable, "-m", "gpumux", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -113,7 +113,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     db = root / "data" / "gpumux.db"
     with open(root / "serve.log", "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpumux.cli", "serve", "--port", str(port), "--db", str(db)],
+            [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--db", str(db)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpumux import store
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.db import make_engine, make_sessions
+from gpumux.storage import store
+from gpumux.storage.engine import make_engine, make_sessions
 
 DEADLINE_S = 60.0
 CURVE = [
@@ -60,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = url.rsplit(":", 1)[1]
     with open(root / "serve.log", "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpumux.cli", "serve", "--port", port, "--db", str(db)],
+            [sys.executable, "-m", "gpumux", "serve", "--port", port, "--db", str(db)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -103,7 +103,7 @@ def store_profile(server: Server, **overrides: Any) -> int:
 
 def gpumux(server: Server, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpumux.cli", *args],
+        [sys.executable, "-m", "gpumux", *args],
         env={**server.env, "COLUMNS": str(columns)},
         capture_output=True,
         text=True,

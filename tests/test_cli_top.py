@@ -266,7 +266,7 @@ def test_top_once_shows_a_running_trial_under_the_cpu(
 def test_ctrl_c_leaves_the_live_view_with_exit_status_0(server: Server) -> None:
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpumux.cli", "top", "--interval", "0.2"],
+        [sys.executable, "-m", "gpumux", "top", "--interval", "0.2"],
         env=server.env | {"TERM": "xterm-256color"},
         stdin=terminal,
         stdout=terminal,

@@ -60,7 +60,7 @@ def tune(
     *args: str, env: dict[str, str], cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpumux.cli", "tune", *args],
+        [sys.executable, "-m", "gpumux", "tune", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -141,7 +141,7 @@ def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) 
     started = tmp_path / "started"
     command = [sys.executable, "-c", STARTED_THEN_BLOCK, str(started)]
     tuner = subprocess.Popen(
-        [sys.executable, "-m", "gpumux.cli", "tune", "--splits", "1,2", "--", *command],
+        [sys.executable, "-m", "gpumux", "tune", "--splits", "1,2", "--", *command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -16,8 +16,8 @@ from gpumux import client as client_module
 from gpumux import tokenfile
 from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
 from gpumux.config import Settings
-from gpumux.daemon import embedded
 from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,7 +9,7 @@ import pytest
 from gpumux.cli import connect
 from gpumux.client import DaemonUnreachable
 from gpumux.config import Settings
-from gpumux.daemon import embedded
+from gpumux.server.daemon import embedded
 
 
 def test_with_no_url_named_the_shared_servers_socket_is_found(

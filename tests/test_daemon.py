@@ -14,13 +14,8 @@ from builders import daemon_bearer
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
-from gpumux.daemon import (
-    Daemon,
-    DaemonAlreadyRunning,
-    DaemonError,
-    embedded,
-    listen_where_clients_look,
-)
+from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
+from gpumux.server.daemon import Daemon, embedded, listen_where_clients_look
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -142,7 +137,7 @@ def test_serve_listens_where_the_cli_looks_unless_given_a_port(tmp_path: Path) -
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "gpumux.cli", "serve", "--home", str(home)],
+        [sys.executable, "-m", "gpumux", "serve", "--home", str(home)],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -165,13 +160,15 @@ def test_the_daemon_offers_only_the_gpus_it_is_given(
 ) -> None:
     from scripted_nvml import scripted_nvml
 
-    import gpumux.daemon
-    from gpumux.devices import make_probe
+    import gpumux.server.daemon
+    from gpumux.devices.probes import make_probe
 
     nvml = scripted_nvml("two_gpus")
     # NVML cannot start here: the daemon's own probe path runs over the scripted NVML.
     monkeypatch.setattr(
-        gpumux.daemon, "make_probe", lambda *, visible: make_probe(nvml=nvml, visible=visible)
+        gpumux.server.daemon,
+        "make_probe",
+        lambda *, visible: make_probe(nvml=nvml, visible=visible),
     )
     settings = Settings(home=tmp_path / "home", gpus=nvml.gpus[1].uuid)
     with embedded(settings) as daemon:

@@ -8,8 +8,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
-import gpumux.db
-from gpumux.db import (
+import gpumux.storage.engine
+from gpumux.storage.engine import (
     NETWORK_FILESYSTEMS,
     DatabaseError,
     Sessions,
@@ -20,7 +20,7 @@ from gpumux.db import (
     require_local_filesystem,
     upgrade,
 )
-from gpumux.models import Base
+from gpumux.storage.models import Base
 
 
 def test_migrations_match_the_models(sessions: Sessions) -> None:
@@ -174,7 +174,7 @@ def test_make_engine_refuses_a_database_on_a_network_filesystem(
 ) -> None:
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(fake_mount(tmp_path.resolve() / "nfs", "nfs4"))
-    monkeypatch.setattr(gpumux.db, "MOUNTINFO", mountinfo)
+    monkeypatch.setattr(gpumux.storage.engine, "MOUNTINFO", mountinfo)
     (tmp_path / "nfs").mkdir()
     with pytest.raises(DatabaseError, match="nfs4"):
         make_engine(f"sqlite:///{tmp_path / 'nfs' / 'gpumux.db'}")
@@ -184,13 +184,14 @@ def test_make_engine_refuses_a_database_on_a_network_filesystem(
 def test_without_a_mountinfo_file_nothing_is_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gpumux.db, "MOUNTINFO", tmp_path / "absent")
+    monkeypatch.setattr(gpumux.storage.engine, "MOUNTINFO", tmp_path / "absent")
     require_local_filesystem(tmp_path / "gpumux.db")
 
 
 def test_the_real_check_passes_a_database_on_this_local_disk(tmp_path: Path) -> None:
     mount = mount_holding(
-        PurePosixPath(tmp_path.resolve()), parse_mountinfo(gpumux.db.MOUNTINFO.read_text())
+        PurePosixPath(tmp_path.resolve()),
+        parse_mountinfo(gpumux.storage.engine.MOUNTINFO.read_text()),
     )
     assert mount is not None and mount.fstype not in NETWORK_FILESYSTEMS
     require_local_filesystem(tmp_path / "not-yet" / "gpumux.db")

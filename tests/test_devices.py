@@ -18,7 +18,13 @@ from scripted_nvml import (
     scripted_nvml,
 )
 
-from gpumux.devices import CpuProbe, GpuProcess, NvmlProbe, NvmlUnavailable, make_probe
+from gpumux.devices.probes import (
+    CpuProbe,
+    GpuProcess,
+    NvmlProbe,
+    NvmlUnavailable,
+    make_probe,
+)
 
 TESTS = Path(__file__).resolve().parent
 UNAVAILABLE_LINE = "devices: NVML unavailable (%s); offering the CPU as one device"
@@ -50,7 +56,7 @@ def real_nvml() -> None:
 
 @pytest.fixture
 def devices_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    with caplog.at_level(logging.WARNING, logger="gpumux.devices"):
+    with caplog.at_level(logging.WARNING, logger="gpumux.devices.probes"):
         yield caplog
 
 
@@ -121,7 +127,7 @@ def test_nvml_starts_lazily_once_and_shuts_down_once() -> None:
 def test_nvml_is_shut_down_at_exit() -> None:
     script = (
         "import atexit\n"
-        "from gpumux.devices import NvmlProbe\n"
+        "from gpumux.devices.probes import NvmlProbe\n"
         "from scripted_nvml import scripted_nvml\n"
         "nvml = scripted_nvml('two_gpus')\n"
         "atexit.register(lambda: print('shutdowns', nvml.shutdown_calls))\n"

@@ -13,7 +13,7 @@ import pytest
 from builders import daemon_bearer
 
 from gpumux.config import Settings
-from gpumux.daemon import embedded
+from gpumux.server.daemon import embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

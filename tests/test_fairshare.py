@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.fairshare import DEFAULT_SHARE, Candidate, SharesError, fair_order, parse_shares
+from gpumux.scheduling.fairshare import (
+    DEFAULT_SHARE,
+    Candidate,
+    SharesError,
+    fair_order,
+    parse_shares,
+)
 
 OWNERS = ("alice", "bob", "carol")
 

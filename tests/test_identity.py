@@ -28,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from gpumux.config import Settings
-from gpumux.identity import (
+from gpumux.server.identity import (
     PeerCredentials,
     PeerH11Protocol,
     PeerHttpProtocol,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumux.launcher import (
+from gpumux.processes.launcher import (
     LaunchError,
     LaunchSpec,
     SupervisedTrial,
@@ -20,7 +20,7 @@ from gpumux.launcher import (
     kill_orphans,
     trial_env,
 )
-from gpumux.supervisor import boot_id, start_ticks
+from gpumux.processes.supervisor import boot_id, start_ticks
 
 OPTIONS = SupervisorOptions(kill_grace=1.0, heartbeat_interval=0.1, log_max_bytes=10**6, log_keep=1)
 

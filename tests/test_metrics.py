@@ -14,14 +14,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
 
-from gpumux import store
-from gpumux.api import create_app
 from gpumux.config import Settings
-from gpumux.db import Sessions
-from gpumux.devices import DeviceSnapshot
-from gpumux.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
-from gpumux.models import Trial, utcnow
+from gpumux.devices.probes import DeviceSnapshot
+from gpumux.server.api import create_app
+from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
 from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial, utcnow
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = utcnow() - timedelta(hours=3)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.devices import DeviceSnapshot, GpuProcess
-from gpumux.placement import (
+from gpumux.devices.probes import DeviceSnapshot, GpuProcess
+from gpumux.scheduling.placement import (
     PackingPolicy,
     PendingTrial,
     Placement,

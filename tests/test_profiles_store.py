@@ -13,10 +13,10 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpumux import store
-from gpumux.db import Sessions
-from gpumux.models import Profile, Sweep, Trial, TrialReport
 from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Profile, Sweep, Trial, TrialReport
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CURVE = [

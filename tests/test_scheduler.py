@@ -15,14 +15,15 @@ import pytest
 from builders import kill_processes_naming, sweep_in
 from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
-from gpumux import store, sweepspec
+from gpumux import sweepspec
 from gpumux.config import Settings
-from gpumux.db import Sessions
-from gpumux.devices import CpuProbe, DeviceProbe, NvmlProbe
-from gpumux.models import Trial
-from gpumux.scheduler import Scheduler
+from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
+from gpumux.processes.supervisor import start_ticks as process_start_ticks
+from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
-from gpumux.supervisor import start_ticks as process_start_ticks
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEADLINE = 60.0
@@ -113,6 +114,14 @@ def wait_for_file(path: Path, what: str) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def supervisor_pid(settings: Settings, trial: Trial) -> int:
+    """The pid of the supervisor of the trial's current attempt, as its run directory says."""
+    record = json.loads(
+        (settings.runs_dir / f"{trial.id}.{trial.attempt}" / "supervisor.json").read_text()
+    )
+    return int(record["pid"])
 
 
 def wait_gone(pids: list[int]) -> list[int]:
@@ -512,9 +521,9 @@ def test_a_supervisor_killed_with_its_daemon_away_leaves_a_lost_trial_that_is_re
     sweep_id = first.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])
     asyncio.run(start_then_leave(first, sweep_id))
     (trial,) = first.trials(sweep_id)
-    assert trial.supervisor_pid is not None
-    os.kill(trial.supervisor_pid, signal.SIGKILL)
-    assert wait_gone([trial.supervisor_pid]) == []
+    supervisor = supervisor_pid(settings, trial)
+    os.kill(supervisor, signal.SIGKILL)
+    assert wait_gone([supervisor]) == []
 
     second = Harness(settings, sessions, tmp_path)
     second.scheduler.reconcile()
@@ -539,11 +548,10 @@ def test_a_supervisor_whose_heartbeat_goes_stale_is_killed_and_its_trial_requeue
         await until(pidfile.exists, "the trial to start")
         first_pids = [int(pid) for pid in pidfile.read_text().split()]
         await until(
-            lambda: harness.trials(sweep_id)[0].supervisor_pid is not None, "it to be running"
+            lambda: harness.trials(sweep_id)[0].status is TrialStatus.running, "it to be running"
         )
         (trial,) = harness.trials(sweep_id)
-        assert trial.supervisor_pid is not None
-        os.kill(trial.supervisor_pid, signal.SIGSTOP)  # hung: alive, silent
+        os.kill(supervisor_pid(settings, trial), signal.SIGSTOP)  # hung: alive, silent
         await until(lambda: harness.trials(sweep_id)[0].attempt == 2, "the trial to be requeued")
         error = harness.trials(sweep_id)[0].error
         stop.set()

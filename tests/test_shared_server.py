@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 from reliability.conftest import DaemonProcess
 
-from gpumux.identity import UserAccount
+from gpumux.server.identity import UserAccount
 
 if os.geteuid() != 0:
     pytest.skip(
@@ -464,7 +464,7 @@ def test_tcp_needs_a_live_token_and_tokens_are_made_over_the_socket(
 ) -> None:
     alice, bob = cast.alice, cast.bob
     made = subprocess.run(
-        [sys.executable, "-m", "gpumux.cli", "token", "create", bob.name]
+        [sys.executable, "-m", "gpumux", "token", "create", bob.name]
         + ["--url", f"unix:{daemon.uds}"],
         env={k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")},
         capture_output=True,
@@ -673,7 +673,7 @@ def cli_as(user: User) -> list[str] | None:
     site_dirs = sorted({paths["purelib"], paths["platlib"]})
     program = (
         f"import site; [site.addsitedir(d) for d in {site_dirs!r}]; "
-        "from gpumux.cli.app import main; main()"
+        "from gpumux.main import main; main()"
     )
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for python in (sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"):

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from builders import sweep_in
 
-from gpumux import store
 from gpumux.config import Settings
-from gpumux.db import Sessions
-from gpumux.devices import DeviceSnapshot
-from gpumux.models import Trial, TrialReport, utcnow
-from gpumux.splitsearch import LONG_WINDOWS, Searches, SplitSearch, Timing, is_out_of_memory
+from gpumux.devices.probes import DeviceSnapshot
+from gpumux.splits.online import LONG_WINDOWS, Searches, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial, TrialReport, utcnow
 
 TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
 COMMAND = ["python", "train.py"]

@@ -7,11 +7,11 @@ import pytest
 from builders import sweep_in
 from sqlalchemy.orm import Session
 
-from gpumux import store
-from gpumux.db import Sessions
-from gpumux.models import Sweep
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep
 
 
 def make_sweep(session: Session, tmp_path: Path, n: int = 3, **fields: Any) -> Sweep:

@@ -15,17 +15,17 @@ from builders import selects, sweep_in
 from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
-from gpumux import store
-from gpumux.db import Sessions
-from gpumux.models import Trial, utcnow
 from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial, utcnow
 
 TRIALS = 100_000
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, int]]:
-    from gpumux.db import make_engine, make_sessions, upgrade
+    from gpumux.storage.engine import make_engine, make_sessions, upgrade
 
     path = tmp_path_factory.mktemp("big") / "gpumux.db"
     engine = make_engine(f"sqlite:///{path}")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpumux import supervisor
-from gpumux.launcher import SUPERVISOR_PATH
+from gpumux.processes import supervisor
+from gpumux.processes.launcher import SUPERVISOR_PATH
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 
 from gpumux.config import Settings
-from gpumux.db import Sessions
-from gpumux.models import ApiToken, Owner, utcnow
-from gpumux.store import token_hash
-from gpumux.tokens import (
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import ApiToken, Owner, utcnow
+from gpumux.storage.store import token_hash
+from gpumux.storage.tokens import (
     TOKEN_PREFIX,
     create_token,
     find_token,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.tuner import (
+from gpumux.splits.curve import (
     Decision,
     Point,
     candidate_splits,

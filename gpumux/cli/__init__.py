@@ -1,7 +1,2 @@
-"""The `gpumux` command line: talks to the daemon over HTTP, or runs an embedded one."""
-
-from __future__ import annotations
-
-from gpumux.cli.app import app, main
-
-__all__ = ["app", "main"]
+"""The `gpumux` command line: talks to the daemon over HTTP; gpumux.main gives it the daemon
+it may start (an embedded one, or `gpumux serve`)."""

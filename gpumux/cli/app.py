@@ -12,7 +12,14 @@ import typer
 
 from gpumux import __version__
 from gpumux.cli import commands, profiles, token, top, tune
-from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state, print_error
+from gpumux.cli.state import (
+    EXIT_USAGE,
+    CliError,
+    CliState,
+    DaemonRunner,
+    get_state,
+    print_error,
+)
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable
 from gpumux.sweepspec import SpecError
@@ -111,11 +118,11 @@ def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return args, None
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """The `gpumux` console script."""
+def main(argv: Sequence[str] | None = None, *, daemons: DaemonRunner | None = None) -> None:
+    """Run the command line on `argv`, able to start the `daemons` given (gpumux.main)."""
     args, command = split_command(sys.argv[1:] if argv is None else argv)
     # A closed terminal (SIGHUP) or a kill (SIGTERM) takes Ctrl-C's path: an embedded daemon
     # then stops and requeues its trials instead of leaving them running unsupervised.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.default_int_handler)
-    app(args=args, obj=CliState(command=command), prog_name="gpumux")
+    app(args=args, obj=CliState(command=command, daemons=daemons), prog_name="gpumux")

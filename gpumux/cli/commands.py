@@ -17,6 +17,7 @@ from gpumux.cli import follow, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_INTERRUPTED, CliError, CliState, build_settings, get_state
 from gpumux.client import Client
+from gpumux.lockfile import DaemonError
 from gpumux.schemas import parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 
@@ -33,6 +34,7 @@ Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")
 
 
 def serve(
+    ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="address to listen on (TCP)")] = None,
     port: Annotated[int | None, typer.Option(help="port to listen on (TCP)")] = None,
     uds: Annotated[
@@ -71,12 +73,9 @@ def serve(
     if level > logging.DEBUG:
         # Alembic's INFO lines (plugins set up, DDL mode) tell an operator nothing.
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    # Imported here: uvicorn and FastAPI are needed by `serve` alone.
-    from gpumux import daemon
-
     try:
-        daemon.serve_forever(settings)
-    except daemon.DaemonError as error:
+        get_state(ctx).runner.serve_forever(settings)
+    except DaemonError as error:
         raise CliError(str(error)) from error
 
 

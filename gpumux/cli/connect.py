@@ -7,14 +7,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from gpumux.cli.state import CliError, CliState
+from gpumux.cli.state import CliError, CliState, EmbeddedDaemon
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import SHARED_SOCKET, SOCKET_NAME, Settings
-
-if TYPE_CHECKING:
-    from gpumux.daemon import Daemon, DaemonAlreadyRunning
+from gpumux.lockfile import DaemonAlreadyRunning, DaemonError, read_lock_url
 
 # A daemon that just took the lock writes its URL right after binding its socket.
 LOCK_URL_WAIT_S = 5.0
@@ -26,7 +23,7 @@ class Connection:
     """A client for the daemon in use, and the embedded daemon when this run started one."""
 
     client: Client
-    embedded: Daemon | None = None
+    embedded: EmbeddedDaemon | None = None
 
 
 def _answering(url: str) -> Client | None:
@@ -44,9 +41,6 @@ def find_daemon(url: str, settings: Settings) -> Client:
     client = _answering(url)
     if client is not None:
         return client
-    # gpumux.daemon pulls in uvicorn and FastAPI: import it only when there is no daemon at url.
-    from gpumux.daemon import read_lock_url
-
     lock_url = read_lock_url(settings.lock_path)
     if lock_url is not None and lock_url != url:
         client = _answering(lock_url)
@@ -66,8 +60,6 @@ def connect(state: CliState, url: str | None) -> Client:
 
 
 def _wait_for_lock_url(lock_path: Path) -> str | None:
-    from gpumux.daemon import read_lock_url
-
     deadline = time.monotonic() + LOCK_URL_WAIT_S
     while (url := read_lock_url(lock_path)) is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -86,25 +78,23 @@ def daemon_for_sweep(state: CliState, url: str) -> Iterator[Connection]:
         with client:
             yield Connection(client)
         return
-    from gpumux import daemon
-
     state.note(
         f"no daemon at {url}; running an embedded one on {settings.db_path} "
         "until the queue is empty"
     )
     try:
         with contextlib.ExitStack() as stack:
-            running: Daemon | None = None
+            running: EmbeddedDaemon | None = None
             try:
                 running = stack.enter_context(
-                    daemon.embedded(settings.model_copy(update={"url": url}))
+                    state.runner.embedded(settings.model_copy(update={"url": url}))
                 )
-            except daemon.DaemonAlreadyRunning as error:
+            except DaemonAlreadyRunning as error:
                 client = stack.enter_context(_starting_daemon(state, error))
             else:
                 client = stack.enter_context(Client(running.url))
             yield Connection(client, running)
-    except daemon.DaemonError as error:
+    except DaemonError as error:
         # Raised when the embedded daemon cannot start (port, socket) or failed while running.
         raise CliError(str(error)) from error
 

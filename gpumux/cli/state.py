@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import typer
 from pydantic import ValidationError
@@ -29,6 +30,22 @@ class CliError(Exception):
 PIPE_WIDTH = 120
 
 
+class EmbeddedDaemon(Protocol):
+    """A daemon this command runs on a background thread while it needs one."""
+
+    @property
+    def url(self) -> str: ...
+
+
+class DaemonRunner(Protocol):
+    """The daemons the command line may start. The entry point (gpumux.main) hands in the
+    server's; the command line itself never imports the server or the storage."""
+
+    def serve_forever(self, settings: Settings) -> None: ...
+
+    def embedded(self, settings: Settings) -> AbstractContextManager[EmbeddedDaemon]: ...
+
+
 @dataclass
 class CliState:
     """Built once per run by `main()` (or the app's callback) and handed down through ctx.obj."""
@@ -39,6 +56,8 @@ class CliState:
     # No markup or highlighting: parameters, commands and logs are the user's text, not markup.
     out: Console = field(default_factory=lambda: make_console())
     err: Console = field(default_factory=lambda: make_console(stderr=True))
+    # The daemons it may start; None where the command line runs without the server.
+    daemons: DaemonRunner | None = None
     _settings: Settings | None = None
 
     @property
@@ -47,6 +66,13 @@ class CliState:
         if self._settings is None:
             self._settings = build_settings()
         return self._settings
+
+    @property
+    def runner(self) -> DaemonRunner:
+        """The daemons this command line may start; CliError where it may start none."""
+        if self.daemons is None:
+            raise CliError("this gpumux command line cannot start a daemon; run `gpumux` itself")
+        return self.daemons
 
     def resolve_url(self, url: str | None) -> str:
         """The daemon's URL: the command's --url, else the global one, else GPUMUX_URL."""

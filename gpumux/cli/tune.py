@@ -42,10 +42,11 @@ from gpumux.cli.state import (
 from gpumux.cli.sweep import OPTION_NAMES, command_env
 from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
-from gpumux.devices import DeviceSnapshot, NvmlProbe, NvmlUnavailable, is_visible
+from gpumux.devices.probes import DeviceSnapshot, NvmlProbe, NvmlUnavailable, is_visible
+from gpumux.lockfile import DaemonError
 from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
+from gpumux.splits.curve import SEQUENCE
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
-from gpumux.tuner import SEQUENCE
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
 POLL_S = 0.25
@@ -308,12 +309,9 @@ def _measure(
     settings = build_settings(
         home=home, db=None, url=f"unix:{home / SOCKET_NAME}", uds=None, gpus=gpu, tune=False
     )
-    # Imported here: uvicorn and FastAPI are slow to import and only this command needs them.
-    from gpumux import daemon
-
     measured: list[Round] = []
     try:
-        with daemon.embedded(settings) as running, Client(running.url) as client:
+        with state.runner.embedded(settings) as running, Client(running.url) as client:
             device = _device_name(client)
             each = "N copies" if rounds == 1 else f"{rounds} x N copies"
             state.note(
@@ -328,6 +326,6 @@ def _measure(
                 raise
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except daemon.DaemonError as error:
+    except DaemonError as error:
         raise CliError(str(error)) from error
     return report(state, measured, device=device, png=png)

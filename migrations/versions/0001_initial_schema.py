@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import gpumux.models
+import gpumux.storage.models
 
 revision = "0001"
 down_revision = None
@@ -23,7 +23,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=64), nullable=False),
         sa.Column("uid", sa.Integer(), nullable=True),
-        sa.Column("created_at", gpumux.models.UtcDateTime(), nullable=False),
+        sa.Column("created_at", gpumux.storage.models.UtcDateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
     )
@@ -61,8 +61,8 @@ def upgrade() -> None:
         sa.Column("time_limit_s", sa.Double(), nullable=True),
         sa.Column("trial_count", sa.Integer(), nullable=False),
         sa.Column("cancel_requested", sa.Boolean(), nullable=False),
-        sa.Column("created_at", gpumux.models.UtcDateTime(), nullable=False),
-        sa.Column("finished_at", gpumux.models.UtcDateTime(), nullable=True),
+        sa.Column("created_at", gpumux.storage.models.UtcDateTime(), nullable=False),
+        sa.Column("finished_at", gpumux.storage.models.UtcDateTime(), nullable=True),
         sa.ForeignKeyConstraint(
             ["owner_id"],
             ["owners.id"],
@@ -105,15 +105,15 @@ def upgrade() -> None:
         sa.Column("pid_started", sa.Integer(), nullable=True),
         sa.Column("token_hash", sa.String(length=64), nullable=True),
         sa.Column("log_path", sa.Text(), nullable=True),
-        sa.Column("queued_at", gpumux.models.UtcDateTime(), nullable=False),
-        sa.Column("started_at", gpumux.models.UtcDateTime(), nullable=True),
-        sa.Column("ended_at", gpumux.models.UtcDateTime(), nullable=True),
+        sa.Column("queued_at", gpumux.storage.models.UtcDateTime(), nullable=False),
+        sa.Column("started_at", gpumux.storage.models.UtcDateTime(), nullable=True),
+        sa.Column("ended_at", gpumux.storage.models.UtcDateTime(), nullable=True),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("signal", sa.Integer(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("objective", sa.Double(), nullable=True),
         sa.Column("samples_per_s", sa.Double(), nullable=True),
-        sa.Column("last_report_at", gpumux.models.UtcDateTime(), nullable=True),
+        sa.Column("last_report_at", gpumux.storage.models.UtcDateTime(), nullable=True),
         sa.ForeignKeyConstraint(["sweep_id"], ["sweeps.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
@@ -130,7 +130,7 @@ def upgrade() -> None:
         sa.Column("trial_id", sa.Integer(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("kind", sa.String(length=16), nullable=False),
-        sa.Column("at", gpumux.models.UtcDateTime(), nullable=False),
+        sa.Column("at", gpumux.storage.models.UtcDateTime(), nullable=False),
         sa.Column("epoch", sa.Integer(), nullable=True),
         sa.Column("samples", sa.Double(), nullable=True),
         sa.Column("seconds", sa.Double(), nullable=True),

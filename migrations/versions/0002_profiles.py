@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import gpumux.models
+import gpumux.storage.models
 
 revision = "0002"
 down_revision = "0001"
@@ -31,8 +31,8 @@ def upgrade() -> None:
         sa.Column("settled", sa.Boolean(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("sweep_id", sa.Integer(), nullable=True),
-        sa.Column("created_at", gpumux.models.UtcDateTime(), nullable=False),
-        sa.Column("updated_at", gpumux.models.UtcDateTime(), nullable=False),
+        sa.Column("created_at", gpumux.storage.models.UtcDateTime(), nullable=False),
+        sa.Column("updated_at", gpumux.storage.models.UtcDateTime(), nullable=False),
         sa.ForeignKeyConstraint(["sweep_id"], ["sweeps.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import gpumux.models
+import gpumux.storage.models
 
 revision = "0003"
 down_revision = "0002"
@@ -23,9 +23,9 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("owner_id", sa.Integer(), nullable=False),
         sa.Column("token_hash", sa.String(length=64), nullable=False),
-        sa.Column("created_at", gpumux.models.UtcDateTime(), nullable=False),
-        sa.Column("last_used_at", gpumux.models.UtcDateTime(), nullable=True),
-        sa.Column("revoked_at", gpumux.models.UtcDateTime(), nullable=True),
+        sa.Column("created_at", gpumux.storage.models.UtcDateTime(), nullable=False),
+        sa.Column("last_used_at", gpumux.storage.models.UtcDateTime(), nullable=True),
+        sa.Column("revoked_at", gpumux.storage.models.UtcDateTime(), nullable=True),
         sa.ForeignKeyConstraint(["owner_id"], ["owners.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("token_hash"),

@@ -13,9 +13,9 @@ import pytest
 from builders import bearer, served
 from sqlalchemy import event, text
 
-from gpumux.api import create_app, errors
 from gpumux.config import Settings
-from gpumux.db import BUSY_TIMEOUT_MS, Sessions
+from gpumux.server.api import create_app, errors
+from gpumux.storage.engine import BUSY_TIMEOUT_MS, Sessions
 
 # Larger than any SQLite build allows: SQLite lowers it to its own maximum.
 NO_PAGE_LIMIT = 2**32
@@ -146,7 +146,7 @@ def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_
         "database error in POST /sweeps: IntegrityError: refused by the test "
         "(the daemon's log has the details)"
     )
-    (record,) = [r for r in caplog.records if r.name == "gpumux.api.errors"]
+    (record,) = [r for r in caplog.records if r.name == "gpumux.server.api.errors"]
     assert record.levelno == logging.ERROR and record.exc_info is not None
     assert "Traceback" in caplog.text and "refused by the test" in caplog.text
     assert api.get("/health").json()["status"] == "ok"

@@ -4,8 +4,8 @@ from typing import Any
 
 import httpx
 
-from gpumux import store
-from gpumux.db import Sessions
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
 
 CURVE: list[dict[str, Any]] = [
     {"split": 1, "throughput": 2.5, "seconds_per_trial": 40.0, "memory_per_trial_mb": 512.0},

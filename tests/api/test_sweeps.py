@@ -7,9 +7,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpumux import store, tuner
 from gpumux.config import Settings
-from gpumux.db import Sessions
+from gpumux.splits import curve as tuner
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
 
 
 def body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:

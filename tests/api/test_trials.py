@@ -5,10 +5,10 @@ from pathlib import Path
 import httpx
 from builders import sweep_in
 
-from gpumux import store
-from gpumux.api.trials import read_log
-from gpumux.db import Sessions
+from gpumux.server.api.trials import read_log
 from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
 
 
 def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> int:

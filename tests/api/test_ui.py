@@ -8,10 +8,10 @@ import httpx
 import pytest
 from hatchling.builders.wheel import WheelBuilder
 
-from gpumux.api import ui
+from gpumux.server.api import ui
 
 ROOT = Path(__file__).resolve().parents[2]
-WEB = ROOT / "gpumux" / "web"
+WEB = ROOT / "gpumux" / "server" / "web"
 WEB_FILES = {path.name for path in WEB.iterdir()}
 
 
@@ -59,7 +59,7 @@ def test_every_file_the_page_loads_is_served_with_its_type(api: httpx.Client) ->
         assert response.content == (WEB / name).read_bytes()
         imported = set(re.findall(r'^(?:import|} from) .*"\./([\w.]+)";$', response.text, re.M))
         pending.extend(imported - seen)
-    assert seen == WEB_FILES - {"index.html"}, "a file of gpumux/web that nothing loads"
+    assert seen == WEB_FILES - {"index.html"}, "a file of gpumux/server/web that nothing loads"
 
 
 def test_the_page_loads_nothing_from_elsewhere() -> None:
@@ -83,7 +83,7 @@ def test_only_the_dashboard_assets_are_served(api: httpx.Client, path: str) -> N
 
 
 def test_the_dashboard_is_in_the_installed_package() -> None:
-    web = resources.files("gpumux").joinpath("web")
+    web = resources.files("gpumux.server").joinpath("web")
     assert {entry.name for entry in web.iterdir()} >= WEB_FILES
     assert set(ui.ASSETS) | {"index.html"} == WEB_FILES
 
@@ -92,4 +92,4 @@ def test_the_wheel_ships_the_dashboard() -> None:
     # The files hatchling would put in the wheel, listed without building it.
     included = WheelBuilder(str(ROOT)).recurse_included_files()
     shipped = {file.distribution_path for file in included}
-    assert {f"gpumux/web/{name}" for name in WEB_FILES} <= shipped
+    assert {f"gpumux/server/web/{name}" for name in WEB_FILES} <= shipped

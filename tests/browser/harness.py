@@ -73,7 +73,7 @@ def daemon(home: Path, settings: Mapping[str, str]) -> Iterator[Served]:
     home.mkdir(parents=True, exist_ok=True)
     with open(home.parent / "daemon.log", "wb") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "gpumux.cli", "serve", "--host", "127.0.0.1"]
+            [sys.executable, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
             + ["--port", str(port), "--home", str(home)],
             env=env,
             stdout=subprocess.PIPE,

@@ -104,7 +104,7 @@ class DaemonProcess:
     def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
         """Start the daemon (again, on the same home and port); its /health once it answers."""
         assert not self.running, "already running"
-        command = [sys.executable, "-m", "gpumux.cli", "serve", "--host", "127.0.0.1"]
+        command = [sys.executable, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), *self.args]
         serving = self.url
         if self.uds is not None:

@@ -25,9 +25,9 @@ import httpx
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpumux.api import create_app
 from gpumux.config import Settings
-from gpumux.db import make_engine, make_sessions
+from gpumux.server.api import create_app
+from gpumux.storage.engine import make_engine, make_sessions
 
 from .conftest import DaemonFactory, DaemonProcess
 
@@ -186,7 +186,7 @@ def age_tokens(daemon: DaemonProcess) -> None:
 
 
 def database_errors_answered(home: Path) -> bool:
-    """Whether create_app installs the handlers of gpumux.api.errors (507 for a full disk)."""
+    """Whether create_app installs the database error handlers (507 for a full disk)."""
     settings = Settings(home=home)
     engine = make_engine(settings.db_url)
     try:

@@ -1,0 +1,1 @@
+"""Trial processes: the per-attempt supervisor, its run directory, the trial logs."""

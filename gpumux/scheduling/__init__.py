@@ -1,0 +1,1 @@
+"""The daemon's loop: which queued trial runs where, launching, recording ends."""

@@ -1,0 +1,137 @@
+"""How the end of a trial process is recorded: its status, its error, and whether it runs again."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from enum import StrEnum
+
+from sqlalchemy.orm import Session
+
+from gpumux.config import Settings
+from gpumux.processes.launcher import ExitStatus, tail_lines
+from gpumux.splits.online import Searches, is_out_of_memory
+from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.models import Trial, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class StopReason(StrEnum):
+    """Why gpumux itself stopped a trial."""
+
+    cancel = "cancel"
+    timeout = "timeout"
+    shutdown = "shutdown"
+
+
+def record_end(
+    *,
+    session: Session,
+    trial: Trial,
+    exit_status: ExitStatus,
+    stop: StopReason | None,
+    settings: Settings,
+    searches: Searches,
+) -> None:
+    """Record how a trial's process ended, given why gpumux stopped it (None: it ended itself)."""
+    ended = {
+        "exit_code": exit_status.exit_code,
+        "signal": exit_status.signal,
+        "ended_at": utcnow(),
+    }
+    if stop is StopReason.shutdown:
+        requeue_or_lose(
+            session=session, trial=trial, why="stopped by a daemon shutdown", settings=settings
+        )
+    elif stop is StopReason.cancel:
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
+    elif stop is StopReason.timeout:
+        limit = trial.sweep.time_limit_s
+        error = f"time limit of {limit:g} s exceeded; stopped"
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.failed, error=error, **ended
+        )
+    elif exit_status.exit_code == 0:
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded, **ended)
+    else:
+        _record_failure(
+            session=session,
+            trial=trial,
+            how=exit_status.describe(),
+            ended=ended,
+            settings=settings,
+            searches=searches,
+        )
+
+
+def _record_failure(
+    *,
+    session: Session,
+    trial: Trial,
+    how: str,
+    ended: Mapping[str, object],
+    settings: Settings,
+    searches: Searches,
+) -> None:
+    tail = tail_lines(trial.log_path, settings.log_tail_lines)
+    if is_out_of_memory(tail):
+        if trial.sweep.split is None and trial.attempt <= settings.oom_retries:
+            # The split search went one N too far: lower it and run this trial again.
+            searches.out_of_memory(session=session, trial=trial)
+            requeue(
+                session=session,
+                trial=trial,
+                why=f"ran out of device memory at N={trial.split}",
+                then="requeued at a lower N",
+            )
+            return
+        how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
+    elif trial.failures < trial.sweep.retries:
+        requeue(
+            session=session,
+            trial=trial,
+            why=how,
+            then=f"retry {trial.failures + 1} of {trial.sweep.retries}",
+            failures=trial.failures + 1,
+        )
+        return
+    store.set_trial_status(
+        session=session,
+        trial=trial,
+        status=TrialStatus.failed,
+        error=f"{how}; last lines of its log:\n{tail}",
+        **ended,
+    )
+
+
+def requeue_or_lose(*, session: Session, trial: Trial, why: str, settings: Settings) -> None:
+    """Run a trial cut off by gpumux again, within its retry budget; else record it lost."""
+    if trial.attempt <= settings.lost_retries:
+        requeue(session=session, trial=trial, why=why, then="requeued")
+    else:
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.lost,
+            error=f"attempt {trial.attempt} {why}; no retries left",
+            ended_at=utcnow(),
+        )
+
+
+def requeue(
+    *, session: Session, trial: Trial, why: str, then: str, failures: int | None = None
+) -> None:
+    """Queue a trial for its next attempt, noting what happened to this one."""
+    store.set_trial_status(
+        session=session,
+        trial=trial,
+        status=TrialStatus.queued,
+        attempt=trial.attempt + 1,
+        failures=trial.failures if failures is None else failures,
+        error=f"attempt {trial.attempt} {why}; {then}",
+        queued_at=utcnow(),
+        pid=None,
+        log_path=None,
+    )

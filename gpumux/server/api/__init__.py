@@ -1,0 +1,46 @@
+"""The REST API: create_app() wires the routers to the settings, the sessions and the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from gpumux import __version__
+from gpumux.config import Settings
+from gpumux.devices.probes import DeviceSnapshot
+from gpumux.server.api import devices, errors, health, profiles, reports, sweeps, tokens, trials, ui
+from gpumux.server.api import metrics as metrics_route
+from gpumux.server.api.deps import AppState
+from gpumux.server.metrics import Metrics
+from gpumux.storage.engine import Sessions
+
+
+def create_app(
+    *,
+    settings: Settings,
+    sessions: Sessions,
+    devices_view: Callable[[], list[DeviceSnapshot]] = list,
+    notify: Callable[[], None] = lambda: None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """The API over this database; `notify` nudges the scheduler after a write of intent.
+
+    `metrics` is shared with the scheduler, which records its tick times in it; the app adds
+    the state read at each scrape of /metrics, so one Metrics serves one app.
+    """
+    app = FastAPI(
+        title="gpumux",
+        version=__version__,
+        description="Hyper-parameter sweeps packed onto every device of a host.",
+    )
+    app.state.gpumux = AppState(
+        settings=settings, sessions=sessions, devices_view=devices_view, notify=notify
+    )
+    app.state.metrics = metrics or Metrics()
+    app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)
+    modules = (sweeps, trials, reports, devices, profiles, tokens, health, metrics_route, ui)
+    for module in modules:
+        app.include_router(module.router)
+    errors.install(app)
+    return app

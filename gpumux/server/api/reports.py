@@ -1,0 +1,40 @@
+"""The route trials report to, authorised by the per-trial token."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Response, status
+
+from gpumux.schemas import ReportIn
+from gpumux.server.api.deps import StateDep
+from gpumux.storage import store
+
+router = APIRouter(tags=["reports"])
+
+
+@router.post("/reports", status_code=status.HTTP_204_NO_CONTENT)
+def post_report(
+    report_in: ReportIn,
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Record a running trial's throughput and metrics (Authorization: Bearer <trial token>)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "reports need 'Authorization: Bearer <GPUMUX_TRIAL_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    with state.sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=report_in.trial_id)
+        if trial is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {report_in.trial_id} not found")
+        try:
+            store.add_report(session=session, trial=trial, token=token, report_in=report_in)
+        except store.TokenMismatch as error:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, str(error)) from error
+        except store.ReportRefused as error:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from error
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,198 @@
+"""Routes for sweeps: submit, list, inspect, cancel."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+from sqlalchemy.orm import Session
+
+from gpumux import sweepspec
+from gpumux.schemas import (
+    ProfilePublic,
+    SweepCreate,
+    SweepDetail,
+    SweepPublic,
+    SweepsPublic,
+    TrialPublic,
+    TrialsPublic,
+)
+from gpumux.server import identity
+from gpumux.server.api.deps import (
+    AppState,
+    Caller,
+    CallerDep,
+    ReadSessionDep,
+    StateDep,
+    refuse_unless_owner,
+)
+from gpumux.splits.online import sweep_fingerprint
+from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import store
+from gpumux.storage.models import Sweep
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["sweeps"])
+
+
+def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
+    objective = None
+    if sweep.objective_metric is not None and sweep.objective_mode is not None:
+        objective = f"{sweep.objective_metric}:{sweep.objective_mode}"
+    return SweepPublic(
+        id=sweep.id,
+        name=sweep.name,
+        owner=sweep.owner.name,
+        status=sweep.status,
+        command=sweep.command,
+        params=sweep.param_tokens,
+        workdir=sweep.workdir,
+        trials=sweep.random_trials,
+        seed=sweep.seed,
+        split=sweep.split if sweep.split is not None else "auto",
+        objective=objective,
+        time_limit_s=sweep.time_limit_s,
+        retries=sweep.retries,
+        priority=sweep.priority,
+        trial_count=sweep.trial_count,
+        cancel_requested=sweep.cancel_requested,
+        created_at=sweep.created_at,
+        finished_at=sweep.finished_at,
+        counts=counts,
+    )
+
+
+def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
+    counts = store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
+    best = store.best_trial(session=session, sweep=sweep)
+    profiles = []
+    if sweep.split is None:
+        profiles = store.workload_profiles(session=session, fingerprint=sweep_fingerprint(sweep))
+    return SweepDetail(
+        **sweep_public(sweep, counts).model_dump(),
+        best=TrialPublic.model_validate(best) if best else None,
+        profiles=[ProfilePublic.model_validate(profile) for profile in profiles],
+    )
+
+
+def sweep_or_404(session: Session, sweep_id: int, caller: Caller) -> Sweep:
+    """The sweep, if it exists (404) and the caller may touch it (403)."""
+    sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+    if sweep is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"sweep {sweep_id} not found")
+    refuse_unless_owner(caller, sweep.owner.name, f"sweep {sweep_id}")
+    return sweep
+
+
+def check_workdir(sweep_in: SweepCreate, state: AppState, caller: Caller) -> None:
+    """Refuse a working directory the user could not enter themselves."""
+    if state.daemon_uid == 0 and caller.account.uid != 0:
+        # Trials run as the submitter: a directory only root can enter must not become theirs.
+        reason = identity.readable_directory(sweep_in.workdir, caller.account)
+        if reason is not None:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{caller.name} cannot use the working directory: {reason}",
+            )
+
+
+def check_quota(session: Session, state: AppState, caller: Caller, trials: int) -> None:
+    """Refuse a sweep that would put the user over their queue limit; called in the write
+    transaction that stores it, so that concurrent submissions cannot all slip under it."""
+    quota = state.settings.max_queued_per_user
+    if quota is not None:
+        waiting = store.queued_count(session=session, owner=caller.name)
+        if waiting + trials > quota:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                f"{caller.name} has {waiting:,} trials waiting; {trials:,} more would pass the "
+                f"limit of {quota:,} (GPUMUX_MAX_QUEUED_PER_USER): wait, or cancel some",
+            )
+
+
+@router.post("/sweeps", status_code=status.HTTP_201_CREATED)
+def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> SweepDetail:
+    """Submit a sweep as the caller; its trials are queued and committed before this answers."""
+    seed = sweep_in.seed if sweep_in.seed is not None else secrets.randbits(31)
+    limit = state.settings.max_grid
+    if sweep_in.trials is not None and sweep_in.trials > limit:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"--trials {sweep_in.trials:,} is over the limit of {limit:,} trials per sweep",
+        )
+    try:
+        params = sweepspec.parse_params(sweep_in.params)
+        trial_params = sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
+    except sweepspec.SpecError as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
+    check_workdir(sweep_in, state, caller)
+    with state.sessions.write.begin() as session:
+        check_quota(session, state, caller, len(trial_params))
+        owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
+        sweep = store.create_sweep(
+            session=session, sweep_in=sweep_in, owner=owner, seed=seed, trial_params=trial_params
+        )
+        detail = sweep_detail(session, sweep)
+    state.notify()
+    return detail
+
+
+@router.get("/sweeps")
+def list_sweeps(
+    session: ReadSessionDep,
+    caller: CallerDep,
+    status_: Annotated[SweepStatus | None, Query(alias="status")] = None,
+    owner: Annotated[str | None, Query(description="whose (admins: anyone's)")] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> SweepsPublic:
+    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status."""
+    if owner is not None:
+        refuse_unless_owner(caller, owner, "the sweeps")
+    elif not caller.admin:
+        owner = caller.name
+    sweeps, count = store.list_sweeps(
+        session=session, status=status_, owner=owner, offset=offset, limit=limit
+    )
+    counts = store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
+    return SweepsPublic(
+        data=[sweep_public(sweep, counts[sweep.id]) for sweep in sweeps], count=count
+    )
+
+
+@router.get("/sweeps/{sweep_id}")
+def get_sweep(sweep_id: int, session: ReadSessionDep, caller: CallerDep) -> SweepDetail:
+    """One sweep with its counts by status and its best trial by the objective."""
+    return sweep_detail(session, sweep_or_404(session, sweep_id, caller))
+
+
+@router.post("/sweeps/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
+def cancel_sweep(sweep_id: int, state: StateDep, caller: CallerDep) -> SweepDetail:
+    """Ask for a sweep to stop: queued trials are dropped, running ones terminated."""
+    with state.sessions.write.begin() as session:
+        sweep = sweep_or_404(session, sweep_id, caller)
+        log.info("api: %s cancels sweep %d of %s", caller.name, sweep_id, sweep.owner.name)
+        sweep = store.request_cancel(session=session, sweep=sweep)
+        detail = sweep_detail(session, sweep)
+    state.notify()
+    return detail
+
+
+@router.get("/sweeps/{sweep_id}/trials")
+def list_sweep_trials(
+    sweep_id: int,
+    session: ReadSessionDep,
+    caller: CallerDep,
+    status_: Annotated[TrialStatus | None, Query(alias="status")] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> TrialsPublic:
+    """A sweep's trials in order, paginated."""
+    sweep_or_404(session, sweep_id, caller)
+    trials, count = store.list_trials(
+        session=session, sweep_id=sweep_id, status=status_, offset=offset, limit=limit
+    )
+    return TrialsPublic(data=[TrialPublic.model_validate(t) for t in trials], count=count)

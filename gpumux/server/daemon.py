@@ -1,0 +1,390 @@
+"""The daemon: uvicorn and the scheduler in one event loop, one database, one lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit
+
+import uvicorn
+from sqlalchemy.exc import OperationalError
+
+from gpumux import tokenfile
+from gpumux.config import Settings
+from gpumux.devices.probes import DeviceProbe, make_probe
+from gpumux.lockfile import (
+    DaemonError,
+    acquire_home_lock,
+    acquire_lock,
+    record_holder,
+)
+from gpumux.scheduling.loop import Scheduler
+from gpumux.server import identity
+from gpumux.server.api import create_app
+from gpumux.server.metrics import Metrics
+from gpumux.storage import tokens
+from gpumux.storage.engine import (
+    DatabaseError,
+    Sessions,
+    make_engine,
+    make_sessions,
+    require_local_filesystem,
+    upgrade,
+)
+
+log = logging.getLogger(__name__)
+
+UNIX_PATH_MAX = 108  # sun_path in struct sockaddr_un, with its terminating NUL
+
+# A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Server(uvicorn.Server):
+    # The daemon owns SIGINT/SIGTERM (warm, then cold stop); uvicorn must not take them.
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+def serves_other_users(settings: Settings) -> bool:
+    """Whether other users may connect to the socket: a daemon run by root serves every user,
+    an ordinary one those it is told to accept; a socket in the data directory, its owner."""
+    if settings.uds is None:
+        return False
+    shared = os.geteuid() == 0 or bool(settings.accept_users.strip())
+    return shared and not settings.uds.resolve().is_relative_to(settings.home.resolve())
+
+
+def wants_tcp(settings: Settings) -> bool:
+    """TCP when no socket is named, or beside it when a host or port is asked for too."""
+    return settings.uds is None or bool({"host", "port"} & settings.model_fields_set)
+
+
+def bind(
+    settings: Settings, *, fallback_port: bool = False, shared: bool = False
+) -> list[tuple[socket.socket, str]]:
+    """The listening sockets, each with the URL clients use to reach it: the Unix socket
+    first (trials report there), then TCP. A `shared` Unix socket is open to every user (the
+    kernel tells who connects); TCP requests need a token."""
+    listeners = []
+    try:
+        if settings.uds is not None:
+            listeners.append(bind_unix(settings.uds, shared=shared))
+        if wants_tcp(settings):
+            listeners.append(bind_tcp(settings, fallback_port=fallback_port))
+    except BaseException:
+        for sock, _ in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
+    """A listening Unix socket at `path` (0600, or 0666 when shared)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # we hold the lock, so a socket file left here is stale
+    if len(os.fsencode(path)) >= UNIX_PATH_MAX:
+        raise DaemonError(
+            f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
+            "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Created 0600 from the start: no moment in which another user could connect.
+    previous = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError as error:
+        sock.close()
+        raise DaemonError(
+            f"cannot listen on the socket {path}: {error.strerror}; create its directory "
+            "(writable by this user) or choose another --uds"
+        ) from error
+    finally:
+        os.umask(previous)
+    if shared:
+        # Anyone may connect: the kernel tells the daemon who they are (SO_PEERCRED).
+        os.chmod(path, 0o666)
+    sock.listen(128)
+    return sock, f"unix:{path}"
+
+
+def bind_tcp(settings: Settings, *, fallback_port: bool) -> tuple[socket.socket, str]:
+    """A listening TCP socket at settings.host:port (any free port if taken and allowed)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE or not fallback_port:
+            sock.close()
+            raise DaemonError(
+                f"cannot listen on {settings.host}:{settings.port}: {error.strerror}; "
+                "pick another with --port"
+            ) from error
+        sock.bind((settings.host, 0))
+    sock.listen(128)
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{host}:{port}"
+
+
+class Daemon:
+    """One gpumux daemon: `start()` prepares it, `serve()` runs it until stopped."""
+
+    def __init__(
+        self, settings: Settings, *, probe: DeviceProbe | None = None, personal: bool = False
+    ) -> None:
+        self.settings = settings
+        self._probe = probe
+        # The CLI's embedded daemon serves the user who runs it, whoever that is.
+        self.personal = personal
+        self._lock: IO[str] | None = None
+        self._home_lock: IO[str] | None = None
+        self._sockets: list[socket.socket] = []
+        self.url = ""
+        self.urls: list[str] = []
+        self.sessions: Sessions | None = None
+        self.scheduler: Scheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signals: asyncio.Queue[int] | None = None
+        self._stop_requests = 0
+
+    def start(self, *, fallback_port: bool = False) -> None:
+        """Take the lock, migrate the database, bind the socket."""
+        try:
+            self._start(fallback_port=fallback_port)
+        except DatabaseError as error:
+            raise DaemonError(str(error)) from error
+
+    def _start(self, *, fallback_port: bool) -> None:
+        # Refused before anything is created there: WAL does not work on a network filesystem.
+        require_local_filesystem(self.settings.db_path)
+        # The database holds each submitter's environment, the logs their output: owner only.
+        self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.settings.logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings.runs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.settings.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._lock = acquire_lock(self.settings.lock_path, database=str(self.settings.db_path))
+        try:
+            self._home_lock = acquire_home_lock(self.settings.home)
+            engine = make_engine(self.settings.db_url)
+            self.sessions = make_sessions(engine)
+            upgrade(engine)
+            self._own_token()
+            shared = not self.personal and serves_other_users(self.settings)
+            listeners = bind(self.settings, fallback_port=fallback_port, shared=shared)
+            self._sockets = [sock for sock, _ in listeners]
+            self.urls = [url for _, url in listeners]
+            self.url = self.urls[0]
+        except BaseException:
+            self.close()
+            raise
+        record_holder(self._lock, self.url)
+
+    def _own_token(self) -> None:
+        """A token for the daemon's own user, kept in its data directory, so that the CLI of
+        that user can reach it over TCP without a `gpumux token create`."""
+        assert self.sessions is not None
+        path = self.settings.home / tokenfile.DAEMON_TOKEN_NAME
+        with contextlib.suppress(tokenfile.TokenFileError):
+            kept = tokenfile.read_token_file(path)
+            if kept is not None:
+                with self.sessions.write.begin() as session:
+                    if tokens.resolve_token(session=session, token=kept) is not None:
+                        return
+        account = identity.UserAccount.from_uid(os.geteuid())
+        try:
+            with self.sessions.write.begin() as session:
+                token = tokens.create_token(
+                    session=session, owner_name=account.name, uid=account.uid
+                )
+            tokenfile.write_token_file(path, token)
+        except (OSError, OperationalError) as error:
+            # Only TCP clients of this user need it; the daemon serves on without.
+            log.warning("daemon: no token for %s in %s: %s", account.name, path, error)
+
+    async def serve(self) -> None:
+        """Run the API and the scheduler until a stop is requested, then stop in order."""
+        assert self.sessions is not None and self._sockets, "start() first"
+        self._loop = asyncio.get_running_loop()
+        self._signals = asyncio.Queue()
+        visible = (
+            self.settings.gpus
+            if self.settings.gpus is not None
+            else os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        probe = self._probe or make_probe(visible=visible)
+        metrics = Metrics()
+        self.scheduler = Scheduler(
+            settings=self.settings,
+            sessions=self.sessions,
+            probe=probe,
+            url=self.url,
+            on_tick=metrics.observe_tick,
+        )
+        scheduler = self.scheduler
+        app = create_app(
+            settings=self.settings,
+            sessions=self.sessions,
+            devices_view=lambda: scheduler.devices,
+            notify=scheduler.wake,
+            metrics=metrics,
+        )
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            # Each connection on the Unix socket carries its peer's uid, read from the kernel.
+            http=identity.PeerHttpProtocol,
+            ws="none",
+        )
+        server = _Server(config)
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
+        stop_scheduling = asyncio.Event()
+        server_task = asyncio.create_task(server.serve(sockets=self._sockets))
+        scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
+        log.info(
+            "daemon: serving on %s (database %s)", " and ".join(self.urls), self.settings.db_path
+        )
+        try:
+            first = asyncio.create_task(self._signals.get())
+            await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
+            stop_trials = self.settings.stop_trials
+            if scheduler_task.done():
+                first.cancel()
+                log.critical("daemon: the scheduler stopped unexpectedly")
+            elif stop_trials:
+                log.info("daemon: warm stop: launching nothing new, stopping trials")
+            else:
+                log.info("daemon: warm stop: launching nothing new; trials run on")
+            stop_scheduling.set()
+            await asyncio.wait([scheduler_task])
+            drain = asyncio.create_task(scheduler.drain(stop_trials=stop_trials))
+            while not drain.done():
+                second = asyncio.create_task(self._signals.get())
+                await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+                if second.done():
+                    log.warning("daemon: cold stop: killing every trial now")
+                    scheduler.force()
+                else:
+                    second.cancel()
+        finally:
+            server.should_exit = True
+            await server_task
+            failure = scheduler_task.exception() if scheduler_task.done() else None
+            probe.close()
+            if threading.current_thread() is threading.main_thread():
+                for signum in STOP_SIGNALS:
+                    self._loop.remove_signal_handler(signum)
+            self.close()
+        if failure is not None:
+            raise DaemonError(f"the scheduler failed: {failure!r}") from failure
+
+    def request_stop(self) -> None:
+        """Warm stop the first time, cold stop the second; safe from any thread."""
+        if self._loop is not None and self._signals is not None:
+            self._loop.call_soon_threadsafe(self._signals.put_nowait, signal.SIGTERM)
+
+    def close(self) -> None:
+        """Release the socket, the database and the lock."""
+        if self._sockets:
+            for sock in self._sockets:
+                sock.close()
+            if self.settings.uds is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.settings.uds.unlink()
+            self._sockets = []
+        if self.sessions is not None:
+            self.sessions.engine.dispose()
+        for held in (self._home_lock, self._lock):
+            if held is not None:
+                held.close()
+        self._lock = self._home_lock = None
+
+
+def listen_where_clients_look(settings: Settings) -> Settings:
+    """Settings that make a daemon listen at settings.url, where the CLI looks for one."""
+    if settings.url.startswith("unix:"):
+        return settings.model_copy(update={"uds": Path(settings.url.removeprefix("unix:"))})
+    address = urlsplit(settings.url)
+    if address.scheme != "http" or address.hostname is None:
+        raise DaemonError(f"GPUMUX_URL {settings.url!r} must be http://HOST:PORT or unix:/PATH")
+    return settings.model_copy(
+        update={"host": address.hostname, "port": address.port or 80, "uds": None}
+    )
+
+
+@contextlib.contextmanager
+def embedded(settings: Settings) -> Iterator[Daemon]:
+    """A daemon on a background thread for the length of a `with` block (the CLI's default).
+
+    It listens at settings.url, so other gpumux commands find it while it runs; when that
+    port is taken by something else, on a free one.
+    """
+    # Ctrl-C on `gpumux sweep` means stop: its trials are stopped and requeued, not left behind.
+    daemon = Daemon(
+        listen_where_clients_look(settings).model_copy(update={"stop_trials": True}),
+        personal=True,
+    )
+    daemon.start(fallback_port=True)
+    ready = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        async def main() -> None:
+            task = asyncio.create_task(daemon.serve())
+            await asyncio.sleep(0)
+            ready.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # reported to the caller's thread
+            failure.append(error)
+            ready.set()
+
+    thread = threading.Thread(target=run, name="gpumux-daemon", daemon=True)
+    thread.start()
+    ready.wait()
+    try:
+        yield daemon
+    finally:
+        daemon.request_stop()
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:
+                # A second Ctrl-C while trials are stopping: a cold stop, as with `serve`.
+                daemon.request_stop()
+        if failure:
+            raise DaemonError(f"the embedded daemon failed: {failure[0]}") from failure[0]
+
+
+def serve_forever(settings: Settings) -> None:
+    """`gpumux serve`: run in the foreground until SIGTERM or Ctrl-C.
+
+    It listens on --uds, or on TCP when a host or port is given, and otherwise where the CLI
+    looks (GPUMUX_URL; by default the socket in the data directory).
+    """
+    if settings.uds is None and not {"host", "port"} & settings.model_fields_set:
+        settings = listen_where_clients_look(settings)
+    daemon = Daemon(settings)
+    daemon.start()
+    print(
+        f"gpumux: serving on {' and '.join(daemon.urls)} (database {settings.db_path})", flush=True
+    )
+    asyncio.run(daemon.serve())

@@ -1,0 +1,1 @@
+"""The split search: how many trials at once each device runs best, for each workload."""

@@ -1,0 +1,407 @@
+"""The online split search: measures one workload on one device while its sweep runs.
+
+The scheduler keeps one SplitSearch per (device, workload fingerprint) for sweeps with
+`--split auto`. Each tick it reports how many trials run on the device; the search waits until
+exactly N of them have run together for a warm-up and a window, then measures the device's
+aggregate throughput over the window from the trials' reports (samples/s; completed trials/s
+for scripts that report nothing), hands the curve to the pure tuner for the next N, and stores
+the curve as the workload's profile so that the next sweep of the workload starts settled.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from gpumux.config import Settings
+from gpumux.devices.probes import DeviceSnapshot
+from gpumux.schemas import MAX_SPLIT
+from gpumux.splits import curve as tuner
+from gpumux.storage import store
+from gpumux.storage.models import Sweep, Trial
+
+log = logging.getLogger(__name__)
+
+# Long trials, which rarely end within a window, are measured over this many window lengths.
+LONG_WINDOWS = 6
+CPU_TRIALS_PER_CORE = 2
+
+# What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
+OUT_OF_MEMORY = re.compile(
+    r"ResourceExhaustedError|OOM when allocating|CUDA out of memory|out of memory|"
+    r"RESOURCE_EXHAUSTED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
+)
+
+
+def is_out_of_memory(log_tail: str) -> bool:
+    """Whether a failed trial's last log lines say it ran out of device memory."""
+    return OUT_OF_MEMORY.search(log_tail) is not None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the search waits: after N changes (warm-up), then measures (window)."""
+
+    warmup: timedelta
+    window: timedelta
+    threshold: float = tuner.DEFAULT_THRESHOLD
+
+
+@dataclass
+class SplitSearch:
+    """The N for one workload on one device: being searched, or settled."""
+
+    device_key: str
+    device_name: str
+    fingerprint: str
+    command: list[str]
+    cost_tokens: list[str]
+    ceiling: int
+    timing: Timing
+    curve: list[tuner.Point] = field(default_factory=list)
+    unit: str = "samples/s"
+    oom_at: int | None = None
+    decision: tuner.Decision = field(
+        default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
+    )
+    phase_start: datetime | None = None
+    ready_at: datetime | None = None
+    filling_since: datetime | None = None
+    sweep_id: int | None = None
+
+    @property
+    def split(self) -> int:
+        return self.decision.split
+
+    @classmethod
+    def resume(
+        cls,
+        *,
+        session: Session,
+        device_key: str,
+        device_name: str,
+        command: list[str],
+        param_tokens: list[str],
+        ceiling: int,
+        timing: Timing,
+    ) -> SplitSearch:
+        """A search for this workload, starting from its stored profile when there is one."""
+        names = [token.partition("=")[0] for token in param_tokens]
+        cost = set(tuner.cost_parameters(names))
+        search = cls(
+            device_key=device_key,
+            device_name=device_name,
+            fingerprint=tuner.workload_fingerprint(command, param_tokens),
+            command=list(command),
+            cost_tokens=[t for t in param_tokens if t.partition("=")[0] in cost],
+            ceiling=ceiling,
+            timing=timing,
+        )
+        profile = store.get_profile(
+            session=session, device_name=device_name, fingerprint=search.fingerprint
+        )
+        if profile is not None:
+            search.unit = profile.unit
+            search.curve = [tuner.Point(**point) for point in profile.curve]
+            if profile.settled and profile.best_split is not None:
+                best = min(profile.best_split, ceiling)
+                search.decision = tuner.Decision(
+                    split=best,
+                    settled=True,
+                    reason=f"profile {profile.id} of this workload on {device_name}: N={best}",
+                )
+                log.info("device %s: %s", device_key, search.decision.reason)
+                return search
+        search.decision = search._decide()
+        return search
+
+    def observe(
+        self, *, session: Session, now: datetime, running: int, queued: int, sweep_id: int
+    ) -> None:
+        """After a tick's placements: trials of the workload running on the device and queued."""
+        if self.decision.settled:
+            return
+        self.sweep_id = sweep_id
+        if running != self.split:
+            self.phase_start = None
+            if running > self.split or queued == 0:
+                # Above N: waiting for trials of a larger N to finish. Below N with nothing
+                # queued: the sweep's tail, too few trials left to fill N. Neither measures N.
+                self.filling_since = None
+            elif self.filling_since is None:
+                self.filling_since = now
+            elif now - self.filling_since > self.timing.warmup + self.timing.window:
+                # Work is queued, yet placement found room for fewer than N: memory.
+                self._hit_ceiling(session=session, fits=max(1, running))
+            return
+        self.filling_since = None
+        if self.phase_start is None:
+            self.phase_start, self.ready_at = now, None
+            return
+        if self.ready_at is None:
+            reporting = store.trials_reporting(
+                session=session, device=self.device_key, since=self.phase_start
+            )
+            if reporting >= self.split:
+                self.ready_at = now
+        window = self._window(session=session, now=now)
+        if window is None:
+            return
+        start, ended = window
+        point = self._measure(session=session, start=start, end=now, ended=ended)
+        if point is None:
+            return
+        self.curve = [p for p in self.curve if p.split != point.split] + [point]
+        self.decision = self._decide()
+        self.phase_start = None
+        log.info(
+            "device %s: N=%d gives %.4g %s; %s",
+            self.device_key,
+            point.split,
+            point.throughput,
+            self.unit,
+            self.decision.reason,
+        )
+
+    def out_of_memory(self, *, session: Session, split: int) -> None:
+        """A trial ran out of memory at N=`split`: that N and above are off the table."""
+        self.oom_at = split if self.oom_at is None else min(self.oom_at, split)
+        self.curve = [p for p in self.curve if p.split < self.oom_at]
+        self.decision = self._decide()
+        self.phase_start = None
+        log.warning(
+            "device %s: out of memory at N=%d; %s", self.device_key, split, self.decision.reason
+        )
+        self.save(session=session)
+
+    def save(self, *, session: Session) -> None:
+        """Store the curve and the decision as this workload's profile on this device model."""
+        best = self.decision.split if self.decision.settled else None
+        store.save_profile(
+            session=session,
+            device_name=self.device_name,
+            fingerprint=self.fingerprint,
+            command=self.command,
+            param_tokens=self.cost_tokens,
+            unit=self.unit,
+            curve=[
+                {
+                    "split": p.split,
+                    "throughput": p.throughput,
+                    "seconds_per_trial": p.seconds_per_trial,
+                    "memory_per_trial_mb": p.memory_per_trial_mb,
+                }
+                for p in sorted(self.curve, key=lambda p: p.split)
+            ],
+            best_split=best,
+            settled=self.decision.settled,
+            reason=self.decision.reason,
+            sweep_id=self.sweep_id,
+        )
+
+    def _decide(self) -> tuner.Decision:
+        if self.oom_at == 1:
+            return tuner.Decision(split=1, settled=True, reason="out of memory even alone: N=1")
+        return tuner.next_split(
+            self.curve, ceiling=self.ceiling, threshold=self.timing.threshold, oom_at=self.oom_at
+        )
+
+    def _window(self, *, session: Session, now: datetime) -> tuple[datetime, list[Trial]] | None:
+        """The window to measure now, with the trials that ended in it; None: not yet.
+
+        Short trials spend much of their life starting (TensorFlow's import alone takes
+        seconds): their window closes once N of them have ended in it, start-ups averaged in.
+        Long trials end rarely: their window opens when N trials have reported, all past
+        their start-up, and closes LONG_WINDOWS window lengths later.
+        """
+        assert self.phase_start is not None
+        start = self.phase_start + self.timing.warmup
+        if now - start < self.timing.window:
+            return None
+        ended = store.trials_ended(session=session, device=self.device_key, start=start, end=now)
+        if len(ended) >= self.split:
+            return start, ended
+        if self.ready_at is not None and now - self.ready_at >= LONG_WINDOWS * self.timing.window:
+            ready = self.ready_at
+            # Sparse reports (one per long epoch): wait until each of the N has reported in it.
+            reporting = store.trials_reporting(session=session, device=self.device_key, since=ready)
+            if reporting >= self.split:
+                return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
+        return None
+
+    def _measure(
+        self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]
+    ) -> tuner.Point | None:
+        seconds = (end - start).total_seconds()
+        durations = [
+            (t.ended_at - t.started_at).total_seconds()
+            for t in ended
+            if t.started_at is not None and t.ended_at is not None
+        ]
+        per_trial = statistics.median(durations) if durations else None
+        samples = store.samples_reported(
+            session=session, device=self.device_key, start=start, end=end
+        )
+        if self.unit == "samples/s" and samples == 0 and not self.curve:
+            # A script that reports nothing: count finished trials instead, from now on.
+            self.unit = "trials/s"
+        if self.unit == "samples/s":
+            if samples == 0:
+                # Nothing reported yet (long epochs): widen the window.
+                return None
+            throughput = samples / seconds
+        else:
+            if per_trial is None:
+                return None
+            # N slots, each finishing a trial every `per_trial` seconds: counting completions
+            # against the window instead would skew with the warm-up cut from its start.
+            throughput = self.split / per_trial
+        return tuner.Point(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
+
+    def _hit_ceiling(self, *, session: Session, fits: int) -> None:
+        self.ceiling = min(self.ceiling, fits)
+        self.curve = [p for p in self.curve if p.split <= self.ceiling]
+        self.decision = self._decide()
+        self.filling_since = None
+        log.warning(
+            "device %s: only %d trial(s) fit at once; %s",
+            self.device_key,
+            fits,
+            self.decision.reason,
+        )
+
+
+class Searches:
+    """Every split search of the daemon, one per (device model, workload), made on first need.
+
+    A search measures on one device, the first of its model it was asked about, and its N
+    serves every device of that model: two searches on twin GPUs would only race to write
+    one profile.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.timing = Timing(
+            warmup=timedelta(seconds=settings.tune_warmup),
+            window=timedelta(seconds=settings.tune_window),
+            threshold=settings.tune_threshold,
+        )
+        self._searches: dict[tuple[str, str], SplitSearch] = {}
+        self._model_of: dict[str, str] = {}
+
+    def __iter__(self) -> Iterator[SplitSearch]:
+        return iter(self._searches.values())
+
+    def tuned_splits(
+        self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
+    ) -> dict[str, int]:
+        """The N the search chose for this sweep's workload on each device (auto sweeps)."""
+        if sweep.split is not None or not self.settings.tune:
+            return {}
+        return {
+            device.key: self.search(session=session, sweep=sweep, device=device).split
+            for device in devices
+            if device.error is None
+        }
+
+    def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
+        """The search for this sweep's workload on this device's model."""
+        model = self._model_of[device.key] = device_model(device)
+        key = (model, sweep_fingerprint(sweep))
+        if key not in self._searches:
+            self._searches[key] = SplitSearch.resume(
+                session=session,
+                device_key=device.key,
+                device_name=model,
+                command=[sweep.workdir, *sweep.command],
+                param_tokens=sweep.param_tokens,
+                ceiling=self.ceiling(device),
+                timing=self.timing,
+            )
+        return self._searches[key]
+
+    def observe(self, *, session: Session, now: datetime) -> list[SplitSearch]:
+        """After a tick's placements, let every unsettled search see its device.
+
+        Returns the searches whose curve or decision changed: their profiles need saving.
+        """
+        running: Counter[tuple[str, str | None]] = Counter()
+        sweep_of: dict[tuple[str, str | None], int] = {}
+        for trial in store.active_trials(session=session):
+            if trial.device is not None:
+                # Fixed-split trials count too: they share the device as much as any.
+                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
+                running[(trial.device, fingerprint)] += 1
+                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
+        waiting = store.queued_trials(session=session, limit=MAX_SPLIT)
+        head = (
+            sweep_fingerprint(waiting[0].sweep)
+            if waiting and waiting[0].sweep.split is None
+            else None
+        )
+        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
+        changed = []
+        for (_, fingerprint), search in self._searches.items():
+            if search.decision.settled:
+                continue
+            device = search.device_key
+            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
+            if others or (
+                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
+            ):
+                # Another sweep shares the device, or holds the head of the queue so that this
+                # workload cannot fill N: neither measures this workload, nor its memory.
+                search.phase_start = search.filling_since = None
+                continue
+            before = (search.decision, len(search.curve), search.ceiling)
+            search.observe(
+                session=session,
+                now=now,
+                running=running[(device, fingerprint)],
+                queued=queued[fingerprint],
+                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
+            )
+            if (search.decision, len(search.curve), search.ceiling) != before:
+                changed.append(search)
+        return changed
+
+    def out_of_memory(self, *, session: Session, trial: Trial) -> None:
+        """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
+        model = self._model_of.get(trial.device or "")
+        key = (model or "", sweep_fingerprint(trial.sweep))
+        if trial.split is not None and key in self._searches:
+            self._searches[key].out_of_memory(session=session, split=trial.split)
+
+    def ceiling(self, device: DeviceSnapshot) -> int:
+        """The largest N worth trying: what memory allows (on the CPU, also two per core)."""
+        if device.kind == "gpu":
+            room = (device.memory_total_mb or 0) - self.settings.reserve_mb
+            per_trial = self.settings.min_memory_mb + self.settings.overhead_mb
+        else:
+            # Beyond two single-thread processes per core a trial gets under half a core: the
+            # only gain left is overlapping start-ups, which N = 2 x cores already captures.
+            room = min(
+                device.memory_free_mb or 0,
+                CPU_TRIALS_PER_CORE * (device.cpu_count or 1) * self.settings.cpu_trial_mb,
+            )
+            per_trial = self.settings.cpu_trial_mb
+        return max(1, min(MAX_SPLIT, room // per_trial))
+
+
+def sweep_fingerprint(sweep: Sweep) -> str:
+    """The workload of a sweep: its directory, its command, and the parameters that cost."""
+    return tuner.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
+
+
+def device_model(device: DeviceSnapshot) -> str:
+    """What a profile is kept per: the GPU model, or the CPU model and its usable cores."""
+    if device.kind == "cpu":
+        return f"{device.name}, {device.cpu_count or 1} cores"
+    return device.name

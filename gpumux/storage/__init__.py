@@ -1,0 +1,1 @@
+"""Where gpumux's state lives: the engine and its dialect, the models, every query."""
