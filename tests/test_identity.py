@@ -27,17 +27,15 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
+from gpumux.accounts import UnknownUser, UserAccount, readable_directory
 from gpumux.config import Settings
 from gpumux.server.identity import (
     PeerCredentials,
     PeerH11Protocol,
     PeerHttpProtocol,
-    UnknownUser,
-    UserAccount,
     accepted,
     is_admin,
     peer_credentials,
-    readable_directory,
     request_peer,
 )
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
-from gpumux import tokenfile
+from gpumux import accounts, tokenfile
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
 from gpumux.lockfile import (
@@ -203,7 +203,7 @@ class Daemon:
                 with self.sessions.write.begin() as session:
                     if tokens.resolve_token(session=session, token=kept) is not None:
                         return
-        account = identity.UserAccount.from_uid(os.geteuid())
+        account = accounts.UserAccount.from_uid(os.geteuid())
         try:
             with self.sessions.write.begin() as session:
                 token = tokens.create_token(

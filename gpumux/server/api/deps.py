@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request, status
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceSnapshot
 from gpumux.server import identity
@@ -51,7 +52,7 @@ ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 class Caller:
     """Who sent the request, as the kernel (Unix socket) or their token (TCP) says."""
 
-    account: identity.UserAccount
+    account: accounts.UserAccount
     admin: bool
 
     @property
@@ -73,10 +74,10 @@ def get_caller(request: Request, state: StateDep) -> Caller:
     peer = identity.request_peer(request.scope)
     try:
         if peer is not None:
-            account = identity.UserAccount.from_uid(peer.uid)
+            account = accounts.UserAccount.from_uid(peer.uid)
         else:
             account = _account_of_token(request, state)
-    except identity.UnknownUser as error:
+    except accounts.UnknownUser as error:
         raise HTTPException(status.HTTP_403_FORBIDDEN, str(error)) from error
     refusal = identity.accepted(account, state.settings, state.daemon_uid)
     if refusal is not None:
@@ -86,7 +87,7 @@ def get_caller(request: Request, state: StateDep) -> Caller:
     return Caller(account=account, admin=admin)
 
 
-def _account_of_token(request: Request, state: AppState) -> identity.UserAccount:
+def _account_of_token(request: Request, state: AppState) -> accounts.UserAccount:
     token = _bearer(request)
     if token is None:
         raise HTTPException(
@@ -113,7 +114,7 @@ def _account_of_token(request: Request, state: AppState) -> identity.UserAccount
                 tokens.note_use(session=session, token_id=token_id, now=now)
         except OperationalError as error:
             log.warning("api: token use not recorded: %s", error)
-    return identity.UserAccount.from_name(name)
+    return accounts.UserAccount.from_name(name)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

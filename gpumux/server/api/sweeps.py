@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import sweepspec
+from gpumux import accounts, sweepspec
 from gpumux.schemas import (
     ProfilePublic,
     SweepCreate,
@@ -19,7 +19,6 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
-from gpumux.server import identity
 from gpumux.server.api.deps import (
     AppState,
     Caller,
@@ -91,7 +90,7 @@ def check_workdir(sweep_in: SweepCreate, state: AppState, caller: Caller) -> Non
     """Refuse a working directory the user could not enter themselves."""
     if state.daemon_uid == 0 and caller.account.uid != 0:
         # Trials run as the submitter: a directory only root can enter must not become theirs.
-        reason = identity.readable_directory(sweep_in.workdir, caller.account)
+        reason = accounts.readable_directory(sweep_in.workdir, caller.account)
         if reason is not None:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN,

@@ -6,6 +6,7 @@ import logging
 
 from fastapi import APIRouter, HTTPException, Request, status
 
+from gpumux import accounts
 from gpumux.schemas import TokenCreate, TokenCreated, TokensRevoked
 from gpumux.server import identity
 from gpumux.server.api.deps import CallerDep, StateDep, refuse_unless_owner
@@ -36,8 +37,8 @@ def create_token(
             f"only root makes tokens for other users; {user} can make their own over the socket",
         )
     try:
-        account = identity.UserAccount.from_name(user)
-    except identity.UnknownUser as error:
+        account = accounts.UserAccount.from_name(user)
+    except accounts.UnknownUser as error:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from error
     refusal = identity.accepted(account, state.settings, state.daemon_uid)
     if refusal is not None:
