@@ -89,28 +89,6 @@ def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_pat
         assert store.sweeps_to_cancel(session=session) == []
 
 
-def test_queued_trials_are_first_come_first_served_and_skip_cancelled_sweeps(
-    sessions: Sessions, tmp_path: Path
-) -> None:
-    with sessions.write.begin() as session:
-        older, cancelled, newer = (make_sweep(session, tmp_path, 2) for _ in range(3))
-        store.request_cancel(session=session, sweep=cancelled)
-        queued = store.queued_trials(session=session, limit=10)
-    assert [t.sweep_id for t in queued] == [older.id, older.id, newer.id, newer.id]
-    assert [t.id for t in queued] == sorted(t.id for t in queued)
-
-
-def test_a_higher_priority_sweep_goes_ahead_of_older_ones(
-    sessions: Sessions, tmp_path: Path
-) -> None:
-    with sessions.write.begin() as session:
-        older = make_sweep(session, tmp_path, 2)
-        urgent = make_sweep(session, tmp_path, 2, priority=5)
-        later = make_sweep(session, tmp_path, 2, priority=-1)
-        queued = store.queued_trials(session=session, limit=5)
-    assert [t.sweep_id for t in queued] == [urgent.id, urgent.id, older.id, older.id, later.id]
-
-
 def running_trial(sessions: Sessions, tmp_path: Path, token: str) -> int:
     with sessions.write.begin() as session:
         sweep = make_sweep(session, tmp_path, 1, objective="val_loss:min")

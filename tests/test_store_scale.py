@@ -15,6 +15,7 @@ from builders import selects, sweep_in
 from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
+from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -73,7 +74,7 @@ LISTINGS: dict[str, Callable[[Session, int], Any]] = {
         session=s, sweep_id=i, status=TrialStatus.failed, limit=100
     ),
     "counts by status": lambda s, i: store.trial_counts(session=s, sweep_ids=[i]),
-    "the queue": lambda s, i: store.queued_trials(session=s, limit=64),
+    "the queue": lambda s, i: next_trials(session=s, limit=64),
     "active trials": lambda s, i: store.active_trials(session=s),
     "a page of sweeps": lambda s, i: store.list_sweeps(session=s, owner="alice", limit=10),
     "a trial": lambda s, i: store.get_trial(session=s, trial_id=TRIALS // 2),

@@ -327,8 +327,11 @@ class Searches:
             )
         return self._searches[key]
 
-    def observe(self, *, session: Session, now: datetime) -> list[SplitSearch]:
-        """After a tick's placements, let every unsettled search see its device.
+    def observe(
+        self, *, session: Session, now: datetime, waiting: Sequence[Trial]
+    ) -> list[SplitSearch]:
+        """After a tick's placements, let every unsettled search see its device; `waiting` are
+        the trials next in line for slots.
 
         Returns the searches whose curve or decision changed: their profiles need saving.
         """
@@ -340,7 +343,6 @@ class Searches:
                 fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
                 running[(trial.device, fingerprint)] += 1
                 sweep_of[(trial.device, fingerprint)] = trial.sweep_id
-        waiting = store.queued_trials(session=session, limit=MAX_SPLIT)
         head = (
             sweep_fingerprint(waiting[0].sweep)
             if waiting and waiting[0].sweep.split is None

@@ -245,32 +245,31 @@ def list_reports(
     return list(page), count
 
 
-def queued_trials(*, session: Session, limit: int) -> list[Trial]:
-    """The next queued trials of each owner, at most `limit` each: higher-priority sweeps
-    first, then first come first served, skipping sweeps being cancelled."""
-    sweeps = session.scalars(
-        select(Sweep)
-        .where(
-            Sweep.status.in_((SweepStatus.queued, SweepStatus.running)),
-            Sweep.cancel_requested.is_(False),
+def open_sweeps(*, session: Session) -> list[Sweep]:
+    """Sweeps that may still start trials, in the order they get slots: higher priority first,
+    then first come first served; sweeps being cancelled are left out."""
+    return list(
+        session.scalars(
+            select(Sweep)
+            .where(
+                Sweep.status.in_((SweepStatus.queued, SweepStatus.running)),
+                Sweep.cancel_requested.is_(False),
+            )
+            .order_by(Sweep.priority.desc(), Sweep.id)
         )
-        .order_by(Sweep.priority.desc(), Sweep.id)
     )
-    chosen: list[Trial] = []
-    taken: dict[int, int] = {}
-    for sweep in sweeps:
-        room = limit - taken.get(sweep.owner_id, 0)
-        if room <= 0:
-            continue
-        trials = session.scalars(
+
+
+def queued_trials_of(*, session: Session, sweep: Sweep, limit: int) -> list[Trial]:
+    """A sweep's queued trials in their order, at most `limit`."""
+    return list(
+        session.scalars(
             select(Trial)
             .where(Trial.sweep_id == sweep.id, Trial.status == TrialStatus.queued)
             .order_by(Trial.number)
-            .limit(room)
-        ).all()
-        taken[sweep.owner_id] = taken.get(sweep.owner_id, 0) + len(trials)
-        chosen.extend(trials)
-    return chosen
+            .limit(limit)
+        )
+    )
 
 
 def active_trials(*, session: Session) -> list[Trial]:
