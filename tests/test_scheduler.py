@@ -481,7 +481,6 @@ def test_a_warm_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
     second = Harness(settings, sessions, tmp_path)
 
     async def adopt_then_release() -> None:
-        second.scheduler._loop = asyncio.get_running_loop()
         second.scheduler.reconcile()
         assert second.scheduler.running_count == 2, "both adopted, none requeued"
         flag.touch()
@@ -618,7 +617,7 @@ def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
         stop = asyncio.Event()
         task = asyncio.create_task(first.scheduler.run(stop))
         await until(
-            lambda: any(e.stop is not None for e in first.scheduler._running.values()),
+            lambda: any(e.stop is not None for _, e in first.scheduler.watched.items()),
             "the time limit to stop the trial",
         )
         stop.set()

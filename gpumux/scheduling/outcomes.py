@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.processes.launcher import ExitStatus, tail_lines
-from gpumux.splits.online import Searches, is_out_of_memory
+from gpumux.processes.launcher import ExitStatus, TrialEnd, tail_lines
+from gpumux.splits.online import is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.models import Trial, utcnow
@@ -26,16 +27,52 @@ class StopReason(StrEnum):
     shutdown = "shutdown"
 
 
-def record_end(
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a trial whose process ended, for the loop to pass on."""
+
+    status: TrialStatus
+    # An auto-split trial ran out of device memory at its N: its workload's N must come down.
+    out_of_memory: bool = False
+
+
+def record(
+    *, session: Session, trial: Trial, end: TrialEnd, stop: StopReason | None, settings: Settings
+) -> Outcome:
+    """Record how an attempt ended, as its supervisor wrote it, given why gpumux stopped it
+    (None: it ended by itself)."""
+    if stop is None and trial.sweep.cancel_requested:
+        stop = StopReason.cancel
+    if trial.status is TrialStatus.starting:
+        # Ended before its start was recorded (a short trial, or a write that failed): it did
+        # run, so say so first.
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    if end.error is not None and stop is None:
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.failed,
+            error=end.error,
+            ended_at=utcnow(),
+        )
+        outcome = Outcome(status=trial.status)
+    else:
+        outcome = record_exit(
+            session=session, trial=trial, exit_status=end.exit_status, stop=stop, settings=settings
+        )
+    log.info("trial %s: %s -> %s", trial.id, end.exit_status.describe(), trial.status)
+    return outcome
+
+
+def record_exit(
     *,
     session: Session,
     trial: Trial,
     exit_status: ExitStatus,
     stop: StopReason | None,
     settings: Settings,
-    searches: Searches,
-) -> None:
-    """Record how a trial's process ended, given why gpumux stopped it (None: it ended itself)."""
+) -> Outcome:
+    """Record how a trial's process exited, given why gpumux stopped it (None: by itself)."""
     ended = {
         "exit_code": exit_status.exit_code,
         "signal": exit_status.signal,
@@ -56,14 +93,10 @@ def record_end(
     elif exit_status.exit_code == 0:
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded, **ended)
     else:
-        _record_failure(
-            session=session,
-            trial=trial,
-            how=exit_status.describe(),
-            ended=ended,
-            settings=settings,
-            searches=searches,
+        return _record_failure(
+            session=session, trial=trial, how=exit_status.describe(), ended=ended, settings=settings
         )
+    return Outcome(status=trial.status)
 
 
 def _record_failure(
@@ -73,20 +106,18 @@ def _record_failure(
     how: str,
     ended: Mapping[str, object],
     settings: Settings,
-    searches: Searches,
-) -> None:
+) -> Outcome:
     tail = tail_lines(trial.log_path, settings.log_tail_lines)
     if is_out_of_memory(tail):
         if trial.sweep.split is None and trial.attempt <= settings.oom_retries:
-            # The split search went one N too far: lower it and run this trial again.
-            searches.out_of_memory(session=session, trial=trial)
+            # The split search went one N too far: it lowers N, and the trial runs again.
             requeue(
                 session=session,
                 trial=trial,
                 why=f"ran out of device memory at N={trial.split}",
                 then="requeued at a lower N",
             )
-            return
+            return Outcome(status=trial.status, out_of_memory=True)
         how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
     elif trial.failures < trial.sweep.retries:
         requeue(
@@ -96,7 +127,7 @@ def _record_failure(
             then=f"retry {trial.failures + 1} of {trial.sweep.retries}",
             failures=trial.failures + 1,
         )
-        return
+        return Outcome(status=trial.status)
     store.set_trial_status(
         session=session,
         trial=trial,
@@ -104,6 +135,7 @@ def _record_failure(
         error=f"{how}; last lines of its log:\n{tail}",
         **ended,
     )
+    return Outcome(status=trial.status)
 
 
 def requeue_or_lose(*, session: Session, trial: Trial, why: str, settings: Settings) -> None:

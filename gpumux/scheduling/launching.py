@@ -1,0 +1,170 @@
+"""Launching a placed trial: claim its slot in the database, then start its supervisor."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from gpumux import accounts, sweepspec
+from gpumux.config import Settings
+from gpumux.devices.probes import DeviceSnapshot
+from gpumux.processes.launcher import LaunchError, LaunchSpec, SupervisedTrial, SupervisorOptions
+from gpumux.scheduling.placement import Placement
+from gpumux.scheduling.reconcile import run_dir
+from gpumux.scheduling.watched import Running
+from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep, Trial, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Launcher:
+    """Starts placed trials under their supervisors; fails those that cannot start."""
+
+    def __init__(self, *, settings: Settings, sessions: Sessions, url: str) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        # Where trials report: the daemon's first listening address.
+        self.url = url
+        self.options = SupervisorOptions(
+            kill_grace=settings.kill_grace,
+            heartbeat_interval=settings.heartbeat_interval,
+            log_max_bytes=int(settings.log_max_mb * 1024 * 1024),
+            log_keep=settings.log_keep,
+        )
+
+    def launch(self, chosen: Placement, device: DeviceSnapshot) -> Running | None:
+        """Start one placed trial: record it as starting in its slot, then spawn its supervisor.
+        None when it did not start (gone, no longer queued, or failed with the reason)."""
+        token = secrets.token_urlsafe(32)
+        with self.sessions.read() as session:
+            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+            if trial is None:
+                return None
+            try:
+                user, user_env = run_as(trial.sweep)
+            except LaunchError as error:
+                self.fail_unstarted(chosen.trial_id, str(error))
+                return None
+        with self.sessions.write.begin() as session:
+            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
+            if trial is None or trial.status is not TrialStatus.queued:
+                return None
+            spec = self._claim(session, trial, chosen, device, token, user_env)
+            time_limit = trial.sweep.time_limit_s
+            directory = run_dir(self.settings, trial)
+        try:
+            process = SupervisedTrial.spawn(
+                spec, run_dir=directory, options=self.options, user=user
+            )
+        except LaunchError as error:
+            self.fail_unstarted(chosen.trial_id, str(error))
+            return None
+        # It counts as running once its supervisor has started the command (the loop records
+        # that with the leader's pid, soon).
+        return Running(
+            process=process,
+            sweep_id=spec.sweep_id,
+            memory_limit_mb=chosen.memory_limit_mb,
+            deadline=time.monotonic() + time_limit if time_limit else None,
+        )
+
+    def _claim(
+        self,
+        session: Session,
+        trial: Trial,
+        chosen: Placement,
+        device: DeviceSnapshot,
+        token: str,
+        user_env: dict[str, str],
+    ) -> LaunchSpec:
+        """Record the trial as starting in its slot; the spec its supervisor starts it from."""
+        log_name = f"trial-{trial.id}.{trial.attempt}.log"
+        log_path = self.settings.logs_dir / f"sweep-{trial.sweep_id}" / log_name
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.starting,
+            device=chosen.device_key,
+            slot=chosen.slot,
+            split=chosen.split,
+            memory_limit_mb=chosen.memory_limit_mb,
+            cpu_threads=chosen.cpu_threads,
+            token_hash=store.token_hash(token),
+            log_path=str(log_path),
+            exit_code=None,
+            signal=None,
+            pid=None,
+            pid_started=None,
+            started_at=utcnow(),
+        )
+        sweep = trial.sweep
+        return LaunchSpec(
+            trial_id=trial.id,
+            sweep_id=sweep.id,
+            attempt=trial.attempt,
+            argv=sweepspec.render_command(sweep.command, trial.params),
+            workdir=sweep.workdir,
+            base_env={**sweep.env, **user_env},
+            params=trial.params,
+            url=self.url,
+            token=token,
+            log_path=log_path,
+            device_kind=device.kind,
+            visible_device=visible_device(device),
+            device_memory_mb=device.memory_total_mb,
+            split=chosen.split,
+            memory_limit_mb=chosen.memory_limit_mb,
+            cpu_threads=chosen.cpu_threads,
+        )
+
+    def fail_unstarted(self, trial_id: int, error: str) -> None:
+        """Record a trial that could not start as failed, with the reason."""
+        log.warning("trial %s: %s", trial_id, error)
+        with self.sessions.write.begin() as session:
+            trial = store.get_trial(session=session, trial_id=trial_id)
+            if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):
+                if trial.status is TrialStatus.queued:
+                    store.set_trial_status(
+                        session=session, trial=trial, status=TrialStatus.starting
+                    )
+                store.set_trial_status(
+                    session=session,
+                    trial=trial,
+                    status=TrialStatus.failed,
+                    error=error,
+                    ended_at=utcnow(),
+                )
+
+
+def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """Whom a trial of this sweep runs as: when the daemon is root, the sweep's owner (their
+    uid, gid and groups, their HOME), never root's; otherwise the daemon's own user."""
+    if os.geteuid() != 0:
+        return None, {}
+    try:
+        account = accounts.UserAccount.from_name(sweep.owner.name)
+    except accounts.UnknownUser as error:
+        raise LaunchError(f"cannot run as {sweep.owner.name}: {error}") from error
+    if account.uid == 0:
+        return None, {}
+    reason = accounts.readable_directory(sweep.workdir, account)
+    if reason is not None:
+        raise LaunchError(f"{account.name} cannot use the working directory: {reason}")
+    user = {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)}
+    env = {"HOME": str(account.home), "USER": account.name, "LOGNAME": account.name}
+    return user, env
+
+
+def visible_device(device: DeviceSnapshot) -> str:
+    """CUDA_VISIBLE_DEVICES for a trial on this device: the GPU's UUID, its index without one."""
+    if device.kind == "cpu":
+        return ""
+    return device.uuid or str(device.index)

@@ -1,0 +1,183 @@
+"""The trial attempts a scheduler watches: their supervisors, and when to step in on each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from gpumux.processes.launcher import SupervisedTrial, TrialEnd
+from gpumux.scheduling.outcomes import StopReason
+
+log = logging.getLogger(__name__)
+
+# The supervisor kills a trial at the grace period; the daemon steps in this much later.
+KILL_BACKSTOP_S = 5.0
+# How soon to look again for the pid of a trial whose supervisor is starting it.
+LEADER_POLL_S = 0.05
+LEADER_POLL_FOR_S = 2.0
+
+
+@dataclass
+class Running:
+    """A supervised trial the scheduler watches, and why it is being stopped, if it is."""
+
+    process: SupervisedTrial
+    sweep_id: int
+    memory_limit_mb: int | None
+    deadline: float | None
+    stop: StopReason | None = None
+    kill_at: float | None = None
+    leader_recorded: bool = False
+    watched_since: float = field(default_factory=time.monotonic)
+    # The supervisor's last heartbeat seen, and when (monotonic) it was first seen.
+    beat: float | None = None
+    beat_seen: float = field(default_factory=time.monotonic)
+
+
+class Watched:
+    """Supervised trial attempts by trial id. A supervisor's exit wakes the event loop (through
+    its pidfd); deadlines, grace periods and heartbeats are checked when the loop asks."""
+
+    def __init__(self, *, kill_grace: float, heartbeat_timeout: float) -> None:
+        self.kill_grace = kill_grace
+        self.heartbeat_timeout = heartbeat_timeout
+        self._entries: dict[int, Running] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_exit: Callable[[], None] = lambda: None
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
+        """Watch supervisors' exits from `loop`, calling `on_exit` when one exits."""
+        self._loop, self._on_exit = loop, on_exit
+        for entry in self._entries.values():
+            self._add_reader(entry.process)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, trial_id: object) -> bool:
+        return trial_id in self._entries
+
+    def __getitem__(self, trial_id: int) -> Running:
+        return self._entries[trial_id]
+
+    def items(self) -> Iterator[tuple[int, Running]]:
+        return iter(list(self._entries.items()))
+
+    def add(self, trial_id: int, entry: Running) -> None:
+        """Watch a trial attempt from now on."""
+        self._entries[trial_id] = entry
+        self._add_reader(entry.process)
+
+    def collect_exited(self) -> list[tuple[int, Running, TrialEnd | None]]:
+        """The attempts whose supervisors exited, no longer watched, each with its recorded end
+        (None: the supervisor died without recording one)."""
+        ended = []
+        for trial_id, entry in self.items():
+            if entry.process.exited():
+                self._remove_reader(entry.process)
+                ended.append((trial_id, entry, entry.process.finish()))
+                del self._entries[trial_id]
+        return ended
+
+    def new_leaders(self) -> dict[int, tuple[int, int | None]]:
+        """Trials whose command started since the last look: their leader pid and start ticks."""
+        return {
+            trial_id: leader
+            for trial_id, entry in self._entries.items()
+            if not entry.leader_recorded and (leader := entry.process.leader) is not None
+        }
+
+    def stop(self, trial_id: int, reason: StopReason, *, cold: bool = False) -> None:
+        """Have the supervisor SIGTERM the trial's group now and SIGKILL it after the grace
+        period (at once if cold); the daemon kills it itself if the supervisor does not."""
+        entry = self._entries[trial_id]
+        if entry.stop is None:
+            entry.process.note_stop(reason)
+        entry.stop = entry.stop or reason
+        if cold:
+            entry.process.kill()
+            entry.kill_at = None
+            return
+        entry.process.terminate()
+        entry.kill_at = time.monotonic() + self.kill_grace + KILL_BACKSTOP_S
+
+    def apply_deadlines(self) -> None:
+        """Stop trials past their time limit; SIGKILL groups past their grace period."""
+        now = time.monotonic()
+        for trial_id, entry in self.items():
+            if entry.stop is None and entry.deadline is not None and now >= entry.deadline:
+                log.info("trial %s: time limit reached", trial_id)
+                self.stop(trial_id, StopReason.timeout)
+            elif entry.kill_at is not None and now >= entry.kill_at:
+                log.warning("trial %s: still alive after its grace period; killing it", trial_id)
+                entry.process.kill()
+                entry.kill_at = None
+
+    def check_heartbeats(self) -> None:
+        """A supervisor whose heartbeat went stale is hung: kill it; its trial counts as lost.
+
+        Stale means unchanged for the timeout on this daemon's monotonic clock: a wall clock
+        that jumps (NTP, a laptop's suspend) must not make every supervisor look dead.
+        """
+        now = time.monotonic()
+        for trial_id, entry in self.items():
+            beat = entry.process.heartbeat()
+            if beat != entry.beat:
+                entry.beat, entry.beat_seen = beat, now
+            elif beat is not None and now - entry.beat_seen > self.heartbeat_timeout:
+                log.error(
+                    "trial %s: supervisor pid %d silent for %.0f s; killing it",
+                    trial_id,
+                    entry.process.pid,
+                    now - entry.beat_seen,
+                )
+                entry.process.kill_supervisor()
+
+    def release_all(self) -> None:
+        """Stop watching every attempt and leave it to its supervisor (a warm stop)."""
+        for _, entry in self.items():
+            self._remove_reader(entry.process)
+            entry.process.close()
+        self._entries.clear()
+
+    def next_wait(self, now: float) -> float | None:
+        """Seconds until the soonest moment a watched trial needs the loop, or None."""
+        moments = []
+        if any(
+            not entry.leader_recorded and now - entry.watched_since < LEADER_POLL_FOR_S
+            for entry in self._entries.values()
+        ):
+            # A trial just launched: record it as running as soon as its command has started.
+            moments.append(LEADER_POLL_S)
+        for entry in self._entries.values():
+            for moment in (entry.deadline if entry.stop is None else None, entry.kill_at):
+                if moment is not None:
+                    moments.append(max(0.0, moment - now))
+        return min(moments, default=None)
+
+    def pgids(self) -> set[int]:
+        """The process groups of the watched trials whose command has started."""
+        return {pgid for entry in self._entries.values() if (pgid := entry.process.pgid)}
+
+    def caps_by_group(self) -> dict[int, int]:
+        """Each started trial's process group, mapped to its memory slice (capped trials only)."""
+        return {
+            pgid: entry.memory_limit_mb
+            for entry in self._entries.values()
+            if entry.memory_limit_mb is not None and (pgid := entry.process.pgid) is not None
+        }
+
+    def _add_reader(self, process: SupervisedTrial) -> None:
+        if self._loop is not None and process.pidfd is not None:
+            self._loop.add_reader(process.pidfd, self._exited, process)
+
+    def _remove_reader(self, process: SupervisedTrial) -> None:
+        if self._loop is not None and process.pidfd is not None:
+            self._loop.remove_reader(process.pidfd)
+
+    def _exited(self, process: SupervisedTrial) -> None:
+        self._remove_reader(process)
+        self._on_exit()
