@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpumux.scheduling.fairshare import parse_shares
-
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"
 # Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
 SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
+
+
+class SharesError(ValueError):
+    """A fair-share setting that cannot be read; the message says which part and why."""
+
+
+def parse_shares(text: str) -> dict[str, float]:
+    """Fair-share weights from "alice:2,bob:1" (GPUMUX_SHARES); users not named get 1."""
+    shares: dict[str, float] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, colon, weight = (part.strip() for part in item.partition(":"))
+        if not colon or not name or not weight:
+            raise SharesError(f"shares: {item.strip()!r} is not user:weight (as in alice:2,bob:1)")
+        try:
+            value = float(weight)
+        except ValueError:
+            raise SharesError(f"shares: {name}'s weight {weight!r} is not a number") from None
+        if not math.isfinite(value) or value <= 0:
+            raise SharesError(f"shares: the weight of {name} must be above 0, got {weight}")
+        if name in shares:
+            raise SharesError(f"shares: {name} is given twice")
+        shares[name] = value
+    return shares
 
 
 def default_home() -> Path:
@@ -113,6 +137,11 @@ class Settings(BaseSettings):
         if not self.url:
             self.url = f"unix:{self.home / SOCKET_NAME}"
         return self
+
+    @property
+    def share_weights(self) -> dict[str, float]:
+        """The fair-share weight of each user named in `shares`."""
+        return parse_shares(self.shares)
 
     @property
     def db_path(self) -> Path:

@@ -9,6 +9,8 @@ from builders import sweep_in
 
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceSnapshot
+from gpumux.scheduling.next_trials import next_trials
+from gpumux.schemas import MAX_SPLIT
 from gpumux.splits.online import LONG_WINDOWS, Searches, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import store
@@ -270,7 +272,10 @@ def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceil
     now = utcnow()
     for minute in range(10):
         with sessions.read() as session:
-            changed = searches.observe(session=session, now=now + timedelta(minutes=minute))
+            waiting = next_trials(session=session, limit=MAX_SPLIT)
+            changed = searches.observe(
+                session=session, now=now + timedelta(minutes=minute), waiting=waiting
+            )
         assert changed == []
     assert search.ceiling == ceiling and search.phase_start is None and search.curve == []
 

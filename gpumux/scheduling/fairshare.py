@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 DEFAULT_SHARE = 1.0
-
-
-class SharesError(ValueError):
-    """A fair-share setting that cannot be read; the message says which part and why."""
 
 
 @dataclass(frozen=True)
@@ -22,27 +17,6 @@ class Candidate:
     owner: str
     sweep_id: int
     priority: int = 0
-
-
-def parse_shares(text: str) -> dict[str, float]:
-    """Weights from "alice:2,bob:1"; users not named get DEFAULT_SHARE."""
-    shares: dict[str, float] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        name, colon, weight = (part.strip() for part in item.partition(":"))
-        if not colon or not name or not weight:
-            raise SharesError(f"shares: {item.strip()!r} is not user:weight (as in alice:2,bob:1)")
-        try:
-            value = float(weight)
-        except ValueError:
-            raise SharesError(f"shares: {name}'s weight {weight!r} is not a number") from None
-        if not math.isfinite(value) or value <= 0:
-            raise SharesError(f"shares: the weight of {name} must be above 0, got {weight}")
-        if name in shares:
-            raise SharesError(f"shares: {name} is given twice")
-        shares[name] = value
-    return shares
 
 
 class _OwnerQueue:
@@ -103,7 +77,7 @@ def fair_order(
     weight = {owner: shares.get(owner, DEFAULT_SHARE) for owner in queues}
     for owner, share in weight.items():
         if not share > 0:
-            raise SharesError(f"shares: the weight of {owner} must be above 0, got {share}")
+            raise ValueError(f"shares: the weight of {owner} must be above 0, got {share}")
     order: list[Candidate] = []
     while limit is None or len(order) < limit:
         eligible = [

@@ -42,7 +42,7 @@ class SlotFiller:
         self.searches = searches
         self.launcher = launcher
         self.watched = watched
-        self.shares = fairshare.parse_shares(settings.shares)
+        self.shares = settings.share_weights
         # Per GPU: the most memory a trial was seen to hold beyond its slice (NVML), which
         # replaces the configured overhead in the packing budget once measured.
         self.overhead: dict[str, int] = {}
