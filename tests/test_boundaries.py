@@ -1,0 +1,61 @@
+"""The import contracts of pyproject.toml hold, and they do catch a forbidden import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(
+    not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[dev]')"
+)
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports over the gpumux package found under `root`, with its pyproject.toml."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def copy_of_the_package(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "gpumux", tmp_path / "gpumux", ignore=shutil.ignore_patterns("web"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_package_keeps_its_contracts() -> None:
+    checked = lint_imports(ROOT)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "0 broken" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("gpumux/cli/sneak.py", "from gpumux.storage import store", "never import the storage"),
+        ("gpumux/runtime/sneak.py", "from gpumux import config", "imports nothing else"),
+        ("gpumux/storage/sneak.py", "from gpumux.scheduling import loop", "Layers"),
+    ],
+)
+def test_a_forbidden_import_breaks_a_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    root = copy_of_the_package(tmp_path)
+    (root / module).write_text(f'"""A module that crosses a boundary."""\n\n{line}\n')
+    checked = lint_imports(root)
+    assert checked.returncode != 0
+    broken = checked.stdout.split("Broken contracts", 1)[1]
+    assert contract in broken and module.removesuffix(".py").replace("/", ".") in broken
