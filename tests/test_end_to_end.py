@@ -50,8 +50,13 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             time.sleep(0.2)
         trials = client.get(f"/sweeps/{created['id']}/trials").json()["data"]
         assert [t["status"] for t in trials] == ["succeeded", "succeeded"]
+        # The CPU device is the cores this process (the embedded daemon) may run on: each
+        # trial gets an equal share of them, one thread at least.
+        cores = len(os.sched_getaffinity(0))
         for trial in trials:
-            assert trial["cpu_threads"] == 1 and trial["split"] == 2
+            assert (trial["device"], trial["split"]) == ("cpu", 2), trial
+            threads = max(1, cores // trial["split"])
+            assert trial["cpu_threads"] == threads, (cores, trial)
             reports = client.get(f"/trials/{trial['id']}/reports").json()["data"]
             epochs = [r for r in reports if r["kind"] == "epoch"]
             assert [r["epoch"] for r in epochs] == [1, 2, 3]
@@ -62,7 +67,9 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(epochs[-1]["metrics"])
             assert trial["objective"] == epochs[-1]["metrics"]["val_accuracy"]
             log = client.get(f"/trials/{trial['id']}/log", params={"offset": 0}).json()["data"]
-            applied = log.index("gpumux: tensorflow: CPU device, 1 intra-op and 1 inter-op")
+            applied = log.index(
+                f"gpumux: tensorflow: CPU device, {threads} intra-op and {threads} inter-op"
+            )
             assert applied < log.index("Epoch 1/3"), "the slice must precede the first op"
         best = client.get(f"/sweeps/{created['id']}").json()["best"]
         assert best["objective"] == max(t["objective"] for t in trials)

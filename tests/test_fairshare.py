@@ -241,10 +241,6 @@ def fair(queue: list[Candidate], running: dict[str, int], free: int) -> list[Can
     return fair_order(queue, running=running, limit=free)
 
 
-def fifo(queue: list[Candidate], running: dict[str, int], free: int) -> list[Candidate]:
-    return queue[:free]
-
-
 def slots_held_while_both_wait(order: Order, seed: int, slots: int = 4) -> dict[str, float]:
     """Time-averaged slots per user while both still have trials queued (event simulation)."""
     rng = random.Random(seed)
@@ -280,9 +276,3 @@ def test_simulation_two_users_hold_two_of_four_slots_each(seed: int) -> None:
     average = slots_held_while_both_wait(fair, seed)
     assert average["alice"] == pytest.approx(2.0, abs=0.05)
     assert average["bob"] == pytest.approx(2.0, abs=0.05)
-
-
-def test_simulation_fifo_would_give_the_first_user_everything() -> None:
-    # The control: the same simulation under strict FIFO is far from an even split.
-    average = slots_held_while_both_wait(fifo, seed=1)
-    assert average["alice"] > 3.5

@@ -285,8 +285,7 @@ def test_fingerprint_ignores_learning_rate_and_order() -> None:
     command = ["python", "train.py", "--lr", "{lr}", "--batch", "{batch_size}"]
     base = workload_fingerprint(command, ["batch_size=32,64", "lr=1e-3..1e-1"])
 
-    assert len(base) == 16
-    assert int(base, 16) >= 0
+    assert len(base) == 16 and set(base) <= set("0123456789abcdef"), base
     assert workload_fingerprint(command, ["batch_size=32,64", "lr=1e-4..1e-2:log"]) == base
     assert workload_fingerprint(command, ["batch_size=32,64", "seed=1,2,3"]) == base
     assert workload_fingerprint(command, ["lr=1e-3..1e-1", "batch_size=32,64"]) == base

@@ -23,11 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.exc import SQLAlchemyError
-
-from gpumux.config import Settings
-from gpumux.server.api import create_app
-from gpumux.storage.engine import make_engine, make_sessions
 
 from .conftest import DaemonFactory, DaemonProcess
 
@@ -185,15 +180,14 @@ def age_tokens(daemon: DaemonProcess) -> None:
         database.close()
 
 
-def database_errors_answered(home: Path) -> bool:
-    """Whether create_app installs the database error handlers (507 for a full disk)."""
-    settings = Settings(home=home)
-    engine = make_engine(settings.db_url)
-    try:
-        app = create_app(settings=settings, sessions=make_sessions(engine))
-    finally:
-        engine.dispose()
-    return SQLAlchemyError in app.exception_handlers
+def assert_refused_as_full(refused: httpx.Response, daemon: DaemonProcess) -> None:
+    """The answer of gpumux.server.api.errors to a write the full disk refused: 507, and why."""
+    assert refused.status_code == 507, refused.text
+    assert refused.json()["detail"] == (
+        f"the database {daemon.home / 'gpumux.db'} is full: its disk has no space left (or it "
+        "reached its size limit); nothing of this request was stored. Free space on that disk, "
+        "then try again"
+    )
 
 
 def test_trials_outlive_a_full_disk_and_their_exits_and_lost_output_are_recorded_afterwards(
@@ -218,13 +212,7 @@ def test_trials_outlive_a_full_disk_and_their_exits_and_lost_output_are_recorded
             lambda: all((markers / f"flooded.{i}").exists() for i in ids), "the floods", daemon
         )
         refused = client.post("/sweeps", json=sweep_body(tmp_path, chatter(markers), "x=1..200"))
-        if database_errors_answered(tmp_path / "probe"):
-            assert refused.status_code == 507, refused.text
-            detail = refused.json()["detail"]
-            assert "is full" in detail and "nothing of this request was stored" in detail
-        else:
-            # errors.install is not wired into create_app yet: a bare 500, the daemon unhurt.
-            assert (refused.status_code, refused.text) == (500, "Internal Server Error")
+        assert_refused_as_full(refused, daemon)
         health = client.get("/health")
         assert health.status_code == 200, health.text
         assert health.json()["active_trials"] == 2
@@ -442,7 +430,7 @@ def test_a_daemon_restarted_after_a_crash_on_a_full_disk_serves_what_it_has(
     with daemon.client() as client:
         assert trials_of(client, sweep_id) == before
         refused = client.post("/sweeps", json=sweep_body(tmp_path, ["true"], "x=1"))
-        assert refused.status_code == (507 if database_errors_answered(tmp_path / "probe") else 500)
+        assert_refused_as_full(refused, daemon)
         assert client.get("/sweeps").json()["count"] == 1
 
         filler.unlink()
