@@ -22,9 +22,9 @@ import httpx
 import pytest
 from builders import bearer, served
 
+from gpumux.accounts import UserAccount
 from gpumux.config import Settings
 from gpumux.server.api import create_app
-from gpumux.server.identity import UserAccount
 from gpumux.storage.engine import Sessions
 
 # Every user may enter it, so that a root daemon accepts it as anyone's working directory.
