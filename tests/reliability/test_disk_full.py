@@ -188,7 +188,7 @@ def age_tokens(daemon: DaemonProcess) -> None:
 def database_errors_answered(home: Path) -> bool:
     """Whether create_app installs the database error handlers (507 for a full disk)."""
     settings = Settings(home=home)
-    engine = make_engine(settings.db_url)
+    engine = make_engine(settings.database_url)
     try:
         app = create_app(settings=settings, sessions=make_sessions(engine))
     finally:

@@ -24,7 +24,7 @@ def health(state: StateDep, session: ReadSessionDep) -> Health:
     return Health(
         status="ok",
         version=__version__,
-        database=str(state.settings.db_path),
+        database=state.sessions.dialect.label,
         devices=len(state.devices_view()),
         queued_trials=queued or 0,
         active_trials=len(store.active_trials(session=session)),
