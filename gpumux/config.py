@@ -6,11 +6,12 @@ import math
 import os
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"
+DATABASE_NAME = "gpumux.db"
 # Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
 SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
 
@@ -52,7 +53,15 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUMUX_", extra="ignore")
 
     home: Path = Field(default_factory=default_home, description="data directory")
-    db: Path | None = Field(default=None, description="SQLite file; default HOME/gpumux.db")
+    # Before db, whose validator reads it.
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL of the database (default: sqlite:///HOME/gpumux.db, or the "
+        "SQLite file GPUMUX_DB names)",
+    )
+    db: Path | None = Field(
+        default=None, description="SQLite file, for GPUMUX_DATABASE_URL sqlite:///FILE"
+    )
     url: str = Field(
         default="",
         description="where the CLI finds the daemon: unix:/path/to.sock (default: a socket in "
@@ -143,15 +152,35 @@ class Settings(BaseSettings):
         """The fair-share weight of each user named in `shares`."""
         return parse_shares(self.shares)
 
-    @property
-    def db_path(self) -> Path:
-        """The SQLite file in use."""
-        return self.db if self.db is not None else self.home / "gpumux.db"
+    @field_validator("db")
+    @classmethod
+    def _db_or_database_url(cls, db: Path | None, info: ValidationInfo) -> Path | None:
+        if db is not None and info.data.get("database_url"):
+            raise ValueError(
+                "GPUMUX_DATABASE_URL names a database too; give --db (GPUMUX_DB) or "
+                "GPUMUX_DATABASE_URL, not both"
+            )
+        return db
+
+    @model_validator(mode="after")
+    def _database_url(self) -> Settings:
+        # Derived here, once: everything else reads database_url alone.
+        if not self.database_url:
+            file = self.db if self.db is not None else self.home / DATABASE_NAME
+            self.database_url = f"sqlite:///{file}"
+        return self
 
     @property
-    def db_url(self) -> str:
-        """SQLAlchemy URL of the database."""
-        return f"sqlite:///{self.db_path}"
+    def database_file(self) -> Path | None:
+        """The SQLite file of the database URL, None for a database kept by a server.
+
+        The CLI finds a daemon through the lock beside that file without importing the storage.
+        """
+        scheme, _, rest = self.database_url.partition(":///")
+        if scheme not in {"sqlite", "sqlite+pysqlite"}:
+            return None
+        path = rest.split("?", 1)[0]
+        return Path(path) if path and path != ":memory:" else None
 
     @property
     def logs_dir(self) -> Path:
@@ -162,8 +191,3 @@ class Settings(BaseSettings):
     def runs_dir(self) -> Path:
         """Where each trial attempt's supervisor keeps its spec, heartbeat and exit status."""
         return self.home / "runs"
-
-    @property
-    def lock_path(self) -> Path:
-        """The file a daemon holds locked while it owns the database."""
-        return self.db_path.with_name(self.db_path.name + ".lock")

@@ -26,6 +26,11 @@ class DaemonAlreadyRunning(DaemonError):
         self.url = url
 
 
+def lock_beside(database_file: Path) -> Path:
+    """The lock file of a database kept in a file: beside it, so that it holds across homes."""
+    return database_file.with_name(database_file.name + ".lock")
+
+
 def acquire_home_lock(home: Path) -> IO[str]:
     """Hold the data directory for the daemon's life: its run records, logs, token and socket
     are one daemon's; refuse if another daemon holds it (even over another database)."""

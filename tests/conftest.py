@@ -11,7 +11,8 @@ from builders import bearer, served
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
-from gpumux.storage.engine import Sessions, make_engine, make_sessions, upgrade
+from gpumux.storage.engine import Sessions, make_engine, make_sessions
+from gpumux.storage.migrate import upgrade
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -26,7 +27,7 @@ def settings(tmp_path: Path) -> Settings:
 def sessions(settings: Settings) -> Iterator[Sessions]:
     """Sessions over a freshly migrated database file."""
     settings.home.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.db_url)
+    engine = make_engine(settings.database_url)
     upgrade(engine)
     yield make_sessions(engine)
     engine.dispose()

@@ -78,8 +78,8 @@ def test_a_second_daemon_on_one_data_directory_is_refused_even_with_its_own_data
     tmp_path: Path,
 ) -> None:
     settings = Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")
-    other = settings.model_copy(
-        update={"db": tmp_path / "other.db", "url": f"http://127.0.0.1:{free_port()}"}
+    other = Settings(
+        home=tmp_path / "home", db=tmp_path / "other.db", url=f"http://127.0.0.1:{free_port()}"
     )
     with embedded(settings) as first:
         with pytest.raises(DaemonAlreadyRunning, match="using the data directory"):

@@ -41,7 +41,11 @@ def serve(
         Path | None, typer.Option(help="listen on this Unix socket instead", resolve_path=True)
     ] = None,
     db: Annotated[
-        Path | None, typer.Option(help="SQLite file (default HOME/gpumux.db)", resolve_path=True)
+        Path | None,
+        typer.Option(
+            help="SQLite file (GPUMUX_DB; default: GPUMUX_DATABASE_URL, else HOME/gpumux.db)",
+            resolve_path=True,
+        ),
     ] = None,
     home: Annotated[
         Path | None, typer.Option(help="data directory (GPUMUX_HOME)", resolve_path=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from gpumux.cli.state import CliError, CliState, EmbeddedDaemon
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import SHARED_SOCKET, SOCKET_NAME, Settings
-from gpumux.lockfile import DaemonAlreadyRunning, DaemonError, read_lock_url
+from gpumux.lockfile import DaemonAlreadyRunning, DaemonError, lock_beside, read_lock_url
 
 # A daemon that just took the lock writes its URL right after binding its socket.
 LOCK_URL_WAIT_S = 5.0
@@ -36,12 +36,20 @@ def _answering(url: str) -> Client | None:
     return client
 
 
+def _lock_path(settings: Settings) -> Path | None:
+    """The lock file of the settings' database, where a daemon holding it writes its URL."""
+    # Beside an SQLite file; the command line knows no other dialect's (it imports no storage).
+    database_file = settings.database_file
+    return None if database_file is None else lock_beside(database_file)
+
+
 def find_daemon(url: str, settings: Settings) -> Client:
     """A client for the daemon at `url`, or for the one holding the default database's lock."""
     client = _answering(url)
     if client is not None:
         return client
-    lock_url = read_lock_url(settings.lock_path)
+    lock_path = _lock_path(settings)
+    lock_url = None if lock_path is None else read_lock_url(lock_path)
     if lock_url is not None and lock_url != url:
         client = _answering(lock_url)
         if client is not None:
@@ -78,9 +86,9 @@ def daemon_for_sweep(state: CliState, url: str) -> Iterator[Connection]:
         with client:
             yield Connection(client)
         return
+    database = settings.database_file or "the database of GPUMUX_DATABASE_URL"
     state.note(
-        f"no daemon at {url}; running an embedded one on {settings.db_path} "
-        "until the queue is empty"
+        f"no daemon at {url}; running an embedded one on {database} until the queue is empty"
     )
     try:
         with contextlib.ExitStack() as stack:
@@ -101,7 +109,8 @@ def daemon_for_sweep(state: CliState, url: str) -> Iterator[Connection]:
 
 def _starting_daemon(state: CliState, error: DaemonAlreadyRunning) -> Client:
     """The daemon that took the database's lock a moment before this one could."""
-    other = error.url or _wait_for_lock_url(state.settings.lock_path)
+    lock_path = _lock_path(state.settings)
+    other = error.url or (None if lock_path is None else _wait_for_lock_url(lock_path))
     client = _answering(other) if other else None
     if client is None:
         raise CliError(str(error)) from error

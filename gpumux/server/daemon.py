@@ -32,14 +32,10 @@ from gpumux.server import identity
 from gpumux.server.api import create_app
 from gpumux.server.metrics import Metrics
 from gpumux.storage import tokens
-from gpumux.storage.engine import (
-    DatabaseError,
-    Sessions,
-    make_engine,
-    make_sessions,
-    require_local_filesystem,
-    upgrade,
-)
+from gpumux.storage.dialects import dialect_for
+from gpumux.storage.dialects.base import DatabaseError
+from gpumux.storage.engine import Sessions, make_engine, make_sessions
+from gpumux.storage.migrate import upgrade
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +149,8 @@ class Daemon:
         self._sockets: list[socket.socket] = []
         self.url = ""
         self.urls: list[str] = []
+        # The database, as messages name it (its dialect's label); set by start().
+        self.database = ""
         self.sessions: Sessions | None = None
         self.scheduler: Scheduler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,18 +165,19 @@ class Daemon:
             raise DaemonError(str(error)) from error
 
     def _start(self, *, fallback_port: bool) -> None:
-        # Refused before anything is created there: WAL does not work on a network filesystem.
-        require_local_filesystem(self.settings.db_path)
+        dialect = dialect_for(self.settings.database_url)
+        self.database = dialect.label
+        # Refused before anything is created there (an SQLite file on a network filesystem).
+        dialect.check_location()
         # The database holds each submitter's environment, the logs their output: owner only.
         self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.settings.logs_dir.mkdir(mode=0o700, exist_ok=True)
         self.settings.runs_dir.mkdir(mode=0o700, exist_ok=True)
-        self.settings.db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(self.settings.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._lock = acquire_lock(self.settings.lock_path, database=str(self.settings.db_path))
+        dialect.prepare_location()
+        self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
         try:
             self._home_lock = acquire_home_lock(self.settings.home)
-            engine = make_engine(self.settings.db_url)
+            engine = make_engine(self.settings.database_url)
             self.sessions = make_sessions(engine)
             upgrade(engine)
             self._own_token()
@@ -257,9 +256,7 @@ class Daemon:
         stop_scheduling = asyncio.Event()
         server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
-        log.info(
-            "daemon: serving on %s (database %s)", " and ".join(self.urls), self.settings.db_path
-        )
+        log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
             first = asyncio.create_task(self._signals.get())
             await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
@@ -385,6 +382,6 @@ def serve_forever(settings: Settings) -> None:
     daemon = Daemon(settings)
     daemon.start()
     print(
-        f"gpumux: serving on {' and '.join(daemon.urls)} (database {settings.db_path})", flush=True
+        f"gpumux: serving on {' and '.join(daemon.urls)} (database {daemon.database})", flush=True
     )
     asyncio.run(daemon.serve())

@@ -12,24 +12,19 @@ starts again.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
-from sqlalchemy import ColumnElement, SQLColumnExpression, and_, case, func, select
-from sqlalchemy.orm import Session
 
 from gpumux.devices.probes import DeviceSnapshot
-from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
+from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import stats
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial
 
 MIB = 2**20
-SECONDS_PER_DAY = 86_400.0
 
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 QUEUE_WAIT_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
@@ -64,15 +59,6 @@ class Metrics:
 
 
 @dataclass(frozen=True)
-class DeviceLoad:
-    """What the trials that hold slots on one device add up to."""
-
-    trials: int = 0
-    samples_per_s: float = 0.0
-    split: int = 0
-
-
-@dataclass(frozen=True)
 class StateCollector:
     """A custom collector: every value comes from the database or the devices at scrape time."""
 
@@ -81,102 +67,55 @@ class StateCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The families of one scrape."""
+        dialect = self.sessions.dialect
         with self.sessions.read() as session:
-            yield trials_by_state(session)
-            yield sweeps_by_state(session)
-            yield seconds_histogram(
-                session,
-                "gpumux_trial_queue_wait_seconds",
-                "Seconds from queued to started, per trial that started (latest attempt).",
-                start=Trial.queued_at,
-                end=Trial.started_at,
-                where=and_(Trial.status != TrialStatus.queued, Trial.started_at.is_not(None)),
-                buckets=QUEUE_WAIT_BUCKETS,
+            trials = stats.trials_by_status(session=session)
+            sweeps = stats.sweeps_by_status(session=session)
+            waits = stats.queue_waits(session=session, dialect=dialect, bounds=QUEUE_WAIT_BUCKETS)
+            durations = stats.run_durations(
+                session=session, dialect=dialect, bounds=DURATION_BUCKETS
             )
-            yield seconds_histogram(
-                session,
-                "gpumux_trial_duration_seconds",
-                "Seconds from started to ended, per trial that ran and ended, whichever way.",
-                start=Trial.started_at,
-                end=Trial.ended_at,
-                where=and_(
-                    Trial.status.in_(FINAL_TRIAL_STATUSES),
-                    Trial.started_at.is_not(None),
-                    Trial.ended_at.is_not(None),
-                ),
-                buckets=DURATION_BUCKETS,
-            )
-            loads = device_loads(session)
+            loads = stats.device_loads(session=session)
+        yield states_family("gpumux_trials", "Trials in each state.", trials)
+        yield states_family("gpumux_sweeps", "Sweeps in each state.", sweeps)
+        yield histogram_family(
+            "gpumux_trial_queue_wait_seconds",
+            "Seconds from queued to started, per trial that started (latest attempt).",
+            waits,
+            QUEUE_WAIT_BUCKETS,
+        )
+        yield histogram_family(
+            "gpumux_trial_duration_seconds",
+            "Seconds from started to ended, per trial that ran and ended, whichever way.",
+            durations,
+            DURATION_BUCKETS,
+        )
         yield from device_families(self.devices_view(), loads)
 
 
-def trials_by_state(session: Session) -> GaugeMetricFamily:
-    """Trials in each state, every state present."""
-    counts = dict(session.execute(select(Trial.status, func.count()).group_by(Trial.status)).all())
-    family = GaugeMetricFamily("gpumux_trials", "Trials in each state.", labels=["state"])
-    for state in TrialStatus:
-        family.add_metric([state.value], counts.get(state, 0))
+def states_family(
+    name: str, documentation: str, counts: dict[TrialStatus, int] | dict[SweepStatus, int]
+) -> GaugeMetricFamily:
+    """A gauge per state, labelled with the state's value."""
+    family = GaugeMetricFamily(name, documentation, labels=["state"])
+    for state, count in counts.items():
+        family.add_metric([state.value], count)
     return family
 
 
-def sweeps_by_state(session: Session) -> GaugeMetricFamily:
-    """Sweeps in each state, every state present."""
-    counts = dict(session.execute(select(Sweep.status, func.count()).group_by(Sweep.status)).all())
-    family = GaugeMetricFamily("gpumux_sweeps", "Sweeps in each state.", labels=["state"])
-    for state in SweepStatus:
-        family.add_metric([state.value], counts.get(state, 0))
-    return family
-
-
-def seconds_histogram(
-    session: Session,
-    name: str,
-    documentation: str,
-    *,
-    start: SQLColumnExpression[Any],
-    end: SQLColumnExpression[Any],
-    where: ColumnElement[bool],
-    buckets: Sequence[float],
+def histogram_family(
+    name: str, documentation: str, histogram: stats.Histogram, bounds: Sequence[float]
 ) -> HistogramMetricFamily:
-    """A histogram of (end - start) in seconds over the trials matching `where`."""
-    # Timestamps are stored as naive UTC text; julianday() reads them to ~50 microseconds.
-    seconds = (func.julianday(end) - func.julianday(start)) * SECONDS_PER_DAY
-    # Bucketed here rather than with a SUM(CASE ...) per bucket: SQLite would compute the
-    # difference once per bucket and row, three times slower than fetching one float a row.
-    in_bucket = [0] * (len(buckets) + 1)
-    total = 0.0
-    for value in session.scalars(select(seconds).where(where, end >= start)):
-        in_bucket[bisect.bisect_left(buckets, value)] += 1
-        total += value
+    """A Prometheus histogram of counts per bucket: cumulative, with its +Inf bucket."""
     family = HistogramMetricFamily(name, documentation, labels=[])
-    cumulative = list(itertools.accumulate(in_bucket))
-    bounds = [str(float(bound)) for bound in buckets] + ["+Inf"]
-    family.add_metric([], list(zip(bounds, cumulative, strict=True)), total)
+    cumulative = list(itertools.accumulate(histogram.counts))
+    les = [str(float(bound)) for bound in bounds] + ["+Inf"]
+    family.add_metric([], list(zip(les, cumulative, strict=True)), histogram.total)
     return family
-
-
-def device_loads(session: Session) -> dict[str, DeviceLoad]:
-    """Per device key: trials holding a slot (starting or running), their samples/s, the split."""
-    rows = session.execute(
-        select(
-            Trial.device,
-            func.count(),
-            func.coalesce(
-                func.sum(case((Trial.status == TrialStatus.running, Trial.samples_per_s))), 0.0
-            ),
-            func.coalesce(func.max(Trial.split), 0),
-        )
-        .where(Trial.status.in_(ACTIVE_TRIAL_STATUSES), Trial.device.is_not(None))
-        .group_by(Trial.device)
-    )
-    return {
-        device: DeviceLoad(trials=count, samples_per_s=float(rate), split=int(split))
-        for device, count, rate, split in rows
-    }
 
 
 def device_families(
-    snapshots: list[DeviceSnapshot], loads: dict[str, DeviceLoad]
+    snapshots: list[DeviceSnapshot], loads: dict[str, stats.DeviceLoad]
 ) -> Iterator[GaugeMetricFamily]:
     """Memory and utilisation as last probed, and the load of gpumux's trials, per device."""
     labels = ["device", "name"]
@@ -217,7 +156,7 @@ def device_families(
             utilization.add_metric(key, snapshot.utilization_pct / 100)
     # A device with trials that the last probe did not list still shows its load.
     for device in sorted(names.keys() | loads.keys()):
-        load = loads.get(device, DeviceLoad())
+        load = loads.get(device, stats.DeviceLoad())
         key = [device, names.get(device, "")]
         trials.add_metric(key, load.trials)
         rate.add_metric(key, load.samples_per_s)

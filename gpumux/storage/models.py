@@ -134,9 +134,6 @@ class Trial(Base):
     cpu_threads: Mapped[int | None]
     pid: Mapped[int | None]
     pid_started: Mapped[int | None]
-    # The per-attempt supervisor that owns the trial's process group and outlives the daemon.
-    supervisor_pid: Mapped[int | None]
-    supervisor_started: Mapped[int | None]
     failures: Mapped[int] = mapped_column(default=0, server_default="0")
     token_hash: Mapped[str | None] = mapped_column(String(64))
     log_path: Mapped[str | None] = mapped_column(Text)

@@ -15,7 +15,8 @@ from sqlalchemy import event, text
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app, errors
-from gpumux.storage.engine import BUSY_TIMEOUT_MS, Sessions
+from gpumux.storage.dialects.sqlite import BUSY_TIMEOUT_MS
+from gpumux.storage.engine import Sessions
 
 # Larger than any SQLite build allows: SQLite lowers it to its own maximum.
 NO_PAGE_LIMIT = 2**32
@@ -84,6 +85,7 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    database = settings.home / "gpumux.db"
     for _ in range(2):
         assert api.post("/sweeps", json=body(tmp_path, "x=1..20")).status_code == 201
     before = stored(api)
@@ -94,9 +96,9 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
 
     assert full.status_code == 507, full.text
     detail = full.json()["detail"]
-    assert f"the database {settings.db_path} is full" in detail
+    assert f"the database {database} is full" in detail
     assert "nothing of this request was stored" in detail and "Free space" in detail
-    assert f"db {settings.db_path}: full; POST /sweeps refused" in caplog.text
+    assert f"db {database}: full; POST /sweeps refused" in caplog.text
     assert stored(api) == before and [len(params) for params in before.values()] == [20, 20]
 
     limits.max_page_count = NO_PAGE_LIMIT
@@ -110,15 +112,16 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
 def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
     api: httpx.Client, limits: Limits, settings: Settings, tmp_path: Path
 ) -> None:
+    database = settings.home / "gpumux.db"
     limits.busy_timeout_ms = 0
-    blocker = sqlite3.connect(settings.db_path, isolation_level=None)
+    blocker = sqlite3.connect(database, isolation_level=None)
     try:
         blocker.execute("BEGIN IMMEDIATE")
         locked = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
         assert locked.status_code == 503, locked.text
         assert locked.headers["retry-after"] == str(errors.RETRY_AFTER_S)
         detail = locked.json()["detail"]
-        assert f"the database {settings.db_path} is locked by another writer" in detail
+        assert f"the database {database} is locked by another writer" in detail
         assert "nothing of this request was stored" in detail
         # WAL: readers go on while the writer holds the lock.
         assert api.get("/sweeps").json()["count"] == 0

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc
 
 from gpumux.server.api.deps import get_state
-from gpumux.storage.engine import BUSY_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
-# Primary result codes (the low byte of an extended one), from sqlite3.h.
-SQLITE_BUSY = 5
-SQLITE_LOCKED = 6
-SQLITE_FULL = 13
 RETRY_AFTER_S = 5
 
 
@@ -26,27 +20,13 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(exc.SQLAlchemyError, database_error)
 
 
-def _primary_code(error: Exception) -> int | None:
-    if isinstance(error, exc.DBAPIError) and isinstance(error.orig, sqlite3.Error):
-        return error.orig.sqlite_errorcode & 0xFF
-    return None
-
-
-def _is_full(error: Exception) -> bool:
-    return _primary_code(error) == SQLITE_FULL or "database or disk is full" in str(error)
-
-
-def _is_locked(error: Exception) -> bool:
-    code = _primary_code(error)
-    return code in {SQLITE_BUSY, SQLITE_LOCKED} or "database is locked" in str(error)
-
-
 async def database_error(request: Request, error: Exception) -> JSONResponse:
     """The answer to a database error raised by a route; its transaction has rolled back."""
-    database = get_state(request).sessions.engine.url.database
+    dialect = get_state(request).sessions.dialect
+    database = dialect.label
     where = f"{request.method} {request.url.path}"
     cause = error.orig if isinstance(error, exc.DBAPIError) else error
-    if isinstance(error, exc.OperationalError) and _is_full(error):
+    if dialect.is_full(error):
         log.error("db %s: full; %s refused: %s", database, where, cause)
         return JSONResponse(
             {
@@ -56,14 +36,14 @@ async def database_error(request: Request, error: Exception) -> JSONResponse:
             },
             status_code=status.HTTP_507_INSUFFICIENT_STORAGE,
         )
-    if isinstance(error, exc.OperationalError) and _is_locked(error):
-        # Each connection waits BUSY_TIMEOUT_MS for the write lock first: held that long, it is
+    if dialect.is_busy(error):
+        # Each connection waits busy_timeout_s for the write lock first: held that long, it is
         # held outside the daemon (a tool with a transaction left open, say).
         log.warning("db %s: locked; %s refused: %s", database, where, cause)
         return JSONResponse(
             {
                 "detail": f"the database {database} is locked by another writer (waited up to "
-                f"{BUSY_TIMEOUT_MS / 1000:g} s); nothing of this request was stored. Try "
+                f"{dialect.busy_timeout_s:g} s); nothing of this request was stored. Try "
                 "again shortly"
             },
             status_code=status.HTTP_503_SERVICE_UNAVAILABLE,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from sqlalchemy import func, select
 
 from gpumux import __version__
 from gpumux.schemas import Health
 from gpumux.server.api.deps import ReadSessionDep, StateDep
-from gpumux.status import TrialStatus
-from gpumux.storage import store
-from gpumux.storage.models import Trial
+from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
+from gpumux.storage import stats
 
 router = APIRouter(tags=["health"])
 
@@ -18,14 +16,12 @@ router = APIRouter(tags=["health"])
 @router.get("/health")
 def health(state: StateDep, session: ReadSessionDep) -> Health:
     """Version, database, devices, and how much work is queued or running."""
-    queued = session.scalar(
-        select(func.count()).select_from(Trial).where(Trial.status == TrialStatus.queued)
-    )
+    trials = stats.trials_by_status(session=session)
     return Health(
         status="ok",
         version=__version__,
-        database=str(state.settings.db_path),
+        database=state.sessions.dialect.label,
         devices=len(state.devices_view()),
-        queued_trials=queued or 0,
-        active_trials=len(store.active_trials(session=session)),
+        queued_trials=trials[TrialStatus.queued],
+        active_trials=sum(trials[status] for status in ACTIVE_TRIAL_STATUSES),
     )

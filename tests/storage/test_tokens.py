@@ -105,10 +105,11 @@ def test_use_is_recorded_at_most_once_a_minute(sessions: Sessions) -> None:
 
 def test_only_the_hash_is_stored(sessions: Sessions, settings: Settings) -> None:
     token = issue(sessions, "alice")
+    database = settings.home / "gpumux.db"
     stored = b"".join(
         path.read_bytes()
-        for path in settings.db_path.parent.iterdir()
-        if path.name.startswith(settings.db_path.name)
+        for path in database.parent.iterdir()
+        if path.name.startswith(database.name)
     )
     assert token_hash(token).encode() in stored  # the right files were read
     assert token.encode() not in stored

@@ -26,7 +26,8 @@ TRIALS = 100_000
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, int]]:
-    from gpumux.storage.engine import make_engine, make_sessions, upgrade
+    from gpumux.storage.engine import make_engine, make_sessions
+    from gpumux.storage.migrate import upgrade
 
     path = tmp_path_factory.mktemp("big") / "gpumux.db"
     engine = make_engine(f"sqlite:///{path}")

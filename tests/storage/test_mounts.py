@@ -1,92 +1,21 @@
+"""Which filesystem holds the database: mountinfo parsed as the kernel writes it, and a
+database on a network filesystem refused before WAL can corrupt it."""
+
 from __future__ import annotations
 
-import threading
 from pathlib import Path, PurePosixPath
 
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
 
-import gpumux.storage.engine
-from gpumux.storage.engine import (
+from gpumux.storage.dialects import mounts
+from gpumux.storage.dialects.base import DatabaseError
+from gpumux.storage.dialects.mounts import (
     NETWORK_FILESYSTEMS,
-    DatabaseError,
-    Sessions,
-    make_engine,
-    make_sessions,
     mount_holding,
     parse_mountinfo,
     require_local_filesystem,
-    upgrade,
 )
-from gpumux.storage.models import Base
-
-
-def test_migrations_match_the_models(sessions: Sessions) -> None:
-    with sessions.engine.connect() as connection:
-        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
-    assert diff == [], f"models and migrations differ; write a migration: {diff}"
-
-
-def test_connections_use_wal_foreign_keys_and_busy_timeout(sessions: Sessions) -> None:
-    with sessions.read() as session:
-        assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
-        assert session.execute(text("PRAGMA foreign_keys")).scalar() == 1
-        assert session.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
-
-
-def test_upgrade_is_idempotent(sessions: Sessions) -> None:
-    upgrade(sessions.engine)
-    with sessions.read() as session:
-        assert session.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
-
-
-def test_a_database_from_a_newer_gpumux_is_refused(tmp_path: Path, sessions: Sessions) -> None:
-    with sessions.write.begin() as session:
-        session.execute(text("UPDATE alembic_version SET version_num = 'fffffffffff'"))
-    with pytest.raises(DatabaseError, match="newer than this gpumux knows"):
-        upgrade(sessions.engine)
-
-
-def test_concurrent_read_modify_write_transactions_queue_instead_of_failing(
-    sessions: Sessions,
-) -> None:
-    with sessions.write.begin() as session:
-        session.execute(text("CREATE TABLE counter (n INTEGER)"))
-        session.execute(text("INSERT INTO counter VALUES (0)"))
-    errors: list[BaseException] = []
-
-    def bump() -> None:
-        try:
-            for _ in range(20):
-                with sessions.write.begin() as session:
-                    n = session.execute(text("SELECT n FROM counter")).scalar_one()
-                    session.execute(text("UPDATE counter SET n = :n"), {"n": n + 1})
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=bump) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
-    with sessions.read() as session:
-        assert session.execute(text("SELECT n FROM counter")).scalar_one() == 80
-
-
-def test_a_file_that_is_not_a_database_is_reported(tmp_path: Path) -> None:
-    path = tmp_path / "broken.db"
-    path.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(DatabaseError, match="cannot be opened as a database") as caught:
-        upgrade(make_engine(f"sqlite:///{path}"))
-    assert str(path) in str(caught.value) and "--db" in str(caught.value)
-
-
-def test_sessions_share_one_engine(sessions: Sessions) -> None:
-    assert make_sessions(sessions.engine).engine is sessions.engine
-
+from gpumux.storage.engine import make_engine
 
 # Lines as the kernel writes them: optional fields before "-", octal escapes in paths.
 MOUNTINFO = """\
@@ -174,7 +103,7 @@ def test_make_engine_refuses_a_database_on_a_network_filesystem(
 ) -> None:
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(fake_mount(tmp_path.resolve() / "nfs", "nfs4"))
-    monkeypatch.setattr(gpumux.storage.engine, "MOUNTINFO", mountinfo)
+    monkeypatch.setattr(mounts, "MOUNTINFO", mountinfo)
     (tmp_path / "nfs").mkdir()
     with pytest.raises(DatabaseError, match="nfs4"):
         make_engine(f"sqlite:///{tmp_path / 'nfs' / 'gpumux.db'}")
@@ -184,14 +113,14 @@ def test_make_engine_refuses_a_database_on_a_network_filesystem(
 def test_without_a_mountinfo_file_nothing_is_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gpumux.storage.engine, "MOUNTINFO", tmp_path / "absent")
+    monkeypatch.setattr(mounts, "MOUNTINFO", tmp_path / "absent")
     require_local_filesystem(tmp_path / "gpumux.db")
 
 
 def test_the_real_check_passes_a_database_on_this_local_disk(tmp_path: Path) -> None:
     mount = mount_holding(
         PurePosixPath(tmp_path.resolve()),
-        parse_mountinfo(gpumux.storage.engine.MOUNTINFO.read_text()),
+        parse_mountinfo(mounts.MOUNTINFO.read_text()),
     )
     assert mount is not None and mount.fstype not in NETWORK_FILESYSTEMS
     require_local_filesystem(tmp_path / "not-yet" / "gpumux.db")

@@ -1,0 +1,88 @@
+"""What a database backend gives gpumux: one Dialect per kind of database, chosen by URL."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy import URL, ColumnElement, SQLColumnExpression, exc
+from sqlalchemy.engine import Connection
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be used as it is; the message says why and what to do."""
+
+
+class Dialect(ABC):
+    """One kind of database behind gpumux's engine: how it connects, begins, fails and counts.
+
+    A dialect is a value over one URL, cheap to make; `dialect_for(url)` picks the class.
+    """
+
+    # The SQLAlchemy driver names (URL schemes) this dialect serves, and one to show users.
+    drivernames: ClassVar[tuple[str, ...]]
+    example_url: ClassVar[str]
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """The database as messages name it (never with a password)."""
+
+    @abstractmethod
+    def lock_path(self, home: Path) -> Path:
+        """The file a daemon holds locked while it owns this database (home: its data dir)."""
+
+    @abstractmethod
+    def check_location(self) -> None:
+        """Refuse (DatabaseError) a database where it cannot work, before any connection."""
+
+    @abstractmethod
+    def prepare_location(self) -> None:
+        """Create what the database needs before a daemon's first connection, owner-only."""
+
+    @abstractmethod
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for sqlalchemy.create_engine."""
+
+    @abstractmethod
+    def on_connect(self, dbapi_connection: Any) -> None:
+        """Set up each new driver connection (its session settings)."""
+
+    @abstractmethod
+    def on_begin(self, connection: Connection, *, write: bool) -> None:
+        """Begin a transaction, one that will write when `write` (the engine's begin event)."""
+
+    @contextlib.contextmanager
+    def migrating(self, connection: Connection) -> Iterator[None]:
+        """One transaction around a run of migrations, on a connection not yet in one."""
+        with connection.begin():
+            yield
+
+    @abstractmethod
+    def open_failure(self, error: exc.DatabaseError) -> str:
+        """Why the database could not be opened, and what to do about it."""
+
+    @abstractmethod
+    def is_full(self, error: BaseException) -> bool:
+        """Whether a statement failed because the database has no room left."""
+
+    @abstractmethod
+    def is_busy(self, error: BaseException) -> bool:
+        """Whether a statement failed because another writer held a lock past the timeout."""
+
+    @property
+    @abstractmethod
+    def busy_timeout_s(self) -> float:
+        """How long a statement waits for another writer's lock before it fails."""
+
+    @abstractmethod
+    def seconds_between(
+        self, start: SQLColumnExpression[Any], end: SQLColumnExpression[Any]
+    ) -> ColumnElement[float]:
+        """SQL for the seconds from one timestamp column to another."""

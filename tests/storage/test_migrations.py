@@ -1,0 +1,353 @@
+"""Migrations on databases with rows in them: up from every revision, down to the base and back.
+
+Each earlier revision's rows are written with that revision's own columns, in raw SQL (the
+models know only the newest schema), then read back through the store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+
+from gpumux.scheduling.next_trials import next_trials
+from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import store, tokens
+from gpumux.storage.dialects.base import DatabaseError
+from gpumux.storage.engine import Sessions, make_engine, make_sessions
+from gpumux.storage.migrate import alembic_config, upgrade
+from gpumux.storage.models import Base
+
+EARLIER = ["0001", "0002", "0003"]
+HEAD = "0004"
+TOKEN = "gmx_issued-before-the-upgrade"
+QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
+ENDED_AT = datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC)
+# Every table and how many rows populate() writes to it at the newest revision.
+ROWS = {"owners": 1, "sweeps": 2, "trials": 4, "trial_reports": 3, "profiles": 1, "api_tokens": 1}
+# The revision that created each table.
+CREATED_AT_REVISION = {"profiles": "0002", "api_tokens": "0003"}
+
+
+def stored(moment: datetime) -> str:
+    """A timestamp as SQLAlchemy stores one in SQLite: naive UTC text."""
+    return moment.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
+def insert(connection: Connection, table: str, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        columns = ", ".join(row)
+        values = ", ".join(f":{name}" for name in row)
+        connection.execute(text(f"INSERT INTO {table} ({columns}) VALUES ({values})"), row)
+
+
+def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": sweep_id,
+        "name": f"sweep {sweep_id}",
+        "owner_id": 1,
+        "status": status,
+        "command": json.dumps(["python", "train.py", "--lr", "{lr}"]),
+        "param_tokens": json.dumps(["lr"]),
+        "workdir": "/work",
+        "env": json.dumps({"PATH": "/usr/bin"}),
+        "random_trials": None,
+        "seed": 7,
+        "split": 2,
+        "objective_metric": "loss",
+        "objective_mode": "min",
+        "time_limit_s": 600.0,
+        "trial_count": 2,
+        "cancel_requested": 0,
+        "created_at": stored(QUEUED_AT),
+        "finished_at": stored(ENDED_AT) if status == "finished" else None,
+    }
+    if revision >= "0003":
+        row |= {"retries": sweep_id, "priority": 10 * sweep_id}
+    return row
+
+
+def trial_row(trial_id: int, sweep_id: int, status: str, revision: str) -> dict[str, Any]:
+    started = status != "queued"
+    ended = status in {"succeeded", "failed"}
+    row: dict[str, Any] = {
+        "id": trial_id,
+        "sweep_id": sweep_id,
+        "number": trial_id,
+        "params": json.dumps({"lr": 0.1 * trial_id}),
+        "status": status,
+        "attempt": 1,
+        "device": "gpu:0" if started else None,
+        "slot": 0 if started else None,
+        "split": 2 if started else None,
+        "memory_limit_mb": 4096 if started else None,
+        "cpu_threads": 1 if started else None,
+        "pid": 1000 + trial_id if started else None,
+        "pid_started": 555 if started else None,
+        "token_hash": "ab" * 32 if started else None,
+        "log_path": f"/logs/trial-{trial_id}.1.log" if started else None,
+        "queued_at": stored(QUEUED_AT),
+        "started_at": stored(STARTED_AT) if started else None,
+        "ended_at": stored(ENDED_AT) if ended else None,
+        "exit_code": {"succeeded": 0, "failed": 3}.get(status),
+        "signal": None,
+        "error": "exit 3" if status == "failed" else None,
+        "objective": 0.25 if status == "succeeded" else None,
+        "samples_per_s": 120.5 if started else None,
+        "last_report_at": stored(ENDED_AT) if started else None,
+    }
+    if revision >= "0003":
+        row |= {
+            "supervisor_pid": 2000 + trial_id if started else None,
+            "supervisor_started": 777 if started else None,
+            "failures": 1 if status == "failed" else 0,
+        }
+    return row
+
+
+def report_row(report_id: int, trial_id: int, epoch: int) -> dict[str, Any]:
+    return {
+        "id": report_id,
+        "trial_id": trial_id,
+        "attempt": 1,
+        "kind": "epoch",
+        "at": stored(ENDED_AT),
+        "epoch": epoch,
+        "samples": 1000.0,
+        "seconds": 8.0,
+        "samples_per_s": 125.0,
+        "metrics": json.dumps({"loss": 1.0 / (epoch + 1)}),
+    }
+
+
+def populate(connection: Connection, revision: str) -> None:
+    """Two sweeps of alice's, four trials in four states, reports, and what `revision` adds."""
+    alice = {"id": 1, "name": "alice", "uid": 1000, "created_at": stored(QUEUED_AT)}
+    insert(connection, "owners", [alice])
+    insert(
+        connection,
+        "sweeps",
+        [sweep_row(1, "finished", revision), sweep_row(2, "running", revision)],
+    )
+    statuses = [(1, 1, "succeeded"), (2, 1, "failed"), (3, 2, "running"), (4, 2, "queued")]
+    insert(connection, "trials", [trial_row(t, s, status, revision) for t, s, status in statuses])
+    insert(connection, "trial_reports", [report_row(1, 1, 0), report_row(2, 1, 1)])
+    insert(connection, "trial_reports", [report_row(3, 3, 0)])
+    if revision >= "0002":
+        profile = {
+            "id": 1,
+            "device_name": "NVIDIA H200",
+            "fingerprint": "f" * 64,
+            "command": json.dumps(["python", "train.py"]),
+            "param_tokens": json.dumps(["lr"]),
+            "unit": "samples/s",
+            "curve": json.dumps([{"split": 1, "throughput": 100.0}]),
+            "best_split": 1,
+            "settled": 1,
+            "reason": "one is best",
+            "sweep_id": 1,
+            "created_at": stored(QUEUED_AT),
+            "updated_at": stored(ENDED_AT),
+        }
+        insert(connection, "profiles", [profile])
+    if revision >= "0003":
+        token = {
+            "id": 1,
+            "owner_id": 1,
+            "token_hash": store.token_hash(TOKEN),
+            "created_at": stored(QUEUED_AT),
+            "last_used_at": None,
+            "revoked_at": None,
+        }
+        insert(connection, "api_tokens", [token])
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'gpumux.db'}")
+    yield engine
+    engine.dispose()
+
+
+def migrate(engine: Engine, to: str) -> None:
+    """Upgrade to, or downgrade to, a revision ("base" is before any)."""
+    config = alembic_config(engine)
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    if to == "base" or (current is not None and to < current):
+        command.downgrade(config, to)
+    else:
+        command.upgrade(config, to)
+
+
+def revision_of(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def row_counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as connection:
+        tables = set(inspect(connection).get_table_names()) - {"alembic_version"}
+        return {
+            table: connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for table in tables
+        }
+
+
+def assert_sound(engine: Engine) -> None:
+    """Every reference points at a row, and SQLite finds the file intact."""
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+        assert connection.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+
+
+def test_head_is_the_newest_revision_and_the_earlier_ones_lead_to_it(engine: Engine) -> None:
+    scripts = ScriptDirectory.from_config(alembic_config(engine))
+    assert scripts.get_current_head() == HEAD
+    walked = [script.revision for script in scripts.walk_revisions()]
+    assert walked == [HEAD, *reversed(EARLIER)]
+
+
+def test_the_models_match_the_migrations(sessions: Sessions) -> None:
+    with sessions.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diff == [], f"models and migrations differ; write a migration: {diff}"
+
+
+@pytest.mark.parametrize("revision", EARLIER)
+def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_store(
+    engine: Engine, revision: str
+) -> None:
+    migrate(engine, revision)
+    with engine.begin() as connection:
+        populate(connection, revision)
+
+    upgrade(engine)
+
+    assert revision_of(engine) == HEAD
+    assert_sound(engine)
+    expected = {
+        table: count
+        for table, count in ROWS.items()
+        if CREATED_AT_REVISION.get(table, "0001") <= revision
+    }
+    assert {t: n for t, n in row_counts(engine).items() if n} == expected
+    sessions = make_sessions(engine)
+    with sessions.read() as session:
+        sweeps, count = store.list_sweeps(session=session)
+        assert count == 2
+        assert [(s.id, s.status, s.owner.name) for s in sweeps] == [
+            (2, SweepStatus.running, "alice"),
+            (1, SweepStatus.finished, "alice"),
+        ]
+        finished = sweeps[1]
+        assert finished.command == ["python", "train.py", "--lr", "{lr}"]
+        assert finished.env == {"PATH": "/usr/bin"} and finished.finished_at == ENDED_AT
+        # Columns added by 0003 take their defaults in rows written before it.
+        newer = revision >= "0003"
+        assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
+
+        trials, _ = store.list_trials(session=session, sweep_id=1)
+        assert [(t.status, t.exit_code) for t in trials] == [
+            (TrialStatus.succeeded, 0),
+            (TrialStatus.failed, 3),
+        ]
+        succeeded, failed = trials
+        assert succeeded.params == {"lr": 0.1} and succeeded.objective == 0.25
+        assert (succeeded.queued_at, succeeded.started_at) == (QUEUED_AT, STARTED_AT)
+        assert failed.failures == (1 if newer else 0)
+        reports, _ = store.list_reports(session=session, trial_id=succeeded.id)
+        assert [(r.epoch, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
+        assert store.best_trial(session=session, sweep=finished) == succeeded
+        assert [t.id for t in store.active_trials(session=session)] == [3]
+        assert [t.id for t in next_trials(session=session, limit=10)] == [4]
+
+        profile = store.get_profile(
+            session=session, device_name="NVIDIA H200", fingerprint="f" * 64
+        )
+        assert (profile is not None) == (revision >= "0002")
+        owner = tokens.resolve_token(session=session, token=TOKEN)
+        assert (owner.name if owner else None) == ("alice" if newer else None)
+
+    with sessions.write.begin() as session:
+        queued = store.get_trial(session=session, trial_id=4)
+        assert queued is not None
+        store.set_trial_status(session=session, trial=queued, status=TrialStatus.starting)
+    with sessions.read() as session:
+        assert {t.id for t in store.active_trials(session=session)} == {3, 4}
+
+
+def test_a_populated_database_goes_down_to_the_base_step_by_step_and_back_up(
+    engine: Engine,
+) -> None:
+    migrate(engine, "0003")
+    with engine.begin() as connection:
+        populate(connection, "0003")
+    upgrade(engine)
+
+    for down_to in ["0003", "0002", "0001"]:
+        migrate(engine, down_to)
+        assert revision_of(engine) == down_to
+        assert_sound(engine)
+        # A step down drops the tables it created and nothing else: no row is lost to a
+        # table copied while foreign keys cascade.
+        assert row_counts(engine) == {
+            table: count
+            for table, count in ROWS.items()
+            if CREATED_AT_REVISION.get(table, "0001") <= down_to
+        }
+        with engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns("trials")}
+        assert ("supervisor_pid" in columns) == (down_to == "0003")
+        assert ("failures" in columns) == (down_to == "0003")
+
+    migrate(engine, "base")
+    assert revision_of(engine) is None
+    assert row_counts(engine) == {}
+
+    upgrade(engine)
+    assert revision_of(engine) == HEAD
+    assert row_counts(engine) == dict.fromkeys(ROWS, 0)
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+
+
+def test_head_down_to_0003_and_up_again_keeps_every_row(engine: Engine) -> None:
+    migrate(engine, "0003")
+    with engine.begin() as connection:
+        populate(connection, "0003")
+    upgrade(engine)
+    migrate(engine, "0003")
+    upgrade(engine)
+    assert row_counts(engine) == ROWS
+    assert_sound(engine)
+
+
+def test_upgrade_is_idempotent(sessions: Sessions) -> None:
+    upgrade(sessions.engine)
+    assert revision_of(sessions.engine) == HEAD
+
+
+def test_a_database_from_a_newer_gpumux_is_refused(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        session.execute(text("UPDATE alembic_version SET version_num = 'fffffffffff'"))
+    with pytest.raises(DatabaseError, match="newer than this gpumux knows"):
+        upgrade(sessions.engine)
+
+
+def test_a_file_that_is_not_a_database_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "broken.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(DatabaseError, match="cannot be opened as a database") as caught:
+        upgrade(make_engine(f"sqlite:///{path}"))
+    assert str(path) in str(caught.value) and "--db" in str(caught.value)
