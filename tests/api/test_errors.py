@@ -47,9 +47,8 @@ def limits(sessions: Sessions) -> Limits:
 
 @pytest.fixture
 def api(settings: Settings, sessions: Sessions, limits: Limits) -> Iterator[httpx.Client]:
-    """A client of the API with its error handlers installed, served by uvicorn on a socket."""
+    """A client of the API as the daemon builds it (error handlers included), on a socket."""
     app = create_app(settings=settings, sessions=sessions)
-    errors.install(app)
     with served(app, bearer(sessions)) as client:
         yield client
 
