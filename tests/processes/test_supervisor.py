@@ -16,7 +16,7 @@ import pytest
 from gpumux.processes import supervisor
 from gpumux.processes.launcher import SUPERVISOR_PATH
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def start(
