@@ -23,12 +23,10 @@ from gpumux.processes.launcher import (
     LaunchSpec,
     SupervisedTrial,
     SupervisorOptions,
-    TrialEnd,
-    group_members,
     kill_leftovers,
-    recorded_end,
-    recorded_stop,
 )
+from gpumux.processes.procfs import group_members
+from gpumux.processes.rundir import TrialEnd, recorded_end, recorded_stop
 from gpumux.scheduling import fairshare, outcomes, placement
 from gpumux.scheduling.outcomes import StopReason
 from gpumux.schemas import MAX_SPLIT

@@ -9,7 +9,8 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.processes.launcher import ExitStatus, tail_lines
+from gpumux.processes.launcher import tail_lines
+from gpumux.processes.rundir import ExitStatus
 from gpumux.splits.online import Searches, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import store

@@ -1,4 +1,4 @@
-"""The per-attempt supervisor, run for real as the daemon runs it: `python -I -S supervisor.py`."""
+"""The per-attempt supervisor, run for real as the daemon runs it: isolated, `python -I -S`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpumux.processes import supervisor
-from gpumux.processes.launcher import SUPERVISOR_PATH
+from gpumux.processes import rundir, supervisor
+from gpumux.processes.launcher import SUPERVISOR_PATH, supervisor_command
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -41,9 +41,9 @@ def start(
         "banner": "gpumux: banner\n",
         **overrides,
     }
-    (run_dir / supervisor.SPEC).write_text(json.dumps(spec))
+    (run_dir / rundir.SPEC).write_text(json.dumps(spec))
     process = subprocess.Popen(
-        [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
+        supervisor_command(run_dir),
         start_new_session=True,
         stdin=subprocess.PIPE,
     )
@@ -56,7 +56,7 @@ def start(
 
 def exit_record(process: subprocess.Popen[bytes], run_dir: Path) -> dict[str, Any]:
     assert process.wait(timeout=60) == 0
-    record: dict[str, Any] = json.loads((run_dir / supervisor.EXIT).read_text())
+    record: dict[str, Any] = json.loads((run_dir / rundir.EXIT_RECORD).read_text())
     return record
 
 
@@ -75,6 +75,30 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def test_the_supervisor_imports_only_what_it_needs() -> None:
+    # Each trial attempt pays for these imports: pathlib, dataclasses and logging alone would
+    # add tens of milliseconds, and gpumux's other modules would cross its boundary.
+    script = (
+        "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0])\n"
+        "import gpumux.processes.supervisor\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, SUPERVISOR_PATH],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert {name for name in loaded if name.startswith("gpumux")} == {
+        "gpumux",
+        "gpumux.processes",
+        "gpumux.processes.procfs",
+        "gpumux.processes.rundir",
+        "gpumux.processes.supervisor",
+    }
+    assert not {"pathlib", "dataclasses", "logging", "subprocess"} & set(loaded)
+
+
 def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
     script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     process, run_dir = start(tmp_path, [sys.executable, "-c", script])
@@ -82,9 +106,9 @@ def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
     assert (record["exit_code"], record["signal"], record["error"]) == (3, None, None)
     assert (record["trial_id"], record["attempt"]) == (7, 2)
     assert (tmp_path / "trial.log").read_text().splitlines() == ["gpumux: banner", "out", "err"]
-    leader = json.loads((run_dir / supervisor.TRIAL).read_text())
+    leader = json.loads((run_dir / rundir.LEADER_RECORD).read_text())
     assert leader["pid"] == leader["pgid"] and leader["started"] > 0
-    assert (run_dir / supervisor.HEARTBEAT).exists()
+    assert (run_dir / rundir.HEARTBEAT).exists()
 
 
 def test_without_the_daemons_go_the_trial_never_starts(tmp_path: Path) -> None:
@@ -92,7 +116,8 @@ def test_without_the_daemons_go_the_trial_never_starts(tmp_path: Path) -> None:
     process, run_dir = start(tmp_path, ["touch", str(marker)], go=False)
     assert process.wait(timeout=60) == 0
     assert not marker.exists(), "the trial ran though no daemon recorded its supervisor"
-    assert not (run_dir / supervisor.TRIAL).exists() and not (run_dir / supervisor.EXIT).exists()
+    assert not (run_dir / rundir.LEADER_RECORD).exists()
+    assert not (run_dir / rundir.EXIT_RECORD).exists()
 
 
 def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path) -> None:
