@@ -346,29 +346,3 @@ def _pidfd_open(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def tail_lines(path: Path | str | None, lines: int) -> str:
-    """The last lines of a log file (reaching into its last rotated piece when the current
-    one is short), or '' when there is none."""
-    if path is None:
-        return ""
-    found: list[str] = []
-    for piece in (Path(path), Path(f"{path}.1")):
-        found = _last_lines(piece, lines - len(found)) + found
-        if len(found) >= lines:
-            break
-    return "\n".join(found[-lines:])
-
-
-def _last_lines(path: Path, lines: int) -> list[str]:
-    if lines <= 0:
-        return []
-    try:
-        with open(path, "rb") as log_file:
-            size = log_file.seek(0, os.SEEK_END)
-            log_file.seek(max(0, size - 64 * 1024))
-            data = log_file.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-lines:]

@@ -12,7 +12,7 @@ SIGUSR1: kill it now.
 One starts per trial attempt, so it imports little: the standard library, less subprocess and
 pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it forks and
 execs the trial itself), and from gpumux only the stdlib-only modules that own the run
-directory and process identity.
+directory, the log format and process identity.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 import time
 
 from gpumux.processes import rundir
+from gpumux.processes.logfiles import RotatingLog
 from gpumux.processes.procfs import start_ticks
 
 # What the daemon sends on the supervisor's stdin once it has recorded the supervisor's pid.
@@ -49,96 +50,8 @@ def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, 
     return f"could not start {program!r}: {error}"
 
 
-def log_base_path(log_path: str | os.PathLike[str]) -> str:
-    """Where a rotated log records how many bytes came before its current piece."""
-    return os.fspath(log_path) + ".base"
-
-
 class SpawnError(RuntimeError):
     """The trial's command could not start; the message says why and what to do."""
-
-
-class RotatingLog:
-    """The trial's log: appended to, rotated at a size cap, and honest about lost output.
-
-    Offsets count the whole output: the current piece starts at `base` (kept in a file beside
-    it), so a reader following by offset notices a rotation instead of rereading or skipping.
-    """
-
-    def __init__(self, path: str, *, max_bytes: int, keep: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.keep = keep
-        self.lost = 0
-        self._why_lost = ""
-        self.base = 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.size = os.fstat(self.fd).st_size
-        self.at_line_start = True
-
-    def write(self, data: bytes) -> None:
-        if self.lost:
-            newline = b"" if self.at_line_start else b"\n"
-            notice = f"[gpumux: {self.lost} bytes of output lost: {self._why_lost}]\n".encode()
-            if self._write(newline + notice) < len(newline + notice):
-                self.lost += len(data)
-                return
-            self.lost = 0
-        self.lost += len(data) - self._write(data)
-        if self.size >= self.max_bytes:
-            self.rotate()
-
-    def _write(self, data: bytes) -> int:
-        """Write what fits; how many bytes did."""
-        view = memoryview(data)
-        while view:
-            try:
-                written = os.write(self.fd, view)
-            except OSError as error:
-                # A full disk must not stop the trial: count what is lost, say so once it fits.
-                self._why_lost = os.strerror(error.errno or 0).lower()
-                break
-            self.size += written
-            self.at_line_start = view[written - 1 : written] == b"\n"
-            view = view[written:]
-        return len(data) - len(view)
-
-    def rotate(self) -> None:
-        """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped.
-
-        The new piece is opened first: where that fails (no inode, no quota) the log grows on
-        and rotation is tried again at the next write, instead of killing this supervisor.
-        """
-        fresh_path = f"{self.path}.new"
-        try:
-            fresh = os.open(fresh_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        except OSError:
-            return
-        try:
-            for piece in range(self.keep, 1, -1):
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(f"{self.path}.{piece - 1}", f"{self.path}.{piece}")
-            if self.keep:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{self.path}.1")
-                os.link(self.path, f"{self.path}.1")
-            # The swap is one rename: a reader always finds a current piece.
-            os.replace(fresh_path, self.path)
-        except OSError:
-            os.close(fresh)
-            with contextlib.suppress(OSError):
-                os.unlink(fresh_path)
-            return
-        os.close(self.fd)
-        self.fd = fresh
-        self.base += self.size
-        with contextlib.suppress(OSError):
-            rundir.write_json_atomically(log_base_path(self.path), {"base": self.base})
-        self.size = 0
-        self._write(b"[gpumux: log rotated; the earlier output is in the .1 file]\n")
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 class Supervisor:

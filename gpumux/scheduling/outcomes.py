@@ -9,7 +9,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.processes.launcher import tail_lines
+from gpumux.processes.logfiles import tail_lines
 from gpumux.processes.rundir import ExitStatus
 from gpumux.splits.online import Searches, is_out_of_memory
 from gpumux.status import TrialStatus

@@ -92,6 +92,7 @@ def test_the_supervisor_imports_only_what_it_needs() -> None:
     assert {name for name in loaded if name.startswith("gpumux")} == {
         "gpumux",
         "gpumux.processes",
+        "gpumux.processes.logfiles",
         "gpumux.processes.procfs",
         "gpumux.processes.rundir",
         "gpumux.processes.supervisor",
@@ -193,19 +194,6 @@ def test_output_lost_to_a_full_disk_is_counted_and_the_trial_runs_on(tmp_path: P
     assert (record["exit_code"], record["error"]) == (0, None)
 
 
-def test_the_log_says_how_much_was_lost_once_the_disk_has_room_again(tmp_path: Path) -> None:
-    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10**9, keep=1)
-    disk_fd, log.fd = log.fd, os.open("/dev/full", os.O_WRONLY)
-    log.write(b"lost line\n")
-    os.close(log.fd)
-    log.fd = disk_fd
-    log.write(b"back\n")
-    log.close()
-    assert (tmp_path / "trial.log").read_text() == (
-        "[gpumux: 10 bytes of output lost: no space left on device]\nback\n"
-    )
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> None:
     user = {"uid": 65534, "gid": 65534, "groups": [65534]}
@@ -213,15 +201,3 @@ def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> No
     process, run_dir = start(tmp_path, argv, user=user, cwd="/")
     assert exit_record(process, run_dir)["exit_code"] == 0
     assert (tmp_path / "trial.log").read_text().splitlines()[-1] == "65534 65534 65534"
-
-
-def test_a_rotation_that_cannot_open_a_new_piece_keeps_writing_to_the_old_one(
-    tmp_path: Path,
-) -> None:
-    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10, keep=1)
-    (tmp_path / "trial.log.new").mkdir()  # where the new piece would be opened: EISDIR
-    log.write(b"0123456789abcdef\n")
-    log.write(b"more\n")
-    log.close()
-    assert (tmp_path / "trial.log").read_bytes() == b"0123456789abcdef\nmore\n"
-    assert not (tmp_path / "trial.log.1").exists()
