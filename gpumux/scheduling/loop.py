@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 from gpumux import sweepspec
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, DeviceSnapshot, NvmlUnavailable
+from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import (
     LaunchError,
-    LaunchSpec,
     SupervisedTrial,
     SupervisorOptions,
     kill_leftovers,

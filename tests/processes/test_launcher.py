@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpumux.processes import rundir
-from gpumux.processes.launcher import (
-    LaunchError,
-    LaunchSpec,
-    SupervisedTrial,
-    SupervisorOptions,
-    trial_env,
-)
+from gpumux.processes.contract import LaunchSpec, trial_env
+from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.processes.procfs import start_ticks
 
 OPTIONS = SupervisorOptions(kill_grace=1.0, heartbeat_interval=0.1, log_max_bytes=10**6, log_keep=1)
