@@ -147,9 +147,9 @@ class Supervisor:
                     ended_at=ended_at,
                 )
                 return
-            except OSError as error:
+            except OSError as failure:
                 with contextlib.suppress(OSError):
-                    print(f"gpumux supervisor: cannot record the exit: {error}", file=sys.stderr)
+                    print(f"gpumux supervisor: cannot record the exit: {failure}", file=sys.stderr)
             rundir.touch_heartbeat(self.run_dir)
             time.sleep(interval)
 

@@ -20,7 +20,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def start(
-    tmp_path: Path, argv: list[str], *, go: bool = True, **overrides: Any
+    tmp_path: Path, argv: list[str], *, go: bool = True, stderr: int | None = None, **overrides: Any
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """A supervisor for `argv`, started on a spec like the daemon writes, and told to go
     (or, without `go`, its stdin closed as when the daemon dies before it says so)."""
@@ -46,6 +46,7 @@ def start(
         supervisor_command(run_dir),
         start_new_session=True,
         stdin=subprocess.PIPE,
+        stderr=stderr,
     )
     assert process.stdin is not None
     with process.stdin:
@@ -127,6 +128,21 @@ def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path)
     assert record["exit_code"] is None
     assert record["error"].startswith("command not found: 'no-such-command-gpumux'")
     assert "command not found" in (tmp_path / "trial.log").read_text()
+
+
+def test_an_exit_record_that_cannot_be_written_yet_is_written_once_it_can(tmp_path: Path) -> None:
+    blocker = tmp_path / "run" / rundir.EXIT_RECORD
+    # The trial puts a directory where its exit record goes: writing it fails until it is gone.
+    script = f"import os; os.mkdir({str(blocker)!r}); raise SystemExit(5)"
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script], stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    with process.stderr:
+        complaint = process.stderr.readline().decode()
+        assert complaint.startswith("gpumux supervisor: cannot record the exit:"), complaint
+        assert process.poll() is None, "the supervisor waits for room instead of exiting"
+        blocker.rmdir()
+        record = exit_record(process, run_dir)
+    assert (record["exit_code"], record["error"]) == (5, None)
 
 
 def test_sigterm_stops_the_group_and_sigkill_follows_after_the_grace_period(
