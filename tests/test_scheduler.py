@@ -18,7 +18,7 @@ from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 from gpumux import sweepspec
 from gpumux.config import Settings
 from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
-from gpumux.processes.supervisor import start_ticks as process_start_ticks
+from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import store

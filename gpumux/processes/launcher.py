@@ -1,125 +1,44 @@
-"""Trial processes: the contract they get, and the supervisors that start, watch and stop them."""
+"""Supervised trials from the daemon's side: start a supervisor, watch it, adopt it, stop it."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import select
 import shlex
 import signal
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumux.processes import supervisor
-from gpumux.processes.supervisor import start_ticks
+from gpumux.processes import rundir, supervisor
+from gpumux.processes.contract import LaunchSpec, trial_env
+from gpumux.processes.procfs import kill_orphans, start_ticks
+from gpumux.processes.rundir import TrialEnd
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PATH = str(Path(supervisor.__file__).resolve())
-SUPERVISOR_RECORD = "supervisor.json"
-STOP_RECORD = "stop"
-BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "runtime" / "bootstrap"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-# Set per trial by the launcher; a submitter's own values must not leak into a trial.
-CONTRACT_PREFIXES = ("GPUMUX_",)
-CONTRACT_NAMES = ("CUDA_VISIBLE_DEVICES",)
+# -I -S: the submitter's environment (PYTHONPATH, a user site) cannot change what the supervisor
+# runs, and no site module is imported per trial. So the package root is put on sys.path by
+# hand: appended, so that nothing beside gpumux there shadows the standard library. The
+# supervisor's file is the first argument, from which the root is found, so that ps names it.
+SUPERVISOR_BOOT = (
+    "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0]); "
+    "from gpumux.processes.supervisor import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def supervisor_command(run_dir: Path) -> list[str]:
+    """The command line of the supervisor of the attempt whose run directory is `run_dir`."""
+    return [sys.executable, "-I", "-S", "-c", SUPERVISOR_BOOT, SUPERVISOR_PATH, str(run_dir)]
 
 
 class LaunchError(RuntimeError):
     """The trial could not be started; the message says why and how to fix it."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything needed to start one attempt of one trial."""
-
-    trial_id: int
-    sweep_id: int
-    attempt: int
-    argv: Sequence[str]
-    workdir: str
-    base_env: Mapping[str, str]
-    params: Mapping[str, Any]
-    url: str
-    token: str
-    log_path: Path
-    device_kind: str
-    visible_device: str
-    device_memory_mb: int | None
-    split: int
-    memory_limit_mb: int | None
-    cpu_threads: int | None
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    """How a process ended: its exit code, or the signal that killed it."""
-
-    exit_code: int | None
-    signal: int | None
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        if returncode < 0:
-            return cls(exit_code=None, signal=-returncode)
-        return cls(exit_code=returncode, signal=None)
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            return f"killed by {signal.Signals(self.signal).name}"
-        return f"exited with code {self.exit_code}"
-
-
-def trial_env(spec: LaunchSpec) -> dict[str, str]:
-    """The trial's environment: the submitter's, less gpumux's own names, plus the contract."""
-    env = {
-        name: value
-        for name, value in spec.base_env.items()
-        if not name.startswith(CONTRACT_PREFIXES) and name not in CONTRACT_NAMES
-    }
-    python_path = [str(BOOTSTRAP_DIR)]
-    if env.get("PYTHONPATH"):
-        python_path.append(env["PYTHONPATH"])
-    env.update(
-        PYTHONPATH=os.pathsep.join(python_path),
-        PYTHONUNBUFFERED="1",
-        GPUMUX_TRIAL_ID=str(spec.trial_id),
-        GPUMUX_SWEEP_ID=str(spec.sweep_id),
-        GPUMUX_ATTEMPT=str(spec.attempt),
-        GPUMUX_PARAMS=json.dumps(dict(spec.params)),
-        GPUMUX_URL=spec.url,
-        GPUMUX_TRIAL_TOKEN=spec.token,
-        GPUMUX_DEVICE_KIND=spec.device_kind,
-        GPUMUX_SPLIT=str(spec.split),
-        CUDA_VISIBLE_DEVICES=spec.visible_device,
-    )
-    if spec.memory_limit_mb is not None:
-        env["GPUMUX_MEMORY_LIMIT_MB"] = str(spec.memory_limit_mb)
-    if spec.device_memory_mb is not None:
-        env["GPUMUX_DEVICE_MEMORY_MB"] = str(spec.device_memory_mb)
-    if spec.cpu_threads is not None:
-        env["GPUMUX_CPU_THREADS"] = str(spec.cpu_threads)
-        env.update(dict.fromkeys(THREAD_VARIABLES, str(spec.cpu_threads)))
-    return env
-
-
-def group_members(pgids: Collection[int]) -> dict[int, int]:
-    """Every live process in one of these process groups, mapped to its group."""
-    members = {}
-    wanted = set(pgids)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            group = os.getpgid(int(entry.name))
-            if group in wanted:
-                members[int(entry.name)] = group
-    return members
 
 
 @dataclass(frozen=True)
@@ -130,14 +49,6 @@ class SupervisorOptions:
     heartbeat_interval: float
     log_max_bytes: int
     log_keep: int
-
-
-@dataclass(frozen=True)
-class TrialEnd:
-    """What a supervisor recorded: the exit status, or why the command never started."""
-
-    exit_status: ExitStatus
-    error: str | None
 
 
 class SupervisedTrial:
@@ -180,8 +91,8 @@ class SupervisedTrial:
             raise LaunchError(f"cannot write the trial's log {spec.log_path}: {error}") from error
         try:
             run_dir.mkdir(mode=0o700, parents=True)
-            supervisor.write_json_atomically(
-                run_dir / supervisor.SPEC,
+            rundir.write_spec(
+                run_dir,
                 {
                     "trial_id": spec.trial_id,
                     "attempt": spec.attempt,
@@ -199,7 +110,7 @@ class SupervisedTrial:
                 },
             )
             own_log = os.open(
-                run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+                run_dir / rundir.SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
             )
             # Its stdin: it starts the trial only on a byte sent once it is on record below.
             go_read, go_write = os.pipe2(os.O_CLOEXEC)
@@ -207,7 +118,7 @@ class SupervisedTrial:
                 # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
                 pid = os.posix_spawn(
                     sys.executable,
-                    [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
+                    supervisor_command(run_dir),
                     {"PATH": os.defpath},
                     file_actions=[
                         (os.POSIX_SPAWN_DUP2, go_read, 0),
@@ -229,10 +140,7 @@ class SupervisedTrial:
         try:
             # On record before the trial starts: a daemon that dies at any moment leaves either
             # a recorded supervisor to adopt, or one that exits without running anything.
-            supervisor.write_json_atomically(
-                run_dir / SUPERVISOR_RECORD,
-                {"pid": pid, "started": started, "boot": supervisor.boot_id()},
-            )
+            rundir.record_supervisor(run_dir, pid=pid, started=started)
             os.write(go_write, supervisor.GO)
         finally:
             os.close(go_write)
@@ -249,15 +157,15 @@ class SupervisedTrial:
     @classmethod
     def find(cls, *, trial_id: int, attempt: int, run_dir: Path) -> SupervisedTrial | None:
         """The live supervisor of this attempt, as recorded in its run directory, if any."""
-        record = read_json(run_dir / SUPERVISOR_RECORD)
-        if record is None or record.get("started") is None or not this_boot(record):
+        record = rundir.recorded_supervisor(run_dir)
+        if record is None or record.started is None or not record.this_boot():
             return None
         return cls.adopt(
             trial_id=trial_id,
             attempt=attempt,
             run_dir=run_dir,
-            pid=int(record["pid"]),
-            started=int(record["started"]),
+            pid=record.pid,
+            started=record.started,
         )
 
     @classmethod
@@ -290,9 +198,9 @@ class SupervisedTrial:
     def leader(self) -> tuple[int, int | None] | None:
         """The trial's leader (pid = process group id) and its start ticks, once started."""
         if self._leader is None:
-            record = read_json(self.run_dir / supervisor.TRIAL)
+            record = rundir.recorded_leader(self.run_dir)
             if record is not None:
-                self._leader = (int(record["pgid"]), record.get("started"))
+                self._leader = (record.pid, record.started)
         return self._leader
 
     @property
@@ -301,14 +209,11 @@ class SupervisedTrial:
 
     def heartbeat(self) -> float | None:
         """When the supervisor last beat (the file's mtime, as a marker); None before the first."""
-        try:
-            return (self.run_dir / supervisor.HEARTBEAT).stat().st_mtime
-        except FileNotFoundError:
-            return None
+        return rundir.last_heartbeat(self.run_dir)
 
     def end(self) -> TrialEnd | None:
         """What the supervisor recorded of the trial's end; None when it died without saying."""
-        return recorded_end(self.run_dir, self.attempt)
+        return rundir.recorded_end(self.run_dir, self.attempt)
 
     def finish(self) -> TrialEnd | None:
         """After the supervisor exited: collect it, kill any leftovers, read the trial's end."""
@@ -325,7 +230,7 @@ class SupervisedTrial:
     def note_stop(self, reason: str) -> None:
         """Record why gpumux stops this trial, for a daemon that adopts it or its end later."""
         with contextlib.suppress(OSError):
-            (self.run_dir / STOP_RECORD).write_text(reason)
+            rundir.record_stop(self.run_dir, reason)
 
     def terminate(self) -> None:
         """Ask the supervisor to stop the trial: SIGTERM now, SIGKILL after its grace period."""
@@ -365,44 +270,14 @@ def kill_leftovers(
 ) -> None:
     """SIGKILL what is left of an attempt's process group, as its run directory names it
     (or as given, for a trial started before supervisors kept one)."""
-    record = read_json(run_dir / supervisor.TRIAL)
-    if record is not None and not this_boot(record):
+    record = rundir.recorded_leader(run_dir)
+    if record is not None and not record.this_boot():
         return  # the machine rebooted since: those processes are long gone
-    if record is not None and record.get("started") is not None:
-        pgid, started = int(record["pgid"]), int(record["started"])
+    if record is not None and record.started is not None:
+        pgid, started = record.pid, record.started
     if pgid is not None and started is not None:
-        kill_orphans(trial_id, pgid=pgid, started=started)
-
-
-def recorded_end(run_dir: Path, attempt: int) -> TrialEnd | None:
-    """The end of this attempt as its supervisor recorded it in `run_dir`, if it did."""
-    record = read_json(run_dir / supervisor.EXIT)
-    if record is None or record.get("attempt") != attempt:
-        return None
-    exit_status = ExitStatus(exit_code=record["exit_code"], signal=record["signal"])
-    return TrialEnd(exit_status=exit_status, error=record.get("error"))
-
-
-def recorded_stop(run_dir: Path) -> str | None:
-    """Why gpumux stopped the attempt of `run_dir`, if it did (SupervisedTrial.note_stop)."""
-    try:
-        return (run_dir / STOP_RECORD).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def this_boot(record: Mapping[str, Any]) -> bool:
-    """Whether a pid record was made in this boot of the machine (older records lack one)."""
-    return record.get("boot") in (None, supervisor.boot_id())
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file written atomically by a supervisor, or None when there is none (yet)."""
-    try:
-        value = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
+        for pid in kill_orphans(pgid=pgid, started=started):
+            log.warning("trial %s: pid %d outlived its daemon; killed it", trial_id, pid)
 
 
 def _pidfd_open(pid: int) -> int | None:
@@ -411,48 +286,3 @@ def _pidfd_open(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def tail_lines(path: Path | str | None, lines: int) -> str:
-    """The last lines of a log file (reaching into its last rotated piece when the current
-    one is short), or '' when there is none."""
-    if path is None:
-        return ""
-    found: list[str] = []
-    for piece in (Path(path), Path(f"{path}.1")):
-        found = _last_lines(piece, lines - len(found)) + found
-        if len(found) >= lines:
-            break
-    return "\n".join(found[-lines:])
-
-
-def _last_lines(path: Path, lines: int) -> list[str]:
-    if lines <= 0:
-        return []
-    try:
-        with open(path, "rb") as log_file:
-            size = log_file.seek(0, os.SEEK_END)
-            log_file.seek(max(0, size - 64 * 1024))
-            data = log_file.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
-
-
-def kill_orphans(trial_id: int, *, pgid: int, started: int) -> None:
-    """SIGKILL what is left of a trial's process group after its daemon died.
-
-    The leader may be gone while its children (data loaders, say) still hold the GPU. A member
-    counts as the trial's only if it started no earlier than the leader, and none is killed
-    when the leader's pid now names another process: the group id was freed and reused (while
-    any member lives, the id stays taken, so members of a dead leader's group are its own).
-    """
-    leader_ticks = start_ticks(pgid)
-    if leader_ticks is not None and leader_ticks != started:
-        return
-    for pid in group_members({pgid}):
-        ticks = start_ticks(pid)
-        if ticks is not None and ticks >= started:
-            log.warning("trial %s: pid %d outlived its daemon; killing it", trial_id, pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)

@@ -1,82 +1,39 @@
 """The per-attempt supervisor: owns one trial's process group and outlives the daemon.
 
-The daemon starts it as `python -I -S supervisor.py RUN_DIR` in a session of its own, so it
-imports the standard library alone. It reads RUN_DIR/spec.json, starts the trial in a new
+The daemon starts it isolated (`python -I -S`, see launcher.supervisor_command) in a session of
+its own, with the attempt's run directory. It reads the spec there, starts the trial in a new
 session (as another user when it is root and the spec names one), copies the trial's output
-into the log (rotated at a size cap; output lost to a full disk is counted and said), touches
-RUN_DIR/heartbeat, and when the trial's leader exits it kills what is left of the group and
-writes RUN_DIR/exit.json atomically. A daemon that restarts reads that file, or adopts a
-supervisor still running. SIGTERM: stop the trial (SIGTERM, then SIGKILL after the grace
-period); SIGUSR1: kill it now.
+into the log (rotated at a size cap; output lost to a full disk is counted and said), beats
+its heartbeat, and when the trial's leader exits it kills what is left of the group and
+records the exit atomically. A daemon that restarts reads that record, or adopts a supervisor
+still running. SIGTERM: stop the trial (SIGTERM, then SIGKILL after the grace period);
+SIGUSR1: kill it now.
 
-One starts per trial attempt, so it imports little: not subprocess or pathlib (on a 2-core
-machine their imports cost some 30 ms of CPU per trial); it forks and execs the trial itself.
+One starts per trial attempt, so it imports little: the standard library, less subprocess and
+pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it forks and
+execs the trial itself), and from gpumux only the stdlib-only modules that own the run
+directory, the log format and process identity.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import select
 import signal
 import sys
 import time
-from typing import Any
 
-SPEC = "spec.json"
-TRIAL = "trial.json"
-EXIT = "exit.json"
-HEARTBEAT = "heartbeat"
+from gpumux.processes import rundir
+from gpumux.processes.logfiles import RotatingLog
+from gpumux.processes.procfs import start_ticks
+
 # What the daemon sends on the supervisor's stdin once it has recorded the supervisor's pid.
 GO = b"g"
 READ_SIZE = 64 * 1024
 # After the leader exits, a grandchild outside its group may still hold the output pipe.
 DRAIN_SECONDS = 2.0
-
-
-def write_json_atomically(
-    path: str | os.PathLike[str], value: dict[str, Any], *, durable: bool = False
-) -> None:
-    """Write a JSON file so that a reader sees the old file or the whole new one, never half;
-    `durable`: also on disk before this returns (what must survive a power cut)."""
-    folder, name = os.path.split(os.fspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}")
-    try:
-        with open(temporary, "w") as out:
-            json.dump(value, out)
-            if durable:
-                out.flush()
-                os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    if durable:
-        directory = os.open(folder or ".", os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
-def start_ticks(pid: int, *, living: bool = False) -> int | None:
-    """When the process started, in clock ticks since boot: with the pid, an identity.
-
-    With `living`, None for a zombie too: it has exited, and only waits to be collected.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            stat = stat_file.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rpartition(")")[2].split()
-    if living and fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, path: str) -> str:
@@ -93,105 +50,8 @@ def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, 
     return f"could not start {program!r}: {error}"
 
 
-def boot_id() -> str:
-    """This boot of the machine: pids and start ticks recorded in another boot name nothing."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            return boot.read().strip()
-    except OSError:
-        return ""
-
-
-def log_base_path(log_path: str | os.PathLike[str]) -> str:
-    """Where a rotated log records how many bytes came before its current piece."""
-    return os.fspath(log_path) + ".base"
-
-
 class SpawnError(RuntimeError):
     """The trial's command could not start; the message says why and what to do."""
-
-
-class RotatingLog:
-    """The trial's log: appended to, rotated at a size cap, and honest about lost output.
-
-    Offsets count the whole output: the current piece starts at `base` (kept in a file beside
-    it), so a reader following by offset notices a rotation instead of rereading or skipping.
-    """
-
-    def __init__(self, path: str, *, max_bytes: int, keep: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.keep = keep
-        self.lost = 0
-        self._why_lost = ""
-        self.base = 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.size = os.fstat(self.fd).st_size
-        self.at_line_start = True
-
-    def write(self, data: bytes) -> None:
-        if self.lost:
-            newline = b"" if self.at_line_start else b"\n"
-            notice = f"[gpumux: {self.lost} bytes of output lost: {self._why_lost}]\n".encode()
-            if self._write(newline + notice) < len(newline + notice):
-                self.lost += len(data)
-                return
-            self.lost = 0
-        self.lost += len(data) - self._write(data)
-        if self.size >= self.max_bytes:
-            self.rotate()
-
-    def _write(self, data: bytes) -> int:
-        """Write what fits; how many bytes did."""
-        view = memoryview(data)
-        while view:
-            try:
-                written = os.write(self.fd, view)
-            except OSError as error:
-                # A full disk must not stop the trial: count what is lost, say so once it fits.
-                self._why_lost = os.strerror(error.errno or 0).lower()
-                break
-            self.size += written
-            self.at_line_start = view[written - 1 : written] == b"\n"
-            view = view[written:]
-        return len(data) - len(view)
-
-    def rotate(self) -> None:
-        """log -> log.1 -> log.2 ...; the oldest piece beyond `keep` is dropped.
-
-        The new piece is opened first: where that fails (no inode, no quota) the log grows on
-        and rotation is tried again at the next write, instead of killing this supervisor.
-        """
-        fresh_path = f"{self.path}.new"
-        try:
-            fresh = os.open(fresh_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        except OSError:
-            return
-        try:
-            for piece in range(self.keep, 1, -1):
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(f"{self.path}.{piece - 1}", f"{self.path}.{piece}")
-            if self.keep:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{self.path}.1")
-                os.link(self.path, f"{self.path}.1")
-            # The swap is one rename: a reader always finds a current piece.
-            os.replace(fresh_path, self.path)
-        except OSError:
-            os.close(fresh)
-            with contextlib.suppress(OSError):
-                os.unlink(fresh_path)
-            return
-        os.close(self.fd)
-        self.fd = fresh
-        self.base += self.size
-        with contextlib.suppress(OSError):
-            write_json_atomically(log_base_path(self.path), {"base": self.base})
-        self.size = 0
-        self._write(b"[gpumux: log rotated; the earlier output is in the .1 file]\n")
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 class Supervisor:
@@ -199,16 +59,16 @@ class Supervisor:
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
-        with open(os.path.join(run_dir, SPEC)) as spec_file:
-            self.spec: dict[str, Any] = json.load(spec_file)
+        self.spec = rundir.read_spec(run_dir)
         self.kill_at: float | None = None
         self.term_requested = False
         self.kill_requested = False
         # The trial's leader (its pid is the group's id), and its exit status once reaped.
         self.trial: int | None = None
         self.returncode: int | None = None
-        # The leader's record while it waits to be written (a full disk); {} once it is.
-        self.leader: dict[str, Any] = {}
+        # The leader's start ticks, and whether its record waits to be written (a full disk).
+        self.leader_started: int | None = None
+        self.leader_unrecorded = False
 
     def run(self) -> int:
         for signum in (signal.SIGINT, signal.SIGHUP):
@@ -236,11 +96,12 @@ class Supervisor:
             self.trial = pid = self._spawn(write_end)
         except SpawnError as error:
             log.write(f"gpumux: {error}\n".encode())
-            self._record_exit(self._exit_record(None, None, str(error)), log)
+            self._record_exit(rundir.ExitStatus(exit_code=None, signal=None), str(error), log)
             return 0
         finally:
             os.close(write_end)
-        self.leader = {"pid": pid, "pgid": pid, "started": start_ticks(pid), "boot": boot_id()}
+        self.leader_started = start_ticks(pid)
+        self.leader_unrecorded = True
         self._record_leader()
         if self.kill_requested:
             self._kill_group()
@@ -253,32 +114,43 @@ class Supervisor:
         self._drain(read_end, log)
         self.returncode = returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         code, killed_by = (None, -returncode) if returncode < 0 else (returncode, None)
-        self._record_exit(self._exit_record(code, killed_by, None), log)
+        self._record_exit(rundir.ExitStatus(exit_code=code, signal=killed_by), None, log)
         log.close()
         return 0
 
     def _record_leader(self) -> None:
+        assert self.trial is not None
         try:
-            write_json_atomically(os.path.join(self.run_dir, TRIAL), self.leader)
+            rundir.record_leader(self.run_dir, pid=self.trial, started=self.leader_started)
         except OSError as error:
             # A full disk: the trial runs on; the record is tried again at each heartbeat.
             print(f"gpumux supervisor: cannot record the trial's pid yet: {error}", file=sys.stderr)
         else:
-            self.leader = {}
+            self.leader_unrecorded = False
 
-    def _record_exit(self, record: dict[str, Any], log: RotatingLog) -> None:
+    def _record_exit(
+        self, exit_status: rundir.ExitStatus, error: str | None, log: RotatingLog
+    ) -> None:
         """Write the exit record, waiting for room on a full disk: the result is not lost (nor
         the log's note of output the full disk swallowed)."""
         interval = float(self.spec["heartbeat_interval"])
+        ended_at = time.time()
         while True:
             log.write(b"")
             try:
-                write_json_atomically(os.path.join(self.run_dir, EXIT), record, durable=True)
+                rundir.record_exit(
+                    self.run_dir,
+                    trial_id=self.spec["trial_id"],
+                    attempt=self.spec["attempt"],
+                    exit_status=exit_status,
+                    error=error,
+                    ended_at=ended_at,
+                )
                 return
-            except OSError as error:
+            except OSError as failure:
                 with contextlib.suppress(OSError):
-                    print(f"gpumux supervisor: cannot record the exit: {error}", file=sys.stderr)
-            self._heartbeat()
+                    print(f"gpumux supervisor: cannot record the exit: {failure}", file=sys.stderr)
+            rundir.touch_heartbeat(self.run_dir)
             time.sleep(interval)
 
     def _spawn(self, output: int) -> int:
@@ -356,8 +228,8 @@ class Supervisor:
         while True:
             now = time.monotonic()
             if now >= beat_at:
-                self._heartbeat()
-                if self.leader:
+                rundir.touch_heartbeat(self.run_dir)
+                if self.leader_unrecorded:
                     self._record_leader()
                 beat_at = now + interval
             if self.kill_at is not None and now >= self.kill_at:
@@ -394,14 +266,6 @@ class Supervisor:
         log.write(data)
         return True
 
-    def _heartbeat(self) -> None:
-        beat = os.path.join(self.run_dir, HEARTBEAT)
-        try:
-            os.utime(beat)
-        except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                os.close(os.open(beat, os.O_WRONLY | os.O_CREAT, 0o600))
-
     def _on_term(self, signum: int, frame: object) -> None:
         if self.trial is None:
             self.term_requested = True
@@ -420,25 +284,10 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.trial, signal.SIGKILL)
 
-    def _exit_record(
-        self, code: int | None, killed_by: int | None, error: str | None
-    ) -> dict[str, Any]:
-        return {
-            "trial_id": self.spec["trial_id"],
-            "attempt": self.spec["attempt"],
-            "exit_code": code,
-            "signal": killed_by,
-            "error": error,
-            "ended_at": time.time(),
-        }
-
 
 def main(argv: list[str]) -> int:
+    """Supervise the attempt of the run directory in `argv` (its file, then RUN_DIR)."""
     if len(argv) != 2:
         print("usage: supervisor.py RUN_DIR", file=sys.stderr)
         return 2
     return Supervisor(argv[1]).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceSnapshot
-from gpumux.processes.launcher import group_members
+from gpumux.processes.procfs import group_members
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import next_trials

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from gpumux import accounts, sweepspec
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceSnapshot
-from gpumux.processes.launcher import LaunchError, LaunchSpec, SupervisedTrial, SupervisorOptions
+from gpumux.processes.contract import LaunchSpec
+from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running

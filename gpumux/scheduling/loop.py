@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, DeviceSnapshot, NvmlUnavailable
-from gpumux.processes.launcher import TrialEnd
+from gpumux.processes.rundir import TrialEnd
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher

@@ -10,7 +10,8 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.processes.launcher import ExitStatus, TrialEnd, tail_lines
+from gpumux.processes.logfiles import tail_lines
+from gpumux.processes.rundir import ExitStatus, TrialEnd
 from gpumux.splits.online import is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import store

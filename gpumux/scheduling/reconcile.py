@@ -9,7 +9,9 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.processes.launcher import SupervisedTrial, kill_leftovers, recorded_end, recorded_stop
+from gpumux.processes import rundir
+from gpumux.processes.launcher import SupervisedTrial, kill_leftovers
+from gpumux.processes.rundir import recorded_end, recorded_stop
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.watched import KILL_BACKSTOP_S, Running, Watched
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def run_dir(settings: Settings, trial: Trial) -> Path:
     """Where the supervisor of the trial's current attempt keeps its records."""
-    return settings.runs_dir / f"{trial.id}.{trial.attempt}"
+    return rundir.attempt_dir(settings.runs_dir, trial.id, trial.attempt)
 
 
 def stop_reason(run_dir: Path) -> StopReason | None:

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from gpumux.processes.launcher import SupervisedTrial, TrialEnd
+from gpumux.processes.launcher import SupervisedTrial
+from gpumux.processes.rundir import TrialEnd
 from gpumux.scheduling.outcomes import StopReason
 
 log = logging.getLogger(__name__)

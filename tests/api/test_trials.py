@@ -5,7 +5,7 @@ from pathlib import Path
 import httpx
 from builders import sweep_in
 
-from gpumux.server.api.trials import read_log
+from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -58,6 +58,28 @@ def test_a_chunk_never_splits_a_character(
     assert rest["data"] == "€cd"
 
 
+def test_a_log_kept_in_more_than_nine_pieces_is_served_whole(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    trial_id = running_trial(sessions, tmp_path)
+    log = RotatingLog(str(tmp_path / "trial.log"), max_bytes=100, keep=12)
+    for number in range(52):  # eleven rotations (log_keep=12 drops none)
+        log.write(f"line {number:04d}\n".encode())
+    log.close()
+    assert (tmp_path / "trial.log.11").exists()
+    chunk = api.get(f"/trials/{trial_id}/log", params={"offset": 0}).json()
+    assert (chunk["offset"], chunk["skipped"]) == (0, 0)
+    served = ""
+    while True:
+        served += chunk["data"]
+        if chunk["next_offset"] >= chunk["size"]:
+            break
+        chunk = api.get(f"/trials/{trial_id}/log", params={"offset": chunk["next_offset"]}).json()
+    assert [line for line in served.splitlines() if line.startswith("line ")] == [
+        f"line {number:04d}" for number in range(52)
+    ]
+
+
 def report(trial_id: int, attempt: int = 1) -> dict[str, object]:
     return {
         "trial_id": trial_id,
@@ -92,19 +114,3 @@ def test_reports_need_the_trial_token(
     assert reports["count"] == 1 and reports["data"][0]["samples_per_s"] == 250
     trial = api.get(f"/trials/{trial_id}").json()
     assert trial["objective"] == 0.25 and trial["samples_per_s"] == 250
-
-
-def test_log_offsets_count_the_whole_output_across_rotated_pieces(tmp_path: Path) -> None:
-    log = tmp_path / "trial.log"
-    (tmp_path / "trial.log.2").write_bytes(b"abc")
-    (tmp_path / "trial.log.1").write_bytes(b"def")
-    log.write_bytes(b"gh")
-    (tmp_path / "trial.log.base").write_text('{"base": 7}')  # one byte was dropped before
-    assert read_log(log, 0, 100) == (b"abc", 1, 9, 1)
-    assert read_log(log, 2, 100) == (b"bc", 2, 9, 0)
-    assert read_log(log, 4, 2) == (b"de", 4, 9, 0)
-    assert read_log(log, 6, 100) == (b"f", 6, 9, 0)
-    assert read_log(log, 7, 100) == (b"gh", 7, 9, 0)
-    assert read_log(log, 9, 100) == (b"", 9, 9, 0)
-    assert read_log(log, None, 100) == (b"gh", 7, 9, 0)
-    assert read_log(tmp_path / "absent.log", 0, 100) == (b"", 0, 0, 0)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import codecs
-import json
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux.processes.supervisor import log_base_path
+from gpumux.processes.logfiles import read_log
 from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, refuse_unless_owner
 from gpumux.storage import store
@@ -18,10 +16,7 @@ from gpumux.storage.models import Trial
 
 router = APIRouter(tags=["trials"])
 
-LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_MAX = 1024 * 1024
-# The rotated pieces of a log looked for (GPUMUX_LOG_KEEP beyond this are not served).
-MAX_PIECES = 9
 
 
 def trial_or_404(session: Session, trial_id: int, caller: Caller) -> Trial:
@@ -52,7 +47,7 @@ def get_trial_log(
     raw, start, size, skipped = b"", 0, 0, 0
     if trial.log_path is not None:
         try:
-            raw, start, size, skipped = read_log(Path(trial.log_path), offset, limit)
+            raw, start, size, skipped = read_log(trial.log_path, offset, limit)
         except OSError as error:
             raise HTTPException(
                 status.HTTP_500_INTERNAL_SERVER_ERROR,
@@ -72,48 +67,6 @@ def get_trial_log(
         data=data,
         complete=trial.status.is_final and next_offset >= size,
     )
-
-
-def read_log(path: Path, offset: int | None, limit: int) -> tuple[bytes, int, int, int]:
-    """Up to `limit` bytes of a log from `offset` (None: its tail), reading the rotated
-    pieces where the offset falls in one: (data, where it starts, the log's size, bytes
-    after `offset` that rotation dropped). Offsets count the whole output."""
-    pieces = [path, *(path.with_name(f"{path.name}.{n}") for n in range(1, MAX_PIECES + 1))]
-    sizes: list[int] = []
-    for piece in pieces:
-        try:
-            sizes.append(piece.stat().st_size)
-        except FileNotFoundError:
-            if piece != path:
-                break
-            # Caught in a rotation's renames (or no log yet): nothing now, nothing lost; a
-            # follower asks again from where it is.
-            return b"", offset or 0, offset or 0, 0
-    starts = [_log_base(path)]
-    for piece_size in sizes[1:]:
-        starts.append(starts[-1] - piece_size)
-    size = starts[0] + sizes[0]
-    if offset is None:
-        offset = max(starts[0], size - LOG_TAIL_BYTES)
-    skipped = max(0, starts[-1] - offset)
-    offset = min(max(offset, starts[-1]), size)
-    index = next(n for n, piece_start in enumerate(starts) if piece_start <= offset)
-    try:
-        with open(pieces[index], "rb") as log_file:
-            log_file.seek(offset - starts[index])
-            return log_file.read(limit), offset, size, skipped
-    except FileNotFoundError:
-        # Rotated between the look and the read: nothing this time, the next ask finds it.
-        return b"", offset, size, skipped
-
-
-def _log_base(path: Path) -> int:
-    try:
-        record = json.loads(Path(log_base_path(path)).read_text())
-    except (OSError, ValueError):
-        return 0
-    base = record.get("base") if isinstance(record, dict) else None
-    return base if isinstance(base, int) else 0
 
 
 @router.get("/trials/{trial_id}/reports")

@@ -1,4 +1,4 @@
-"""The per-attempt supervisor, run for real as the daemon runs it: `python -I -S supervisor.py`."""
+"""The per-attempt supervisor, run for real as the daemon runs it: isolated, `python -I -S`."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from gpumux.processes import supervisor
-from gpumux.processes.launcher import SUPERVISOR_PATH
+from gpumux.processes import rundir, supervisor
+from gpumux.processes.launcher import SUPERVISOR_PATH, supervisor_command
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def start(
-    tmp_path: Path, argv: list[str], *, go: bool = True, **overrides: Any
+    tmp_path: Path, argv: list[str], *, go: bool = True, stderr: int | None = None, **overrides: Any
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """A supervisor for `argv`, started on a spec like the daemon writes, and told to go
     (or, without `go`, its stdin closed as when the daemon dies before it says so)."""
@@ -41,11 +41,12 @@ def start(
         "banner": "gpumux: banner\n",
         **overrides,
     }
-    (run_dir / supervisor.SPEC).write_text(json.dumps(spec))
+    (run_dir / rundir.SPEC).write_text(json.dumps(spec))
     process = subprocess.Popen(
-        [sys.executable, "-I", "-S", SUPERVISOR_PATH, str(run_dir)],
+        supervisor_command(run_dir),
         start_new_session=True,
         stdin=subprocess.PIPE,
+        stderr=stderr,
     )
     assert process.stdin is not None
     with process.stdin:
@@ -56,7 +57,7 @@ def start(
 
 def exit_record(process: subprocess.Popen[bytes], run_dir: Path) -> dict[str, Any]:
     assert process.wait(timeout=60) == 0
-    record: dict[str, Any] = json.loads((run_dir / supervisor.EXIT).read_text())
+    record: dict[str, Any] = json.loads((run_dir / rundir.EXIT_RECORD).read_text())
     return record
 
 
@@ -75,6 +76,35 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def test_the_supervisor_imports_only_what_it_needs() -> None:
+    # Each trial attempt pays for these imports: pathlib, dataclasses and logging alone would
+    # add tens of milliseconds, and gpumux's other modules would cross its boundary.
+    script = (
+        "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0])\n"
+        "import gpumux.processes.supervisor\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, SUPERVISOR_PATH],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside_the_standard_library = {
+        name for name in loaded if name.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert outside_the_standard_library == {
+        "__main__",
+        "gpumux",
+        "gpumux.processes",
+        "gpumux.processes.logfiles",
+        "gpumux.processes.procfs",
+        "gpumux.processes.rundir",
+        "gpumux.processes.supervisor",
+    }
+    assert not {"pathlib", "dataclasses", "logging", "subprocess"} & set(loaded)
+
+
 def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
     script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     process, run_dir = start(tmp_path, [sys.executable, "-c", script])
@@ -82,9 +112,9 @@ def test_the_exit_code_and_the_output_are_recorded(tmp_path: Path) -> None:
     assert (record["exit_code"], record["signal"], record["error"]) == (3, None, None)
     assert (record["trial_id"], record["attempt"]) == (7, 2)
     assert (tmp_path / "trial.log").read_text().splitlines() == ["gpumux: banner", "out", "err"]
-    leader = json.loads((run_dir / supervisor.TRIAL).read_text())
+    leader = json.loads((run_dir / rundir.LEADER_RECORD).read_text())
     assert leader["pid"] == leader["pgid"] and leader["started"] > 0
-    assert (run_dir / supervisor.HEARTBEAT).exists()
+    assert (run_dir / rundir.HEARTBEAT).exists()
 
 
 def test_without_the_daemons_go_the_trial_never_starts(tmp_path: Path) -> None:
@@ -92,7 +122,8 @@ def test_without_the_daemons_go_the_trial_never_starts(tmp_path: Path) -> None:
     process, run_dir = start(tmp_path, ["touch", str(marker)], go=False)
     assert process.wait(timeout=60) == 0
     assert not marker.exists(), "the trial ran though no daemon recorded its supervisor"
-    assert not (run_dir / supervisor.TRIAL).exists() and not (run_dir / supervisor.EXIT).exists()
+    assert not (run_dir / rundir.LEADER_RECORD).exists()
+    assert not (run_dir / rundir.EXIT_RECORD).exists()
 
 
 def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path) -> None:
@@ -101,6 +132,21 @@ def test_a_command_that_cannot_start_is_recorded_with_the_reason(tmp_path: Path)
     assert record["exit_code"] is None
     assert record["error"].startswith("command not found: 'no-such-command-gpumux'")
     assert "command not found" in (tmp_path / "trial.log").read_text()
+
+
+def test_an_exit_record_that_cannot_be_written_yet_is_written_once_it_can(tmp_path: Path) -> None:
+    blocker = tmp_path / "run" / rundir.EXIT_RECORD
+    # The trial puts a directory where its exit record goes: writing it fails until it is gone.
+    script = f"import os; os.mkdir({str(blocker)!r}); raise SystemExit(5)"
+    process, run_dir = start(tmp_path, [sys.executable, "-c", script], stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    with process.stderr:
+        complaint = process.stderr.readline().decode()
+        assert complaint.startswith("gpumux supervisor: cannot record the exit:"), complaint
+        assert process.poll() is None, "the supervisor waits for room instead of exiting"
+        blocker.rmdir()
+        record = exit_record(process, run_dir)
+    assert (record["exit_code"], record["error"]) == (5, None)
 
 
 def test_sigterm_stops_the_group_and_sigkill_follows_after_the_grace_period(
@@ -168,19 +214,6 @@ def test_output_lost_to_a_full_disk_is_counted_and_the_trial_runs_on(tmp_path: P
     assert (record["exit_code"], record["error"]) == (0, None)
 
 
-def test_the_log_says_how_much_was_lost_once_the_disk_has_room_again(tmp_path: Path) -> None:
-    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10**9, keep=1)
-    disk_fd, log.fd = log.fd, os.open("/dev/full", os.O_WRONLY)
-    log.write(b"lost line\n")
-    os.close(log.fd)
-    log.fd = disk_fd
-    log.write(b"back\n")
-    log.close()
-    assert (tmp_path / "trial.log").read_text() == (
-        "[gpumux: 10 bytes of output lost: no space left on device]\nback\n"
-    )
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> None:
     user = {"uid": 65534, "gid": 65534, "groups": [65534]}
@@ -188,15 +221,3 @@ def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> No
     process, run_dir = start(tmp_path, argv, user=user, cwd="/")
     assert exit_record(process, run_dir)["exit_code"] == 0
     assert (tmp_path / "trial.log").read_text().splitlines()[-1] == "65534 65534 65534"
-
-
-def test_a_rotation_that_cannot_open_a_new_piece_keeps_writing_to_the_old_one(
-    tmp_path: Path,
-) -> None:
-    log = supervisor.RotatingLog(str(tmp_path / "trial.log"), max_bytes=10, keep=1)
-    (tmp_path / "trial.log.new").mkdir()  # where the new piece would be opened: EISDIR
-    log.write(b"0123456789abcdef\n")
-    log.write(b"more\n")
-    log.close()
-    assert (tmp_path / "trial.log").read_bytes() == b"0123456789abcdef\nmore\n"
-    assert not (tmp_path / "trial.log.1").exists()

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumux.processes.launcher import (
-    LaunchError,
-    LaunchSpec,
-    SupervisedTrial,
-    SupervisorOptions,
-    kill_orphans,
-    trial_env,
-)
-from gpumux.processes.supervisor import boot_id, start_ticks
+from gpumux.processes import rundir
+from gpumux.processes.contract import LaunchSpec, trial_env
+from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
+from gpumux.processes.procfs import start_ticks
 
 OPTIONS = SupervisorOptions(kill_grace=1.0, heartbeat_interval=0.1, log_max_bytes=10**6, log_keep=1)
 
@@ -126,32 +121,15 @@ def test_a_zombie_is_not_adopted(tmp_path: Path) -> None:
     zombie.wait()
 
 
-def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> None:
-    newcomer = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
-    )
-    try:
-        ticks = start_ticks(newcomer.pid)
-        assert ticks is not None
-        # A record of an older leader that had this pid as its group id.
-        kill_orphans(1, pgid=newcomer.pid, started=ticks - 1)
-        assert newcomer.poll() is None, "an unrelated process was killed"
-        kill_orphans(1, pgid=newcomer.pid, started=ticks)
-        assert newcomer.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        newcomer.kill()
-        newcomer.wait()
-
-
 def test_records_from_another_boot_name_no_process(tmp_path: Path) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         started = start_ticks(sleeper.pid)
         record = {"pid": sleeper.pid, "started": started, "boot": "another-boot"}
-        (tmp_path / "supervisor.json").write_text(json.dumps(record))
+        (tmp_path / rundir.SUPERVISOR_RECORD).write_text(json.dumps(record))
         assert SupervisedTrial.find(trial_id=1, attempt=1, run_dir=tmp_path) is None
-        record["boot"] = boot_id()
-        (tmp_path / "supervisor.json").write_text(json.dumps(record))
+        record["boot"] = rundir.boot_id()
+        (tmp_path / rundir.SUPERVISOR_RECORD).write_text(json.dumps(record))
         found = SupervisedTrial.find(trial_id=1, attempt=1, run_dir=tmp_path)
         assert found is not None and found.pid == sleeper.pid
         found.close()

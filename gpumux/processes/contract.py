@@ -1,0 +1,72 @@
+"""The trial contract, the daemon's side: what a trial attempt is started with, and the
+environment that tells the trial who and where it is (gpumux.runtime.context reads it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "runtime" / "bootstrap"
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Set per trial by the launcher; a submitter's own values must not leak into a trial.
+CONTRACT_PREFIXES = ("GPUMUX_",)
+CONTRACT_NAMES = ("CUDA_VISIBLE_DEVICES",)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one attempt of one trial."""
+
+    trial_id: int
+    sweep_id: int
+    attempt: int
+    argv: Sequence[str]
+    workdir: str
+    base_env: Mapping[str, str]
+    params: Mapping[str, Any]
+    url: str
+    token: str
+    log_path: Path
+    device_kind: str
+    visible_device: str
+    device_memory_mb: int | None
+    split: int
+    memory_limit_mb: int | None
+    cpu_threads: int | None
+
+
+def trial_env(spec: LaunchSpec) -> dict[str, str]:
+    """The trial's environment: the submitter's, less gpumux's own names, plus the contract."""
+    env = {
+        name: value
+        for name, value in spec.base_env.items()
+        if not name.startswith(CONTRACT_PREFIXES) and name not in CONTRACT_NAMES
+    }
+    python_path = [str(BOOTSTRAP_DIR)]
+    if env.get("PYTHONPATH"):
+        python_path.append(env["PYTHONPATH"])
+    env.update(
+        PYTHONPATH=os.pathsep.join(python_path),
+        PYTHONUNBUFFERED="1",
+        GPUMUX_TRIAL_ID=str(spec.trial_id),
+        GPUMUX_SWEEP_ID=str(spec.sweep_id),
+        GPUMUX_ATTEMPT=str(spec.attempt),
+        GPUMUX_PARAMS=json.dumps(dict(spec.params)),
+        GPUMUX_URL=spec.url,
+        GPUMUX_TRIAL_TOKEN=spec.token,
+        GPUMUX_DEVICE_KIND=spec.device_kind,
+        GPUMUX_SPLIT=str(spec.split),
+        CUDA_VISIBLE_DEVICES=spec.visible_device,
+    )
+    if spec.memory_limit_mb is not None:
+        env["GPUMUX_MEMORY_LIMIT_MB"] = str(spec.memory_limit_mb)
+    if spec.device_memory_mb is not None:
+        env["GPUMUX_DEVICE_MEMORY_MB"] = str(spec.device_memory_mb)
+    if spec.cpu_threads is not None:
+        env["GPUMUX_CPU_THREADS"] = str(spec.cpu_threads)
+        env.update(dict.fromkeys(THREAD_VARIABLES, str(spec.cpu_threads)))
+    return env

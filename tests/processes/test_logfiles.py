@@ -1,0 +1,106 @@
+"""The trial log's rotation format: RotatingLog writes it, read_log and tail_lines read it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpumux.processes.logfiles import RotatingLog, piece_path, read_log, tail_lines
+
+
+def write_lines(path: Path, count: int, *, max_bytes: int, keep: int) -> None:
+    """Numbered lines (`line 0000`, ...) written through a RotatingLog, one write each."""
+    log = RotatingLog(str(path), max_bytes=max_bytes, keep=keep)
+    for number in range(count):
+        log.write(f"line {number:04d}\n".encode())
+    log.close()
+
+
+def pieces_oldest_first(path: Path) -> bytes:
+    """What the pieces on disk hold, in the order it was written."""
+    pieces = []
+    piece = 0
+    while os.path.exists(piece_path(path, piece)):
+        pieces.append(Path(piece_path(path, piece)).read_bytes())
+        piece += 1
+    return b"".join(reversed(pieces))
+
+
+def numbers(text: bytes | str) -> list[int]:
+    raw = text.decode() if isinstance(text, bytes) else text
+    return [int(line.split()[1]) for line in raw.splitlines() if line.startswith("line ")]
+
+
+def test_log_offsets_count_the_whole_output_across_rotated_pieces(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    (tmp_path / "trial.log.2").write_bytes(b"abc")
+    (tmp_path / "trial.log.1").write_bytes(b"def")
+    log.write_bytes(b"gh")
+    (tmp_path / "trial.log.base").write_text('{"base": 7}')  # one byte was dropped before
+    assert read_log(log, 0, 100) == (b"abc", 1, 9, 1)
+    assert read_log(log, 2, 100) == (b"bc", 2, 9, 0)
+    assert read_log(log, 4, 2) == (b"de", 4, 9, 0)
+    assert read_log(log, 6, 100) == (b"f", 6, 9, 0)
+    assert read_log(log, 7, 100) == (b"gh", 7, 9, 0)
+    assert read_log(log, 9, 100) == (b"", 9, 9, 0)
+    assert read_log(log, None, 100) == (b"gh", 7, 9, 0)
+    assert read_log(tmp_path / "absent.log", 0, 100) == (b"", 0, 0, 0)
+
+
+def test_a_log_rotated_more_than_nine_times_is_read_whole_by_offset(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    # Ten lines fill the first piece, the rotation notice and four lines each later one:
+    # eleven rotations, none dropped.
+    write_lines(log, 52, max_bytes=100, keep=12)
+    assert (tmp_path / "trial.log.11").exists() and not (tmp_path / "trial.log.12").exists()
+    followed, offset = b"", 0
+    while True:
+        data, start, size, skipped = read_log(log, offset, 64)
+        assert (start, skipped) == (offset, 0), "nothing was dropped, nothing is skipped"
+        followed += data
+        offset = start + len(data)
+        if offset >= size:
+            break
+    assert followed == pieces_oldest_first(log)
+    assert numbers(followed) == list(range(52))
+
+
+def test_tail_lines_reaches_back_through_the_rotated_pieces(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    # Pieces of one line each after their rotation notice: ten lines span five pieces.
+    write_lines(log, 12, max_bytes=30, keep=6)
+    written = pieces_oldest_first(log).decode().splitlines()
+    tail = tail_lines(log, 10)
+    assert tail.splitlines() == written[-10:]
+    assert numbers(tail) == [7, 8, 9, 10, 11]
+    assert tail_lines(log, 1000).splitlines() == written, "everything kept, and no more"
+
+
+def test_tail_lines_of_a_missing_log_is_empty(tmp_path: Path) -> None:
+    assert tail_lines(None, 5) == ""
+    assert tail_lines(tmp_path / "absent.log", 5) == ""
+
+
+def test_the_log_says_how_much_was_lost_once_the_disk_has_room_again(tmp_path: Path) -> None:
+    log = RotatingLog(str(tmp_path / "trial.log"), max_bytes=10**9, keep=1)
+    disk_fd, log.fd = log.fd, os.open("/dev/full", os.O_WRONLY)
+    log.write(b"lost line\n")
+    os.close(log.fd)
+    log.fd = disk_fd
+    log.write(b"back\n")
+    log.close()
+    assert (tmp_path / "trial.log").read_text() == (
+        "[gpumux: 10 bytes of output lost: no space left on device]\nback\n"
+    )
+
+
+def test_a_rotation_that_cannot_open_a_new_piece_keeps_writing_to_the_old_one(
+    tmp_path: Path,
+) -> None:
+    log = RotatingLog(str(tmp_path / "trial.log"), max_bytes=10, keep=1)
+    (tmp_path / "trial.log.new").mkdir()  # where the new piece would be opened: EISDIR
+    log.write(b"0123456789abcdef\n")
+    log.write(b"more\n")
+    log.close()
+    assert (tmp_path / "trial.log").read_bytes() == b"0123456789abcdef\nmore\n"
+    assert not (tmp_path / "trial.log.1").exists()

@@ -1,0 +1,27 @@
+"""Process identity from /proc: start ticks, group members, and killing a dead daemon's orphans."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from gpumux.processes.procfs import group_members, kill_orphans, start_ticks
+
+
+def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> None:
+    newcomer = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    try:
+        ticks = start_ticks(newcomer.pid)
+        assert ticks is not None
+        assert group_members({newcomer.pid}) == {newcomer.pid: newcomer.pid}
+        # A record of an older leader that had this pid as its group id.
+        assert kill_orphans(pgid=newcomer.pid, started=ticks - 1) == []
+        assert newcomer.poll() is None, "an unrelated process was killed"
+        assert kill_orphans(pgid=newcomer.pid, started=ticks) == [newcomer.pid]
+        assert newcomer.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        newcomer.kill()
+        newcomer.wait()
