@@ -42,7 +42,8 @@ from gpumux.cli.state import (
 from gpumux.cli.sweep import OPTION_NAMES, command_env
 from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
-from gpumux.devices.probes import DeviceSnapshot, NvmlProbe, NvmlUnavailable, is_visible
+from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
+from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.lockfile import DaemonError
 from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
 from gpumux.splits.curve import SEQUENCE
@@ -277,11 +278,7 @@ def tune(
     )
     if png is not None:
         _check_png(png)
-    configured = state.settings.gpus
-    chosen = choose_gpu(
-        gpu,
-        visible=configured if configured is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
-    )
+    chosen = choose_gpu(gpu, visible=visible_gpus(state.settings.gpus, os.environ))
     if gpu is not None and chosen is None:
         state.note(f"no GPU on this host: --gpu {gpu} ignored; measuring on the CPU")
     home = Path(tempfile.mkdtemp(prefix="gpumux-tune-"))

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from gpumux import sweepspec
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceProbe, DeviceSnapshot, NvmlUnavailable
+from gpumux.devices.probes import DeviceProbe, NvmlUnavailable
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.launcher import (
     LaunchError,
     LaunchSpec,
