@@ -21,7 +21,6 @@ from rich.text import Text
 from gpumux.cli import plot, render
 from gpumux.cli.follow import sweep_ended
 from gpumux.cli.rounds import (
-    TRIALS_UNIT,
     Round,
     best_split,
     chart_points,
@@ -47,6 +46,7 @@ from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.lockfile import DaemonError
 from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
 from gpumux.splits.curve import SEQUENCE
+from gpumux.splits.points import TRIALS_PER_S
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
@@ -214,7 +214,7 @@ def report(state: CliState, rounds: Sequence[Round], *, device: str, png: Path |
     if best is None:
         state.note("no N succeeded: nothing to plot")
         return 1
-    if unit == TRIALS_UNIT:
+    if unit == TRIALS_PER_S:
         state.note(
             "throughput in trials/s: the command reported no samples at some N "
             "(gpumux.runtime.report(samples=...) and Keras Model.fit report them)"

@@ -24,6 +24,13 @@ from gpumux.config import Settings
 from gpumux.devices.probes import DeviceSnapshot
 from gpumux.schemas import MAX_SPLIT
 from gpumux.splits import curve as tuner
+from gpumux.splits.points import (
+    SAMPLES_PER_S,
+    TRIALS_PER_S,
+    CurvePoint,
+    ThroughputUnit,
+    throughput_unit,
+)
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
 
@@ -65,8 +72,8 @@ class SplitSearch:
     cost_tokens: list[str]
     ceiling: int
     timing: Timing
-    curve: list[tuner.Point] = field(default_factory=list)
-    unit: str = "samples/s"
+    curve: list[CurvePoint] = field(default_factory=list)
+    unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
     decision: tuner.Decision = field(
         default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
@@ -108,8 +115,8 @@ class SplitSearch:
             session=session, device_name=device_name, fingerprint=search.fingerprint
         )
         if profile is not None:
-            search.unit = profile.unit
-            search.curve = [tuner.Point(**point) for point in profile.curve]
+            search.unit = throughput_unit(profile.unit)
+            search.curve = [CurvePoint.from_json(point) for point in profile.curve]
             if profile.settled and profile.best_split is not None:
                 best = min(profile.best_split, ceiling)
                 search.decision = tuner.Decision(
@@ -191,15 +198,7 @@ class SplitSearch:
             command=self.command,
             param_tokens=self.cost_tokens,
             unit=self.unit,
-            curve=[
-                {
-                    "split": p.split,
-                    "throughput": p.throughput,
-                    "seconds_per_trial": p.seconds_per_trial,
-                    "memory_per_trial_mb": p.memory_per_trial_mb,
-                }
-                for p in sorted(self.curve, key=lambda p: p.split)
-            ],
+            curve=[p.to_json() for p in sorted(self.curve, key=lambda p: p.split)],
             best_split=best,
             settled=self.decision.settled,
             reason=self.decision.reason,
@@ -238,7 +237,7 @@ class SplitSearch:
 
     def _measure(
         self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]
-    ) -> tuner.Point | None:
+    ) -> CurvePoint | None:
         seconds = (end - start).total_seconds()
         durations = [
             (t.ended_at - t.started_at).total_seconds()
@@ -249,10 +248,10 @@ class SplitSearch:
         samples = store.samples_reported(
             session=session, device=self.device_key, start=start, end=end
         )
-        if self.unit == "samples/s" and samples == 0 and not self.curve:
+        if self.unit == SAMPLES_PER_S and samples == 0 and not self.curve:
             # A script that reports nothing: count finished trials instead, from now on.
-            self.unit = "trials/s"
-        if self.unit == "samples/s":
+            self.unit = TRIALS_PER_S
+        if self.unit == SAMPLES_PER_S:
             if samples == 0:
                 # Nothing reported yet (long epochs): widen the window.
                 return None
@@ -263,7 +262,7 @@ class SplitSearch:
             # N slots, each finishing a trial every `per_trial` seconds: counting completions
             # against the window instead would skew with the warm-up cut from its start.
             throughput = self.split / per_trial
-        return tuner.Point(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
+        return CurvePoint(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
         self.ceiling = min(self.ceiling, fits)
