@@ -34,7 +34,7 @@ from gpumux.scheduling import fairshare, outcomes, placement
 from gpumux.scheduling.outcomes import StopReason
 from gpumux.schemas import MAX_SPLIT
 from gpumux.server import identity
-from gpumux.splits.online import Searches
+from gpumux.splits.searches import Searches
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions

@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.processes.launcher import ExitStatus, tail_lines
-from gpumux.splits.online import Searches, is_out_of_memory
+from gpumux.splits.online import is_out_of_memory
+from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.models import Trial, utcnow

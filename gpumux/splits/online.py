@@ -1,11 +1,11 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
-The scheduler keeps one SplitSearch per (device, workload fingerprint) for sweeps with
-`--split auto`. Each tick it reports how many trials run on the device; the search waits until
-exactly N of them have run together for a warm-up and a window, then measures the device's
-aggregate throughput over the window from the trials' reports (samples/s; completed trials/s
-for scripts that report nothing), hands the curve to the pure tuner for the next N, and stores
-the curve as the workload's profile so that the next sweep of the workload starts settled.
+Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
+for sweeps with `--split auto`. Each tick it reports how many trials run on the device; the
+search waits until exactly N of them have run together for a warm-up and a window, then measures
+the device's aggregate throughput over the window from the trials' reports (samples/s; completed
+trials/s for scripts that report nothing), hands the curve to the pure tuner for the next N, and
+stores the curve as the workload's profile so that the next sweep of the workload starts settled.
 """
 
 from __future__ import annotations
@@ -13,16 +13,11 @@ from __future__ import annotations
 import logging
 import re
 import statistics
-from collections import Counter
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
-from gpumux.schemas import MAX_SPLIT
 from gpumux.splits import curve as tuner
 from gpumux.splits.points import (
     SAMPLES_PER_S,
@@ -38,7 +33,6 @@ log = logging.getLogger(__name__)
 
 # Long trials, which rarely end within a window, are measured over this many window lengths.
 LONG_WINDOWS = 6
-CPU_TRIALS_PER_CORE = 2
 
 # What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
 OUT_OF_MEMORY = re.compile(
@@ -277,130 +271,6 @@ class SplitSearch:
         )
 
 
-class Searches:
-    """Every split search of the daemon, one per (device model, workload), made on first need.
-
-    A search measures on one device, the first of its model it was asked about, and its N
-    serves every device of that model: two searches on twin GPUs would only race to write
-    one profile.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.timing = Timing(
-            warmup=timedelta(seconds=settings.tune_warmup),
-            window=timedelta(seconds=settings.tune_window),
-            threshold=settings.tune_threshold,
-        )
-        self._searches: dict[tuple[str, str], SplitSearch] = {}
-        self._model_of: dict[str, str] = {}
-
-    def __iter__(self) -> Iterator[SplitSearch]:
-        return iter(self._searches.values())
-
-    def tuned_splits(
-        self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
-    ) -> dict[str, int]:
-        """The N the search chose for this sweep's workload on each device (auto sweeps)."""
-        if sweep.split is not None or not self.settings.tune:
-            return {}
-        return {
-            device.key: self.search(session=session, sweep=sweep, device=device).split
-            for device in devices
-            if device.error is None
-        }
-
-    def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
-        """The search for this sweep's workload on this device's model."""
-        model = self._model_of[device.key] = device_model(device)
-        key = (model, sweep_fingerprint(sweep))
-        if key not in self._searches:
-            self._searches[key] = SplitSearch.resume(
-                session=session,
-                device_key=device.key,
-                device_name=model,
-                command=[sweep.workdir, *sweep.command],
-                param_tokens=sweep.param_tokens,
-                ceiling=self.ceiling(device),
-                timing=self.timing,
-            )
-        return self._searches[key]
-
-    def observe(self, *, session: Session, now: datetime) -> list[SplitSearch]:
-        """After a tick's placements, let every unsettled search see its device.
-
-        Returns the searches whose curve or decision changed: their profiles need saving.
-        """
-        running: Counter[tuple[str, str | None]] = Counter()
-        sweep_of: dict[tuple[str, str | None], int] = {}
-        for trial in store.active_trials(session=session):
-            if trial.device is not None:
-                # Fixed-split trials count too: they share the device as much as any.
-                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
-                running[(trial.device, fingerprint)] += 1
-                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
-        waiting = store.queued_trials(session=session, limit=MAX_SPLIT)
-        head = (
-            sweep_fingerprint(waiting[0].sweep)
-            if waiting and waiting[0].sweep.split is None
-            else None
-        )
-        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
-        changed = []
-        for (_, fingerprint), search in self._searches.items():
-            if search.decision.settled:
-                continue
-            device = search.device_key
-            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
-            if others or (
-                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
-            ):
-                # Another sweep shares the device, or holds the head of the queue so that this
-                # workload cannot fill N: neither measures this workload, nor its memory.
-                search.phase_start = search.filling_since = None
-                continue
-            before = (search.decision, len(search.curve), search.ceiling)
-            search.observe(
-                session=session,
-                now=now,
-                running=running[(device, fingerprint)],
-                queued=queued[fingerprint],
-                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
-            )
-            if (search.decision, len(search.curve), search.ceiling) != before:
-                changed.append(search)
-        return changed
-
-    def out_of_memory(self, *, session: Session, trial: Trial) -> None:
-        """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
-        model = self._model_of.get(trial.device or "")
-        key = (model or "", sweep_fingerprint(trial.sweep))
-        if trial.split is not None and key in self._searches:
-            self._searches[key].out_of_memory(session=session, split=trial.split)
-
-    def ceiling(self, device: DeviceSnapshot) -> int:
-        """The largest N worth trying: what memory allows (on the CPU, also two per core)."""
-        if device.kind == "gpu":
-            room = (device.memory_total_mb or 0) - self.settings.reserve_mb
-            per_trial = self.settings.min_memory_mb + self.settings.overhead_mb
-        else:
-            # Beyond two single-thread processes per core a trial gets under half a core: the
-            # only gain left is overlapping start-ups, which N = 2 x cores already captures.
-            room = min(
-                device.memory_free_mb or 0,
-                CPU_TRIALS_PER_CORE * (device.cpu_count or 1) * self.settings.cpu_trial_mb,
-            )
-            per_trial = self.settings.cpu_trial_mb
-        return max(1, min(MAX_SPLIT, room // per_trial))
-
-
 def sweep_fingerprint(sweep: Sweep) -> str:
     """The workload of a sweep: its directory, its command, and the parameters that cost."""
     return tuner.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
-
-
-def device_model(device: DeviceSnapshot) -> str:
-    """What a profile is kept per: the GPU model, or the CPU model and its usable cores."""
-    if device.kind == "cpu":
-        return f"{device.name}, {device.cpu_count or 1} cores"
-    return device.name
