@@ -1,11 +1,12 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
 Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
-for sweeps with `--split auto`. Each tick it reports how many trials run on the device; the
-search waits until exactly N of them have run together for a warm-up and a window, then measures
-the device's aggregate throughput over the window from the trials' reports (samples/s; completed
-trials/s for scripts that report nothing), hands the curve to the pure tuner for the next N, and
-stores the curve as the workload's profile so that the next sweep of the workload starts settled.
+for sweeps with `--split auto`. Each tick it reports how many trials run on the device and the
+memory each holds; the search waits until exactly N of them have run together for a warm-up and
+a window, then measures the device's aggregate throughput over the window from the trials'
+reports (samples/s; completed trials/s for scripts that report nothing) and the most memory one
+trial held, hands the curve to the pure tuner for the next N, and stores the curve as the
+workload's profile so that the next sweep of the workload starts settled.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -76,6 +78,8 @@ class SplitSearch:
     ready_at: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
+    # The most memory one trial held while N of them ran in this phase (MiB).
+    peak_mb: int | None = None
 
     @property
     def split(self) -> int:
@@ -124,9 +128,17 @@ class SplitSearch:
         return search
 
     def observe(
-        self, *, session: Session, now: datetime, running: int, queued: int, sweep_id: int
+        self,
+        *,
+        session: Session,
+        now: datetime,
+        running: int,
+        queued: int,
+        sweep_id: int,
+        held: Sequence[int] = (),
     ) -> None:
-        """After a tick's placements: trials of the workload running on the device and queued."""
+        """After a tick's placements: trials of the workload running on the device and queued,
+        and the memory (MiB) each running one holds, where measured."""
         if self.decision.settled:
             return
         self.sweep_id = sweep_id
@@ -145,7 +157,11 @@ class SplitSearch:
         self.filling_since = None
         if self.phase_start is None:
             self.phase_start, self.ready_at = now, None
+            self.peak_mb = max(held, default=None)
             return
+        if held:
+            # What has to fit is the most one trial holds: the peak over the phase.
+            self.peak_mb = max(self.peak_mb or 0, *held)
         if self.ready_at is None:
             reporting = store.trials_reporting(
                 session=session, device=self.device_key, since=self.phase_start
@@ -256,7 +272,12 @@ class SplitSearch:
             # N slots, each finishing a trial every `per_trial` seconds: counting completions
             # against the window instead would skew with the warm-up cut from its start.
             throughput = self.split / per_trial
-        return CurvePoint(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
+        return CurvePoint(
+            split=self.split,
+            throughput=throughput,
+            seconds_per_trial=per_trial,
+            memory_per_trial_mb=self.peak_mb,
+        )
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
         self.ceiling = min(self.ceiling, fits)

@@ -1,10 +1,10 @@
-"""Every split search of the daemon, one per device model and workload, and the ceiling each
-searches under."""
+"""Every split search of the daemon, one per device model and workload, and what they read of
+the devices: the ceiling each searches under, and the memory the trials they measure hold."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.kinds import kind_of
+from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import MAX_SPLIT
 from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
@@ -73,19 +74,32 @@ class Searches:
             )
         return self._searches[key]
 
-    def observe(self, *, session: Session, now: datetime) -> list[SplitSearch]:
+    def observe(
+        self,
+        *,
+        session: Session,
+        now: datetime,
+        devices: Sequence[DeviceSnapshot] = (),
+        group_of: Mapping[int, int] | None = None,
+    ) -> list[SplitSearch]:
         """After a tick's placements, let every unsettled search see its device.
 
-        Returns the searches whose curve or decision changed: their profiles need saving.
+        `devices` as last probed and `group_of` (our pids to their trial's process group) tell
+        the memory each measured trial holds; without them none is measured. Returns the
+        searches whose curve or decision changed: their profiles need saving.
         """
         running: Counter[tuple[str, str | None]] = Counter()
         sweep_of: dict[tuple[str, str | None], int] = {}
+        groups: defaultdict[tuple[str, str | None], list[int]] = defaultdict(list)
         for trial in store.active_trials(session=session):
             if trial.device is not None:
                 # Fixed-split trials count too: they share the device as much as any.
                 fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
                 running[(trial.device, fingerprint)] += 1
                 sweep_of[(trial.device, fingerprint)] = trial.sweep_id
+                if trial.pid is not None:
+                    # The trial's leader started its process group: its pid is the group's id.
+                    groups[(trial.device, fingerprint)].append(trial.pid)
         waiting = store.queued_trials(session=session, limit=MAX_SPLIT)
         head = (
             sweep_fingerprint(waiting[0].sweep)
@@ -93,6 +107,7 @@ class Searches:
             else None
         )
         queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
+        by_key = {device.key: device for device in devices}
         changed = []
         for (_, fingerprint), search in self._searches.items():
             if search.decision.settled:
@@ -113,6 +128,7 @@ class Searches:
                 running=running[(device, fingerprint)],
                 queued=queued[fingerprint],
                 sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
+                held=trial_memory(by_key.get(device), groups[(device, fingerprint)], group_of),
             )
             if (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)
@@ -135,3 +151,20 @@ class Searches:
             cpu_trial_mb=self.settings.cpu_trial_mb,
         )
         return min(MAX_SPLIT, bound)
+
+
+def trial_memory(
+    device: DeviceSnapshot | None, pgids: Sequence[int], group_of: Mapping[int, int] | None
+) -> list[int]:
+    """The memory (MiB) each trial, given by its process group, holds on the device now, for
+    those where it can be told."""
+    if device is None or group_of is None:
+        return []
+    kind = kind_of(device)
+    held = []
+    for pgid in pgids:
+        pids = [pid for pid, group in group_of.items() if group == pgid]
+        memory = kind.trial_memory_mb(device, pids, resident=resident_mb)
+        if memory is not None:
+            held.append(memory)
+    return held

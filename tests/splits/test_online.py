@@ -223,3 +223,40 @@ def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     (point,) = search.curve
     assert search.unit == "trials/s"
     assert point.throughput == pytest.approx(1 / 8) and point.seconds_per_trial == 8
+
+
+def test_the_most_memory_one_trial_held_while_n_ran_is_stored_with_its_point(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+
+    def tick(at: datetime, running: int, held: list[int]) -> None:
+        search.observe(session=session, now=at, running=running, queued=5, sweep_id=1, held=held)
+
+    with sessions.write.begin() as session:
+        tick(start, 1, [5000])
+        # Fewer than N: that phase is over, and what it saw does not measure N.
+        tick(start + timedelta(seconds=1), 0, [])
+        begin = start + timedelta(seconds=2)
+        tick(begin, 1, [700])
+        tick(begin + timedelta(seconds=3), 1, [900])
+        tick(begin + timedelta(seconds=4), 1, [])
+        session.add(ended_trial(begin, begin + TIMING.warmup + timedelta(seconds=3)))
+        session.flush()
+        tick(begin + TIMING.warmup + TIMING.window, 1, [800])
+        search.save(session=session)
+    (point,) = search.curve
+    assert point.split == 1 and point.memory_per_trial_mb == 900
+    with sessions.read() as session:
+        (profile,), _ = store.list_profiles(session=session)
+    assert profile.curve[0]["memory_per_trial_mb"] == 900.0
+    again = search_of(sessions)
+    assert again.curve == [point]
+
+
+def test_a_phase_measured_without_memory_stores_none(sessions: Sessions, trial_id: int) -> None:
+    search = search_of(sessions)
+    run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    (point,) = search.curve
+    assert point.memory_per_trial_mb is None

@@ -1,16 +1,21 @@
-"""The daemon's split searches: one per device model and workload, and the ceiling they search
-under."""
+"""The daemon's split searches: one per device model and workload, the ceiling they search
+under, and the memory of the trials they measure."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from builders import sweep_in
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.processes.launcher import group_members
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, place
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
@@ -21,6 +26,7 @@ from gpumux.storage.models import utcnow
 
 COMMAND = ["python", "train.py"]
 TOTAL_MB = 80_000
+HOG_MB = 64
 
 
 def device(
@@ -72,6 +78,39 @@ def search_for(
         sweep = store.get_sweep(session=session, sweep_id=sweep_id)
         assert sweep is not None
         return searches.search(session=session, sweep=sweep, device=on)
+
+
+def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
+    """The sweep's first trial runs on `device` as the process group `pgid`."""
+    with sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.running, device=device
+        )
+        trial.pid = pgid
+
+
+@pytest.fixture
+def hog() -> Iterator[subprocess.Popen[str]]:
+    """A process group whose leader holds HOG_MB of memory it has written, until stdin closes."""
+    script = (
+        "import sys\n"
+        f"held = b'x' * ({HOG_MB} << 20)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as child:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        yield child
+    # Leaving the block closed its stdin and waited for it.
+    assert child.returncode == 0
 
 
 def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceiling(
@@ -146,3 +185,57 @@ def test_the_ceiling_divides_by_the_overhead_placement_budgets(
         devices=[gpu], running=[], pending=[PendingTrial(trial_id=1, split=2)], policy=policy
     )
     assert placed.memory_limit_mb == room // 2 - 3000
+
+
+def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    cpu = device()
+    search = search_for(searches, sessions, auto_id, cpu)
+    run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(
+            session=session, now=utcnow(), devices=[cpu], group_of=group_members({hog.pid})
+        )
+    assert search.phase_start is not None and search.peak_mb is not None
+    # The bytes it wrote, and the interpreter around them.
+    assert HOG_MB <= search.peak_mb < HOG_MB + 200
+
+
+def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    listed = (GpuProcess(pid=hog.pid, used_memory_mb=2500), GpuProcess(pid=1, used_memory_mb=900))
+    gpu = device("GPU-a", "NVIDIA H200", "gpu", listed)
+    search = search_for(searches, sessions, auto_id, gpu)
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(
+            session=session, now=utcnow(), devices=[gpu], group_of=group_members({hog.pid})
+        )
+    assert search.peak_mb == 2500
+
+
+def test_without_the_devices_no_memory_is_measured(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    search = search_for(searches, sessions, auto_id, device())
+    run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(session=session, now=utcnow())
+    assert search.phase_start is not None and search.peak_mb is None
