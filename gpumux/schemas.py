@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpumux import sweepspec
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.throughput import CurvePoint, ThroughputUnit
 
 MAX_SPLIT = 64
 Objective = str  # "metric:min" or "metric:max"
@@ -242,7 +243,7 @@ class DevicePublic(BaseModel):
     """A device as last probed, with the trials packed on it."""
 
     key: str
-    kind: Literal["gpu", "cpu"]
+    kind: str = Field(description="how trials share it: gpu (memory slices) or cpu (threads)")
     index: int
     name: str
     uuid: str | None
@@ -264,18 +265,6 @@ class Health(BaseModel):
     active_trials: int
 
 
-ThroughputUnit = Literal["samples/s", "trials/s"]
-
-
-class ProfilePoint(BaseModel):
-    """One point of a throughput curve: N trials at once on the device, and what they achieved."""
-
-    split: int = Field(ge=1, description="trials running at once on the device")
-    throughput: float = Field(ge=0, allow_inf_nan=False, description="aggregate, in the unit")
-    seconds_per_trial: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    memory_per_trial_mb: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-
-
 class ProfilePublic(BaseModel):
     """A workload's measured throughput against N on one device model, and the best N."""
 
@@ -287,7 +276,7 @@ class ProfilePublic(BaseModel):
     command: list[str]
     param_tokens: list[str] = Field(description="the parameters that change the cost of a trial")
     unit: ThroughputUnit
-    curve: list[ProfilePoint]
+    curve: list[CurvePoint] = Field(description="one point per N measured, in the order of N")
     best_split: int | None
     settled: bool = Field(description="the tuner has stopped searching")
     reason: str | None = Field(description="why the tuner made its last decision")

@@ -16,8 +16,6 @@ import pytest
 from scripted_nvml import H100_NAME, scripted_nvml
 
 from gpumux.cli.rounds import (
-    SAMPLES_UNIT,
-    TRIALS_UNIT,
     Round,
     best_split,
     choose_unit,
@@ -28,6 +26,7 @@ from gpumux.cli.state import CliError
 from gpumux.cli.tune import choose_gpu
 from gpumux.schemas import TrialPublic
 from gpumux.status import TrialStatus
+from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPORT_SAMPLES = str(FIXTURES / "report_samples.py")
@@ -234,8 +233,8 @@ def test_a_round_measures_the_makespan_and_the_median_of_succeeded_trials() -> N
     assert (measured.trials, measured.succeeded, measured.samples) == (4, 3, 350.0)
     assert measured.errors == ("trial 4 failed: exited with code 3: boom",)
     assert measured.measured
-    assert measured.throughput(SAMPLES_UNIT) == 70.0
-    assert measured.throughput(TRIALS_UNIT) == 0.6
+    assert measured.throughput(SAMPLES_PER_S) == 70.0
+    assert measured.throughput(TRIALS_PER_S) == 0.6
 
 
 def test_rounds_without_samples_are_compared_in_trials_per_second() -> None:
@@ -245,16 +244,16 @@ def test_rounds_without_samples_are_compared_in_trials_per_second() -> None:
     failed = Round(
         split=5, trials=5, succeeded=0, samples=0.0, makespan_s=1.0, seconds_per_trial=None
     )
-    assert choose_unit([three, failed]) == SAMPLES_UNIT
-    assert choose_unit([one, two, three, failed]) == TRIALS_UNIT
+    assert choose_unit([three, failed]) == SAMPLES_PER_S
+    assert choose_unit([one, two, three, failed]) == TRIALS_PER_S
     # Two and three both finish one trial a second: the smaller N wins the tie.
-    assert best_split([one, two, three, failed], TRIALS_UNIT) == 2
-    assert best_split([failed], TRIALS_UNIT) is None
-    table = results_table([one, two, three, failed], unit=TRIALS_UNIT, best=2)
+    assert best_split([one, two, three, failed], TRIALS_PER_S) == 2
+    assert best_split([failed], TRIALS_PER_S) is None
+    table = results_table([one, two, three, failed], unit=TRIALS_PER_S, best=2)
     cells = {column.header: list(column.cells) for column in table.columns}
     assert cells["trials/s"] == ["0.5", "1", "1", "-"]
     assert cells["speed-up"] == ["1.00x", "2.00x", "2.00x", "-"]
     assert cells["succeeded"] == ["1/1", "2/2", "3/3", "0/5"]
     assert cells[""] == ["", "best", "", "failed"]
-    without_baseline = results_table([two, three], unit=TRIALS_UNIT, best=2)
+    without_baseline = results_table([two, three], unit=TRIALS_PER_S, best=2)
     assert list(without_baseline.columns[4].cells) == ["-", "-"]

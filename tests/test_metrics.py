@@ -15,7 +15,7 @@ from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.server.api import create_app
 from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
 from gpumux.status import TrialStatus

@@ -6,14 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.devices.probes import DeviceSnapshot, GpuProcess
+from gpumux.devices.kinds.gpu import foreign_memory_mb
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
 from gpumux.scheduling.placement import (
     PackingPolicy,
     PendingTrial,
     Placement,
     RunningTrial,
-    foreign_memory_mb,
-    measured_overhead_mb,
     never_fits,
     place,
 )
@@ -211,10 +210,10 @@ def test_foreign_memory_from_the_process_list() -> None:
 
 
 def test_foreign_memory_without_a_process_list() -> None:
-    running = running_on("GPU-0", [0, 1], cap=19237)
-    assert foreign_memory_mb(gpu(processes=None, used=50000), (), running, 1024) == 9478
-    assert foreign_memory_mb(gpu(processes=None, used=1000), (), running, 1024) == 0
-    assert foreign_memory_mb(gpu(processes=None, used=None), (), running, 1024) == 0
+    caps = [t.memory_limit_mb for t in running_on("GPU-0", [0, 1], cap=19237)]
+    assert foreign_memory_mb(gpu(processes=None, used=50000), (), caps, 1024) == 9478
+    assert foreign_memory_mb(gpu(processes=None, used=1000), (), caps, 1024) == 0
+    assert foreign_memory_mb(gpu(processes=None, used=None), (), caps, 1024) == 0
 
 
 def test_splits_below_one_are_refused() -> None:
@@ -307,36 +306,15 @@ def test_placement_invariants(
         overhead = policy.overhead_for(device.key)
         mine = [t for t in running if t.device_key == device.key]
         assert device.memory_total_mb is not None
+        caps = [t.memory_limit_mb for t in mine]
         usable = (
             device.memory_total_mb
             - policy.reserve_mb
-            - foreign_memory_mb(device, our_pids, mine, overhead)
+            - foreign_memory_mb(device, our_pids, caps, overhead)
         )
         held = sum((t.memory_limit_mb or 0) + overhead for t in mine)
         held += sum((p.memory_limit_mb or 0) + overhead for p in new)
         assert held <= usable
-
-
-def test_measured_overhead_is_what_a_trial_group_holds_beyond_its_slice() -> None:
-    device = gpu(
-        processes=(
-            GpuProcess(pid=100, used_memory_mb=4096 + 500),  # trial A's leader
-            GpuProcess(pid=101, used_memory_mb=300),  # a worker of trial A
-            GpuProcess(pid=200, used_memory_mb=8192 + 650),  # trial B
-            GpuProcess(pid=300, used_memory_mb=1000),  # a trial still below its slice
-            GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),  # not ours
-        )
-    )
-    group_of = {100: 100, 101: 100, 200: 200, 300: 300}
-    caps = {100: 4096, 200: 8192, 300: 4096}
-    assert measured_overhead_mb(device, group_of, caps) == 800
-
-
-def test_no_overhead_is_measured_before_a_trial_passes_its_slice() -> None:
-    device = gpu(processes=(GpuProcess(pid=100, used_memory_mb=1000),))
-    assert measured_overhead_mb(device, {100: 100}, {100: 4096}) is None
-    assert measured_overhead_mb(gpu(processes=None), {100: 100}, {100: 4096}) is None
-    assert measured_overhead_mb(cpu(), {}, {}) is None
 
 
 def test_a_measured_overhead_replaces_the_configured_one_in_the_budget() -> None:
@@ -371,8 +349,7 @@ def test_a_foreign_process_of_unknown_memory_is_not_counted_as_zero() -> None:
             GpuProcess(pid=7, used_memory_mb=5000),
         ),
     )
-    ours = [RunningTrial(trial_id=1, device_key="GPU-0", slot=0, memory_limit_mb=4096)]
-    assert foreign_memory_mb(device, {7}, ours, POLICY.overhead_mb) == 30_000
+    assert foreign_memory_mb(device, {7}, [4096], POLICY.overhead_mb) == 30_000
 
 
 def test_a_tuned_split_applies_on_its_device_only() -> None:

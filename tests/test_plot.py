@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
@@ -9,27 +8,19 @@ import pytest
 from rich.console import Console, RenderableType
 
 from gpumux.cli import plot
+from gpumux.throughput import CurvePoint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-
-@dataclass(frozen=True)
-class Point:
-    split: int
-    throughput: float
-    seconds_per_trial: float | None
-    memory_per_trial_mb: float | None
-
-
 # Given out of order: what is drawn is ordered by N.
 POINTS = [
-    Point(3, 2900.0, 13.0, 950.0),
-    Point(1, 1200.0, 10.0, 900.0),
-    Point(2, 2100.0, 11.4, 900.0),
-    Point(5, 3100.0, 20.5, 1000.0),
-    Point(8, 3150.0, 33.0, 1000.0),
-    Point(13, 2800.0, 61.0, 1100.0),
-    Point(21, 2500.0, None, None),
+    CurvePoint(3, 2900.0, 13.0, 950.0),
+    CurvePoint(1, 1200.0, 10.0, 900.0),
+    CurvePoint(2, 2100.0, 11.4, 900.0),
+    CurvePoint(5, 3100.0, 20.5, 1000.0),
+    CurvePoint(8, 3150.0, 33.0, 1000.0),
+    CurvePoint(13, 2800.0, 61.0, 1100.0),
+    CurvePoint(21, 2500.0, None, None),
 ]
 
 
@@ -91,13 +82,6 @@ def test_an_ascii_console_gets_ascii_bars() -> None:
     assert "<- best" in rows_by_n(text)[3]
 
 
-def test_mappings_and_objects_draw_the_same_chart() -> None:
-    dicts = [vars(point) for point in POINTS]
-    assert text_of(plot.terminal_chart(dicts, unit="samples/s", best_split=5)) == text_of(
-        plot.terminal_chart(POINTS, unit="samples/s", best_split=5)
-    )
-
-
 def test_a_chart_with_no_points_says_so() -> None:
     text = text_of(plot.terminal_chart([], unit="samples/s", best_split=None))
     assert text.strip() == "no points measured yet"
@@ -132,7 +116,7 @@ def test_write_png_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_write_png_draws_a_curve_with_no_ended_trial(tmp_path: Path) -> None:
-    points = [{"split": 1, "throughput": 0.0}, {"split": 2, "throughput": 0.0}]
+    points = [CurvePoint(split=1, throughput=0.0), CurvePoint(split=2, throughput=0.0)]
     path = plot.write_png(points, unit="trials/s", best_split=None, title="t", path=tmp_path / "p")
     assert path.read_bytes().startswith(PNG_MAGIC)
 

@@ -6,10 +6,11 @@ import pytest
 
 from gpumux.cli import render
 from gpumux.cli.state import PIPE_WIDTH, make_console
-from gpumux.schemas import ProfilePoint, ProfilePublic
+from gpumux.schemas import ProfilePublic
+from gpumux.throughput import CurvePoint
 
 
-def profile(*, settled: bool, reason: str | None, curve: list[ProfilePoint]) -> ProfilePublic:
+def profile(*, settled: bool, reason: str | None, curve: list[CurvePoint]) -> ProfilePublic:
     now = datetime.now(UTC)
     return ProfilePublic(
         id=1,
@@ -30,8 +31,8 @@ def profile(*, settled: bool, reason: str | None, curve: list[ProfilePoint]) -> 
 
 def test_the_split_search_line_shows_the_curve_and_the_decision() -> None:
     curve = [
-        ProfilePoint(split=1, throughput=1932.4),
-        ProfilePoint(split=2, throughput=4034.0),
+        CurvePoint(split=1, throughput=1932.4),
+        CurvePoint(split=2, throughput=4034.0),
     ]
     line = render.search_text(profile(settled=False, reason="measuring N=3", curve=curve)).plain
     assert line == (

@@ -364,12 +364,12 @@ def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(
             "a probe that sees the trial's processes",
         )
         harness.submit(command=["true"])
-        await until(lambda: bool(harness.scheduler.overhead), "a measurement")
+        await until(lambda: bool(harness.scheduler.overheads.measured()), "a measurement")
         harness.cancel(1)
         await until(lambda: harness.sweep_status(1) == SweepStatus.cancelled, "cancel")
         stop.set()
         await task
-        return harness.scheduler.overhead
+        return harness.scheduler.overheads.measured()
 
     assert asyncio.run(scenario()) == {nvml.gpus[0].uuid: 700}
 

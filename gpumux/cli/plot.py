@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 from gpumux.cli.render import NONE, duration
+from gpumux.throughput import CurvePoint
 
 PLOT_INSTALL = "pip install 'gpumux[plot]'"
 # Eighths of a character cell, so that close values still draw bars of different lengths.
@@ -27,38 +27,9 @@ class PlotUnavailable(RuntimeError):
     """Drawing a PNG needs matplotlib, which is not installed."""
 
 
-@dataclass(frozen=True)
-class CurvePoint:
-    """One measured N: aggregate throughput, and time and memory per trial when known."""
-
-    split: int
-    throughput: float
-    seconds_per_trial: float | None = None
-    memory_per_trial_mb: float | None = None
-
-
-def _field(point: object, name: str) -> Any:
-    if isinstance(point, Mapping):
-        return point.get(name)
-    return getattr(point, name, None)
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def curve_points(points: Iterable[object]) -> list[CurvePoint]:
-    """Points given as mappings or objects (split, throughput, ...), in the order of N."""
-    curve = [
-        CurvePoint(
-            split=int(_field(point, "split")),
-            throughput=float(_field(point, "throughput")),
-            seconds_per_trial=_optional_float(_field(point, "seconds_per_trial")),
-            memory_per_trial_mb=_optional_float(_field(point, "memory_per_trial_mb")),
-        )
-        for point in points
-    ]
-    return sorted(curve, key=lambda point: point.split)
+def by_split(points: Iterable[CurvePoint]) -> list[CurvePoint]:
+    """The points in the order of N."""
+    return sorted(points, key=lambda point: point.split)
 
 
 def format_throughput(value: float | None) -> str:
@@ -87,9 +58,9 @@ def speedups(curve: list[CurvePoint]) -> list[float | None]:
     return [point.throughput / base for point in curve]
 
 
-def curve_table(points: Iterable[object], *, unit: str, best_split: int | None) -> Table:
+def curve_table(points: Iterable[CurvePoint], *, unit: str, best_split: int | None) -> Table:
     """A row per N: aggregate throughput, speed-up over N = 1, time and memory per trial."""
-    curve = curve_points(points)
+    curve = by_split(points)
     table = Table(header_style="bold")
     table.add_column("N", justify="right", no_wrap=True, min_width=2)
     table.add_column(unit, justify="right", no_wrap=True)
@@ -171,14 +142,14 @@ class ThroughputChart:
 
 
 def terminal_chart(
-    points: Iterable[object], *, unit: str, best_split: int | None
+    points: Iterable[CurvePoint], *, unit: str, best_split: int | None
 ) -> RenderableType:
     """A bar chart of aggregate throughput and seconds per trial against N, best N marked."""
-    return ThroughputChart(curve=curve_points(points), unit=unit, best_split=best_split)
+    return ThroughputChart(curve=by_split(points), unit=unit, best_split=best_split)
 
 
 def write_png(
-    points: Iterable[object],
+    points: Iterable[CurvePoint],
     *,
     unit: str,
     best_split: int | None,
@@ -186,7 +157,7 @@ def write_png(
     path: str | os.PathLike[str],
 ) -> Path:
     """Draw aggregate throughput and seconds per trial against N (log2 axis) into a PNG."""
-    curve = curve_points(points)
+    curve = by_split(points)
     if not curve:
         raise ValueError("no measured point to plot")
     try:

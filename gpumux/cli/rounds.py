@@ -11,9 +11,7 @@ from rich.table import Table
 from gpumux.cli import plot, render
 from gpumux.schemas import TrialPublic
 from gpumux.status import TrialStatus
-
-SAMPLES_UNIT = "samples/s"
-TRIALS_UNIT = "trials/s"
+from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S, CurvePoint, ThroughputUnit
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,11 @@ class Round:
         """At least one trial succeeded and the round took a measurable time."""
         return self.succeeded > 0 and bool(self.makespan_s)
 
-    def throughput(self, unit: str) -> float | None:
+    def throughput(self, unit: ThroughputUnit) -> float | None:
         """Samples (or succeeded trials) per second of the whole round; None when not measured."""
         if not self.measured or self.makespan_s is None:
             return None
-        done = self.samples if unit == SAMPLES_UNIT else self.succeeded
+        done = self.samples if unit == SAMPLES_PER_S else self.succeeded
         return done / self.makespan_s
 
 
@@ -77,21 +75,21 @@ def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[in
     )
 
 
-def choose_unit(rounds: Sequence[Round]) -> str:
+def choose_unit(rounds: Sequence[Round]) -> ThroughputUnit:
     """samples/s when every measured round reported samples; trials/s otherwise."""
     measured = [r for r in rounds if r.measured]
     if measured and all(r.samples > 0 for r in measured):
-        return SAMPLES_UNIT
-    return TRIALS_UNIT
+        return SAMPLES_PER_S
+    return TRIALS_PER_S
 
 
-def best_split(rounds: Sequence[Round], unit: str) -> int | None:
+def best_split(rounds: Sequence[Round], unit: ThroughputUnit) -> int | None:
     """The N with the highest throughput (the smaller N on a tie); None when none was measured."""
     measured = [(r.throughput(unit) or 0.0, -r.split) for r in rounds if r.measured]
     return -max(measured)[1] if measured else None
 
 
-def results_table(rounds: Sequence[Round], *, unit: str, best: int | None) -> Table:
+def results_table(rounds: Sequence[Round], *, unit: ThroughputUnit, best: int | None) -> Table:
     """A row per N: trials that succeeded, the round's time, throughput, speed-up, s/trial."""
     base = next((r.throughput(unit) for r in rounds if r.split == 1 and r.measured), None)
     table = Table(header_style="bold")
@@ -123,10 +121,10 @@ def results_table(rounds: Sequence[Round], *, unit: str, best: int | None) -> Ta
     return table
 
 
-def chart_points(rounds: Sequence[Round], unit: str) -> list[plot.CurvePoint]:
+def chart_points(rounds: Sequence[Round], unit: ThroughputUnit) -> list[CurvePoint]:
     """The measured rounds as points of the throughput curve."""
     return [
-        plot.CurvePoint(
+        CurvePoint(
             split=r.split,
             throughput=r.throughput(unit) or 0.0,
             seconds_per_trial=r.seconds_per_trial,

@@ -21,7 +21,6 @@ from rich.text import Text
 from gpumux.cli import plot, render
 from gpumux.cli.follow import sweep_ended
 from gpumux.cli.rounds import (
-    TRIALS_UNIT,
     Round,
     best_split,
     chart_points,
@@ -42,11 +41,13 @@ from gpumux.cli.state import (
 from gpumux.cli.sweep import OPTION_NAMES, command_env
 from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
-from gpumux.devices.probes import DeviceSnapshot, NvmlProbe, NvmlUnavailable, is_visible
+from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
+from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.lockfile import DaemonError
 from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
 from gpumux.splits.curve import SEQUENCE
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
+from gpumux.throughput import TRIALS_PER_S
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
 POLL_S = 0.25
@@ -213,7 +214,7 @@ def report(state: CliState, rounds: Sequence[Round], *, device: str, png: Path |
     if best is None:
         state.note("no N succeeded: nothing to plot")
         return 1
-    if unit == TRIALS_UNIT:
+    if unit == TRIALS_PER_S:
         state.note(
             "throughput in trials/s: the command reported no samples at some N "
             "(gpumux.runtime.report(samples=...) and Keras Model.fit report them)"
@@ -277,11 +278,7 @@ def tune(
     )
     if png is not None:
         _check_png(png)
-    configured = state.settings.gpus
-    chosen = choose_gpu(
-        gpu,
-        visible=configured if configured is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
-    )
+    chosen = choose_gpu(gpu, visible=visible_gpus(state.settings.gpus, os.environ))
     if gpu is not None and chosen is None:
         state.note(f"no GPU on this host: --gpu {gpu} ignored; measuring on the CPU")
     home = Path(tempfile.mkdtemp(prefix="gpumux-tune-"))

@@ -7,41 +7,18 @@ import logging
 import os
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from gpumux.devices.kinds.cpu import CpuKind
+from gpumux.devices.kinds.gpu import GpuKind
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess, is_visible
 
 logger = logging.getLogger(__name__)
 
 MIB = 2**20
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process with a compute context on a GPU, and the memory NVML says it holds."""
-
-    pid: int
-    used_memory_mb: int | None
-
-
-@dataclass(frozen=True)
-class DeviceSnapshot:
-    """One device at one moment; a field NVML could not read is None."""
-
-    key: str
-    kind: Literal["gpu", "cpu"]
-    index: int
-    name: str
-    uuid: str | None
-    memory_total_mb: int | None
-    memory_used_mb: int | None
-    memory_free_mb: int | None
-    utilization_pct: int | None
-    processes: tuple[GpuProcess, ...] | None
-    cpu_count: int | None
-    error: str | None = None
 
 
 class DeviceProbe(Protocol):
@@ -130,7 +107,7 @@ class NvmlProbe:
         uuid_text = None if uuid is None else _text(uuid)
         return DeviceSnapshot(
             key=uuid_text if uuid_text is not None else f"gpu:{index}",
-            kind="gpu",
+            kind=GpuKind.name,
             index=index,
             name="unknown GPU" if name is None else _text(name),
             uuid=uuid_text,
@@ -168,7 +145,7 @@ class NvmlProbe:
 def _failed_gpu(index: int, error: str) -> DeviceSnapshot:
     return DeviceSnapshot(
         key=f"gpu:{index}",
-        kind="gpu",
+        kind=GpuKind.name,
         index=index,
         name="unknown GPU",
         uuid=None,
@@ -200,7 +177,7 @@ class CpuProbe:
         return [
             DeviceSnapshot(
                 key="cpu",
-                kind="cpu",
+                kind=CpuKind.name,
                 index=0,
                 name=self._name,
                 uuid=None,
@@ -261,18 +238,6 @@ def _read_cpu_times(path: Path) -> tuple[int, int]:
     idle = ticks[3] + ticks[4]
     total = sum(ticks)
     return total - idle, total
-
-
-def is_visible(gpu: DeviceSnapshot, visible: str | None) -> bool:
-    """Whether CUDA_VISIBLE_DEVICES (indices or UUIDs, comma-separated; None: all) shows the GPU."""
-    if visible is None:
-        return True
-    for entry in (part.strip() for part in visible.split(",")):
-        if entry == str(gpu.index):
-            return True
-        if entry.startswith("GPU-") and gpu.uuid is not None and gpu.uuid.startswith(entry):
-            return True
-    return False
 
 
 def make_probe(*, nvml: Any | None = None, visible: str | None = None) -> DeviceProbe:

@@ -7,22 +7,20 @@ from collections import Counter
 from collections.abc import Sequence
 
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.accounting import Overheads
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.procfs import group_members
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.schemas import MAX_SPLIT
-from gpumux.splits.online import Searches
+from gpumux.splits.searches import Searches
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
 log = logging.getLogger(__name__)
-
-# A measured per-process overhead above this multiple of the configured one is not believed.
-OVERHEAD_BELIEVABLE = 4
 
 
 class SlotFiller:
@@ -36,6 +34,7 @@ class SlotFiller:
         searches: Searches,
         launcher: Launcher,
         watched: Watched,
+        overheads: Overheads,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
@@ -43,9 +42,8 @@ class SlotFiller:
         self.launcher = launcher
         self.watched = watched
         self.shares = settings.share_weights
-        # Per GPU: the most memory a trial was seen to hold beyond its slice (NVML), which
-        # replaces the configured overhead in the packing budget once measured.
-        self.overhead: dict[str, int] = {}
+        # What a trial holds beyond its cap, per device: measured here, read by the search too.
+        self.overheads = overheads
 
     def fill(self, devices: Sequence[DeviceSnapshot]) -> None:
         """Fill free device slots with the next trials, each user's fair share first."""
@@ -83,9 +81,9 @@ class SlotFiller:
             if t.device is not None
         ]
         group_of: dict[int, int] = {}
-        if any(device.kind == "gpu" for device in devices):
+        if self.overheads.measurable(devices):
             group_of = group_members(self.watched.pgids())
-            self.measure_overhead(devices, group_of)
+            self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
         plan = placement.place(
             devices=devices,
             running=running,
@@ -126,31 +124,13 @@ class SlotFiller:
         )
         return [by_id[candidate.trial_id] for candidate in order]
 
-    def measure_overhead(self, devices: Sequence[DeviceSnapshot], group_of: dict[int, int]) -> None:
-        """Learn, per GPU, the most memory one of our trials holds beyond its slice."""
-        caps = self.watched.caps_by_group()
-        for device in devices:
-            measured = placement.measured_overhead_mb(device, group_of, caps)
-            if measured is not None and measured > OVERHEAD_BELIEVABLE * self.settings.overhead_mb:
-                # Far beyond any CUDA context: that trial's cap did not apply (TensorFlow started
-                # before the hook, or a framework gpumux does not cap). Not a per-process cost.
-                log.warning(
-                    "device %s: a trial holds %d MB beyond its slice; its cap did not apply",
-                    device.key,
-                    measured,
-                )
-                continue
-            if measured is not None and measured > self.overhead.get(device.key, 0):
-                log.info("device %s: a trial holds %d MB beyond its slice", device.key, measured)
-                self.overhead[device.key] = measured
-
     def policy(self) -> placement.PackingPolicy:
         """How densely to pack now: the settings, with the overheads measured so far."""
         return placement.PackingPolicy(
             default_split=self.settings.default_split,
             cpu_default_split=self.settings.cpu_split,
-            overhead_mb=self.settings.overhead_mb,
-            overhead_by_device=dict(self.overhead),
+            overhead_mb=self.overheads.configured_mb,
+            overhead_by_device=self.overheads.measured(),
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.kinds import kind_of
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.scheduling.placement import Placement
@@ -119,7 +120,7 @@ class Launcher:
             token=token,
             log_path=log_path,
             device_kind=device.kind,
-            visible_device=visible_device(device),
+            visible_device=kind_of(device).cuda_visible_devices(device),
             device_memory_mb=device.memory_total_mb,
             split=chosen.split,
             memory_limit_mb=chosen.memory_limit_mb,
@@ -162,10 +163,3 @@ def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:
     user = {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)}
     env = {"HOME": str(account.home), "USER": account.name, "LOGNAME": account.name}
     return user, env
-
-
-def visible_device(device: DeviceSnapshot) -> str:
-    """CUDA_VISIBLE_DEVICES for a trial on this device: the GPU's UUID, its index without one."""
-    if device.kind == "cpu":
-        return ""
-    return device.uuid or str(device.index)

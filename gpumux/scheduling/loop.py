@@ -18,7 +18,10 @@ from dataclasses import replace
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceProbe, DeviceSnapshot, NvmlUnavailable
+from gpumux.devices.accounting import Overheads
+from gpumux.devices.probes import DeviceProbe, NvmlUnavailable
+from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.processes.procfs import group_members
 from gpumux.processes.rundir import TrialEnd
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
@@ -28,7 +31,7 @@ from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.schemas import MAX_SPLIT
-from gpumux.splits.online import Searches
+from gpumux.splits.searches import Searches
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -55,7 +58,8 @@ class Scheduler:
         self.sessions = sessions
         self.probe = probe
         self.devices: list[DeviceSnapshot] = []
-        self.searches = Searches(settings)
+        self.overheads = Overheads(configured_mb=settings.overhead_mb)
+        self.searches = Searches(settings, overheads=self.overheads)
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
@@ -66,6 +70,7 @@ class Scheduler:
             searches=self.searches,
             launcher=self.launcher,
             watched=self.watched,
+            overheads=self.overheads,
         )
         self._probed_at = float("-inf")
         self._wake = asyncio.Event()
@@ -77,11 +82,6 @@ class Scheduler:
     @property
     def running_count(self) -> int:
         return len(self.watched)
-
-    @property
-    def overhead(self) -> dict[str, int]:
-        """Per GPU, the memory a trial was measured to hold beyond its slice."""
-        return self.filler.overhead
 
     def wake(self) -> None:
         """Ask for a tick soon; safe to call from any thread."""
@@ -136,9 +136,15 @@ class Scheduler:
         devices = self._devices()
         self.filler.fill(devices)
         if any(not search.decision.settled for search in self.searches):
+            group_of = group_members(self.watched.pgids())
             with self.sessions.read() as session:
-                waiting = next_trials(session=session, limit=MAX_SPLIT)
-                changed = self.searches.observe(session=session, now=utcnow(), waiting=waiting)
+                changed = self.searches.observe(
+                    session=session,
+                    now=utcnow(),
+                    waiting=next_trials(session=session, limit=MAX_SPLIT),
+                    devices=devices,
+                    group_of=group_of,
+                )
             if changed:
                 with self.sessions.write.begin() as session:
                     for search in changed:

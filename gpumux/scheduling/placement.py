@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.kinds import kind_of
+from gpumux.devices.kinds.base import DeviceKind
+from gpumux.devices.snapshot import DeviceSnapshot
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,9 @@ class PackingPolicy:
 
     default_split: int = 2
     cpu_default_split: int | None = None
-    # CUDA context and cuDNN/cuBLAS workspaces live outside the TensorFlow slice.
+    # CUDA context and cuDNN/cuBLAS workspaces live outside the TensorFlow slice: configured,
+    # and by device as measured (gpumux.devices.accounting.Overheads, which the split search's
+    # ceiling reads too).
     overhead_mb: int = 1024
     overhead_by_device: Mapping[str, int] = field(default_factory=dict)
     reserve_mb: int = 512
@@ -69,24 +73,6 @@ class Placement:
     cpu_threads: int | None
 
 
-def foreign_memory_mb(
-    device: DeviceSnapshot,
-    our_pids: Collection[int],
-    running_on_device: Sequence[RunningTrial],
-    overhead_mb: int,
-) -> int:
-    """GPU memory held by processes that are not ours."""
-    foreign = [p for p in device.processes or () if p.pid not in our_pids]
-    if device.processes is not None and all(p.used_memory_mb is not None for p in foreign):
-        return sum(p.used_memory_mb or 0 for p in foreign)
-    if device.memory_used_mb is None:
-        return 0
-    # No process list, or one whose memory NVML cannot tell: whatever is used beyond what our
-    # own trials may hold belongs to others (never counted as zero: others would run out).
-    ours = sum((t.memory_limit_mb or 0) + overhead_mb for t in running_on_device)
-    return max(0, device.memory_used_mb - ours)
-
-
 def never_fits(
     trial: PendingTrial, devices: Sequence[DeviceSnapshot], policy: PackingPolicy
 ) -> str | None:
@@ -97,41 +83,13 @@ def never_fits(
     for device in devices:
         if device.error is not None:
             continue
-        if device.kind == "cpu" or device.memory_total_mb is None:
-            return None
-        overhead = policy.overhead_for(device.key)
-        room = device.memory_total_mb - policy.reserve_mb
-        cap = room // trial.split - overhead
-        if cap >= policy.min_memory_mb:
-            return None
-        largest = max(1, room // (policy.min_memory_mb + overhead))
-        reasons.append(
-            f"split {trial.split} leaves {cap} MB per trial on {device.name} "
-            f"({device.memory_total_mb} MB, {policy.reserve_mb} MB kept free, {overhead} MB "
-            f"overhead per process; the smallest slice is {policy.min_memory_mb} MB): "
-            f"use --split {largest} or less"
+        reason = kind_of(device).never_fits(
+            device, split=trial.split, overhead_mb=policy.overhead_for(device.key), rules=policy
         )
+        if reason is None:
+            return None
+        reasons.append(reason)
     return "; ".join(reasons) or None
-
-
-def measured_overhead_mb(
-    device: DeviceSnapshot, group_of: Mapping[int, int], caps: Mapping[int, int]
-) -> int | None:
-    """The largest memory one of our trials holds beyond its slice, as NVML sees it.
-
-    `group_of` maps our pids to their trial's process group, `caps` a group to its slice.
-    A trial's processes are summed (a script may fork workers that touch the GPU). None
-    when no trial on the device has passed its slice yet (frameworks allocate lazily).
-    """
-    if device.kind != "gpu" or not device.processes:
-        return None
-    held: dict[int, int] = {}
-    for process in device.processes:
-        group = group_of.get(process.pid)
-        if group is not None and group in caps and process.used_memory_mb is not None:
-            held[group] = held.get(group, 0) + process.used_memory_mb
-    beyond = [used - caps[group] for group, used in held.items() if used > caps[group]]
-    return max(beyond, default=None)
 
 
 @dataclass
@@ -139,6 +97,7 @@ class _Device:
     """The running trials and remaining room of one usable device during one place() call."""
 
     snapshot: DeviceSnapshot
+    kind: DeviceKind
     overhead_mb: int
     usable_mb: int
     held_mb: int
@@ -147,27 +106,30 @@ class _Device:
 
     def fit(self, trial: PendingTrial, policy: PackingPolicy) -> Placement | None:
         """Where the trial would go on this device, or None when it does not fit."""
-        cpu = self.snapshot.kind == "cpu"
-        cpu_count = self.snapshot.cpu_count or 1
         split = (
             trial.split
             or trial.tuned.get(self.snapshot.key)
-            or ((policy.cpu_default_split or cpu_count) if cpu else policy.default_split)
+            or self.kind.default_split(self.snapshot, policy)
         )
         if self.trials + 1 > split:
             return None
-        cap = None
-        if not cpu:
-            cap = self.usable_mb // split - self.overhead_mb
-            if cap < policy.min_memory_mb or cap + self.overhead_mb > self.usable_mb - self.held_mb:
-                return None
+        cap = self.kind.cap(
+            self.snapshot,
+            split=split,
+            room_mb=self.usable_mb,
+            held_mb=self.held_mb,
+            overhead_mb=self.overhead_mb,
+            rules=policy,
+        )
+        if cap is None:
+            return None
         return Placement(
             trial_id=trial.trial_id,
             device_key=self.snapshot.key,
             slot=min(set(range(split)) - self.slots),
             split=split,
-            memory_limit_mb=cap,
-            cpu_threads=max(1, cpu_count // split) if cpu else None,
+            memory_limit_mb=cap.memory_limit_mb,
+            cpu_threads=cap.cpu_threads,
         )
 
     def take(self, placement: Placement) -> None:
@@ -190,20 +152,22 @@ def _usable_devices(
 ) -> list[_Device]:
     usable = []
     for device in devices:
-        if device.error is not None:
+        kind = kind_of(device)
+        if not kind.usable(device):
             continue
         on_device = [t for t in running if t.device_key == device.key]
         overhead = policy.overhead_for(device.key)
-        room = 0
-        if device.kind == "gpu":
-            if device.memory_total_mb is None:
-                # Without the total no cap can be computed.
-                continue
-            foreign = foreign_memory_mb(device, our_pids, on_device, overhead)
-            room = device.memory_total_mb - policy.reserve_mb - foreign
+        room = kind.room_mb(
+            device,
+            reserve_mb=policy.reserve_mb,
+            our_pids=our_pids,
+            our_caps=[t.memory_limit_mb for t in on_device],
+            overhead_mb=overhead,
+        )
         usable.append(
             _Device(
                 snapshot=device,
+                kind=kind,
                 overhead_mb=overhead,
                 usable_mb=room,
                 held_mb=sum((t.memory_limit_mb or 0) + overhead for t in on_device),

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from gpumux import accounts, tokenfile
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
+from gpumux.devices.snapshot import visible_gpus
 from gpumux.lockfile import (
     DaemonError,
     acquire_home_lock,
@@ -218,12 +219,7 @@ class Daemon:
         assert self.sessions is not None and self._sockets, "start() first"
         self._loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
-        visible = (
-            self.settings.gpus
-            if self.settings.gpus is not None
-            else os.environ.get("CUDA_VISIBLE_DEVICES")
-        )
-        probe = self._probe or make_probe(visible=visible)
+        probe = self._probe or make_probe(visible=visible_gpus(self.settings.gpus, os.environ))
         metrics = Metrics()
         self.scheduler = Scheduler(
             settings=self.settings,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import stats
 from gpumux.storage.engine import Sessions

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from gpumux.throughput import CurvePoint
+
 # The steps of the SHARCNET study: Fibonacci numbers grow by about 1.6x, fine at small N where
 # the knee usually is, and few steps up to N=34.
 SEQUENCE = (1, 2, 3, 5, 8, 13, 21, 34)
@@ -55,16 +57,6 @@ COST_HINTS = (
 
 
 @dataclass(frozen=True)
-class Point:
-    """One measured N: the whole device's aggregate throughput with N trials at once."""
-
-    split: int
-    throughput: float
-    seconds_per_trial: float | None = None
-    memory_per_trial_mb: float | None = None
-
-
-@dataclass(frozen=True)
 class Decision:
     """The N to run now, whether the search is over, and why, in one line."""
 
@@ -75,8 +67,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class _Walk:
-    leader: Point
-    misses: tuple[Point, ...]
+    leader: CurvePoint
+    misses: tuple[CurvePoint, ...]
     knee: bool
 
 
@@ -113,7 +105,7 @@ def max_measurements(*, ceiling: int) -> int:
 
 
 def next_split(
-    curve: Sequence[Point],
+    curve: Sequence[CurvePoint],
     *,
     ceiling: int,
     threshold: float = DEFAULT_THRESHOLD,
@@ -153,9 +145,9 @@ def next_split(
     return _settle(walk, top=top, oom_at=oom_at if out_of_memory else None, threshold=threshold)
 
 
-def _walk(points: Sequence[Point], *, threshold: float) -> _Walk:
+def _walk(points: Sequence[CurvePoint], *, threshold: float) -> _Walk:
     leader = points[0]
-    misses: list[Point] = []
+    misses: list[CurvePoint] = []
     for point in points[1:]:
         if point.throughput >= leader.throughput * (1 + threshold):
             leader, misses = point, []
@@ -191,7 +183,7 @@ def _settle(walk: _Walk, *, top: int, oom_at: int | None, threshold: float) -> D
     return Decision(split=choice.split, settled=True, reason=reason)
 
 
-def _gain(point: Point, leader: Point) -> float:
+def _gain(point: CurvePoint, leader: CurvePoint) -> float:
     if leader.throughput <= 0:
         return float("inf")
     return point.throughput / leader.throughput - 1

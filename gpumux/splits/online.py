@@ -1,11 +1,12 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
-The scheduler keeps one SplitSearch per (device, workload fingerprint) for sweeps with
-`--split auto`. Each tick it reports how many trials run on the device; the search waits until
-exactly N of them have run together for a warm-up and a window, then measures the device's
-aggregate throughput over the window from the trials' reports (samples/s; completed trials/s
-for scripts that report nothing), hands the curve to the pure tuner for the next N, and stores
-the curve as the workload's profile so that the next sweep of the workload starts settled.
+Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
+for sweeps with `--split auto`. Each tick it reports how many trials run on the device and the
+memory each holds; the search waits until exactly N of them have run together for a warm-up and
+a window, then measures the device's aggregate throughput over the window from the trials'
+reports (samples/s; completed trials/s for scripts that report nothing) and the most memory one
+trial held, hands the curve to the pure tuner for the next N, and stores the curve as the
+workload's profile so that the next sweep of the workload starts settled.
 """
 
 from __future__ import annotations
@@ -13,25 +14,27 @@ from __future__ import annotations
 import logging
 import re
 import statistics
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
-from gpumux.schemas import MAX_SPLIT
 from gpumux.splits import curve as tuner
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
+from gpumux.throughput import (
+    SAMPLES_PER_S,
+    TRIALS_PER_S,
+    CurvePoint,
+    ThroughputUnit,
+    throughput_unit,
+)
 
 log = logging.getLogger(__name__)
 
 # Long trials, which rarely end within a window, are measured over this many window lengths.
 LONG_WINDOWS = 6
-CPU_TRIALS_PER_CORE = 2
 
 # What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
 OUT_OF_MEMORY = re.compile(
@@ -65,8 +68,8 @@ class SplitSearch:
     cost_tokens: list[str]
     ceiling: int
     timing: Timing
-    curve: list[tuner.Point] = field(default_factory=list)
-    unit: str = "samples/s"
+    curve: list[CurvePoint] = field(default_factory=list)
+    unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
     decision: tuner.Decision = field(
         default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
@@ -75,6 +78,8 @@ class SplitSearch:
     ready_at: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
+    # The most memory one trial held while N of them ran in this phase (MiB).
+    peak_mb: int | None = None
 
     @property
     def split(self) -> int:
@@ -108,8 +113,8 @@ class SplitSearch:
             session=session, device_name=device_name, fingerprint=search.fingerprint
         )
         if profile is not None:
-            search.unit = profile.unit
-            search.curve = [tuner.Point(**point) for point in profile.curve]
+            search.unit = throughput_unit(profile.unit)
+            search.curve = [CurvePoint.from_json(point) for point in profile.curve]
             if profile.settled and profile.best_split is not None:
                 best = min(profile.best_split, ceiling)
                 search.decision = tuner.Decision(
@@ -123,9 +128,17 @@ class SplitSearch:
         return search
 
     def observe(
-        self, *, session: Session, now: datetime, running: int, queued: int, sweep_id: int
+        self,
+        *,
+        session: Session,
+        now: datetime,
+        running: int,
+        queued: int,
+        sweep_id: int,
+        held: Sequence[int] = (),
     ) -> None:
-        """After a tick's placements: trials of the workload running on the device and queued."""
+        """After a tick's placements: trials of the workload running on the device and queued,
+        and the memory (MiB) each running one holds, where measured."""
         if self.decision.settled:
             return
         self.sweep_id = sweep_id
@@ -144,7 +157,11 @@ class SplitSearch:
         self.filling_since = None
         if self.phase_start is None:
             self.phase_start, self.ready_at = now, None
+            self.peak_mb = max(held, default=None)
             return
+        if held:
+            # What has to fit is the most one trial holds: the peak over the phase.
+            self.peak_mb = max(self.peak_mb or 0, *held)
         if self.ready_at is None:
             reporting = store.trials_reporting(
                 session=session, device=self.device_key, since=self.phase_start
@@ -191,15 +208,7 @@ class SplitSearch:
             command=self.command,
             param_tokens=self.cost_tokens,
             unit=self.unit,
-            curve=[
-                {
-                    "split": p.split,
-                    "throughput": p.throughput,
-                    "seconds_per_trial": p.seconds_per_trial,
-                    "memory_per_trial_mb": p.memory_per_trial_mb,
-                }
-                for p in sorted(self.curve, key=lambda p: p.split)
-            ],
+            curve=[p.to_json() for p in sorted(self.curve, key=lambda p: p.split)],
             best_split=best,
             settled=self.decision.settled,
             reason=self.decision.reason,
@@ -238,7 +247,7 @@ class SplitSearch:
 
     def _measure(
         self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]
-    ) -> tuner.Point | None:
+    ) -> CurvePoint | None:
         seconds = (end - start).total_seconds()
         durations = [
             (t.ended_at - t.started_at).total_seconds()
@@ -249,10 +258,10 @@ class SplitSearch:
         samples = store.samples_reported(
             session=session, device=self.device_key, start=start, end=end
         )
-        if self.unit == "samples/s" and samples == 0 and not self.curve:
+        if self.unit == SAMPLES_PER_S and samples == 0 and not self.curve:
             # A script that reports nothing: count finished trials instead, from now on.
-            self.unit = "trials/s"
-        if self.unit == "samples/s":
+            self.unit = TRIALS_PER_S
+        if self.unit == SAMPLES_PER_S:
             if samples == 0:
                 # Nothing reported yet (long epochs): widen the window.
                 return None
@@ -263,7 +272,12 @@ class SplitSearch:
             # N slots, each finishing a trial every `per_trial` seconds: counting completions
             # against the window instead would skew with the warm-up cut from its start.
             throughput = self.split / per_trial
-        return tuner.Point(split=self.split, throughput=throughput, seconds_per_trial=per_trial)
+        return CurvePoint(
+            split=self.split,
+            throughput=throughput,
+            seconds_per_trial=per_trial,
+            memory_per_trial_mb=self.peak_mb,
+        )
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
         self.ceiling = min(self.ceiling, fits)
@@ -278,132 +292,6 @@ class SplitSearch:
         )
 
 
-class Searches:
-    """Every split search of the daemon, one per (device model, workload), made on first need.
-
-    A search measures on one device, the first of its model it was asked about, and its N
-    serves every device of that model: two searches on twin GPUs would only race to write
-    one profile.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.timing = Timing(
-            warmup=timedelta(seconds=settings.tune_warmup),
-            window=timedelta(seconds=settings.tune_window),
-            threshold=settings.tune_threshold,
-        )
-        self._searches: dict[tuple[str, str], SplitSearch] = {}
-        self._model_of: dict[str, str] = {}
-
-    def __iter__(self) -> Iterator[SplitSearch]:
-        return iter(self._searches.values())
-
-    def tuned_splits(
-        self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
-    ) -> dict[str, int]:
-        """The N the search chose for this sweep's workload on each device (auto sweeps)."""
-        if sweep.split is not None or not self.settings.tune:
-            return {}
-        return {
-            device.key: self.search(session=session, sweep=sweep, device=device).split
-            for device in devices
-            if device.error is None
-        }
-
-    def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
-        """The search for this sweep's workload on this device's model."""
-        model = self._model_of[device.key] = device_model(device)
-        key = (model, sweep_fingerprint(sweep))
-        if key not in self._searches:
-            self._searches[key] = SplitSearch.resume(
-                session=session,
-                device_key=device.key,
-                device_name=model,
-                command=[sweep.workdir, *sweep.command],
-                param_tokens=sweep.param_tokens,
-                ceiling=self.ceiling(device),
-                timing=self.timing,
-            )
-        return self._searches[key]
-
-    def observe(
-        self, *, session: Session, now: datetime, waiting: Sequence[Trial]
-    ) -> list[SplitSearch]:
-        """After a tick's placements, let every unsettled search see its device; `waiting` are
-        the trials next in line for slots.
-
-        Returns the searches whose curve or decision changed: their profiles need saving.
-        """
-        running: Counter[tuple[str, str | None]] = Counter()
-        sweep_of: dict[tuple[str, str | None], int] = {}
-        for trial in store.active_trials(session=session):
-            if trial.device is not None:
-                # Fixed-split trials count too: they share the device as much as any.
-                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
-                running[(trial.device, fingerprint)] += 1
-                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
-        head = (
-            sweep_fingerprint(waiting[0].sweep)
-            if waiting and waiting[0].sweep.split is None
-            else None
-        )
-        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
-        changed = []
-        for (_, fingerprint), search in self._searches.items():
-            if search.decision.settled:
-                continue
-            device = search.device_key
-            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
-            if others or (
-                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
-            ):
-                # Another sweep shares the device, or holds the head of the queue so that this
-                # workload cannot fill N: neither measures this workload, nor its memory.
-                search.phase_start = search.filling_since = None
-                continue
-            before = (search.decision, len(search.curve), search.ceiling)
-            search.observe(
-                session=session,
-                now=now,
-                running=running[(device, fingerprint)],
-                queued=queued[fingerprint],
-                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
-            )
-            if (search.decision, len(search.curve), search.ceiling) != before:
-                changed.append(search)
-        return changed
-
-    def out_of_memory(self, *, session: Session, trial: Trial) -> None:
-        """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
-        model = self._model_of.get(trial.device or "")
-        key = (model or "", sweep_fingerprint(trial.sweep))
-        if trial.split is not None and key in self._searches:
-            self._searches[key].out_of_memory(session=session, split=trial.split)
-
-    def ceiling(self, device: DeviceSnapshot) -> int:
-        """The largest N worth trying: what memory allows (on the CPU, also two per core)."""
-        if device.kind == "gpu":
-            room = (device.memory_total_mb or 0) - self.settings.reserve_mb
-            per_trial = self.settings.min_memory_mb + self.settings.overhead_mb
-        else:
-            # Beyond two single-thread processes per core a trial gets under half a core: the
-            # only gain left is overlapping start-ups, which N = 2 x cores already captures.
-            room = min(
-                device.memory_free_mb or 0,
-                CPU_TRIALS_PER_CORE * (device.cpu_count or 1) * self.settings.cpu_trial_mb,
-            )
-            per_trial = self.settings.cpu_trial_mb
-        return max(1, min(MAX_SPLIT, room // per_trial))
-
-
 def sweep_fingerprint(sweep: Sweep) -> str:
     """The workload of a sweep: its directory, its command, and the parameters that cost."""
     return tuner.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
-
-
-def device_model(device: DeviceSnapshot) -> str:
-    """What a profile is kept per: the GPU model, or the CPU model and its usable cores."""
-    if device.kind == "cpu":
-        return f"{device.name}, {device.cpu_count or 1} cores"
-    return device.name

@@ -6,12 +6,12 @@ import hashlib
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, get_args
+from typing import Any
 
 from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import ProfilePoint, ReportIn, SweepCreate, ThroughputUnit, parse_objective
+from gpumux.schemas import ReportIn, SweepCreate, parse_objective
 from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
@@ -21,6 +21,7 @@ from gpumux.status import (
     TrialStatus,
 )
 from gpumux.storage.models import Owner, Profile, Sweep, Trial, TrialReport, utcnow
+from gpumux.throughput import CurvePoint, throughput_unit
 
 log = logging.getLogger(__name__)
 
@@ -377,9 +378,8 @@ def save_profile(
     sweep_id: int | None,
 ) -> Profile:
     """Store the profile of (device model, workload), replacing the one measured before."""
-    if unit not in get_args(ThroughputUnit):
-        raise ValueError(f"profile unit {unit!r} is not one of {get_args(ThroughputUnit)}")
-    points = [ProfilePoint.model_validate(dict(point)).model_dump() for point in curve]
+    unit = throughput_unit(unit)
+    points = [CurvePoint.from_json(point).to_json() for point in curve]
     now = utcnow()
     profile = get_profile(session=session, device_name=device_name, fingerprint=fingerprint)
     if profile is None:

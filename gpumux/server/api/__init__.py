@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from gpumux import __version__
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.server.api import devices, errors, health, profiles, reports, sweeps, tokens, trials, ui
 from gpumux.server.api import metrics as metrics_route
 from gpumux.server.api.deps import AppState

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from gpumux import accounts
 from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.server import identity
 from gpumux.storage import tokens
 from gpumux.storage.engine import Sessions

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from gpumux.splits.curve import (
     Decision,
-    Point,
     candidate_splits,
     cost_parameters,
     effective_ceiling,
@@ -18,6 +17,7 @@ from gpumux.splits.curve import (
     next_split,
     workload_fingerprint,
 )
+from gpumux.throughput import CurvePoint
 
 Curve = Callable[[int], float]
 # A runaway search fails the test instead of hanging it.
@@ -54,7 +54,7 @@ def simulate(
 ) -> Run:
     """Drive next_split like the scheduler: measure what it asks, with noise, until it settles."""
     rng = random.Random(seed)
-    points: list[Point] = []
+    points: list[CurvePoint] = []
     tried: list[int] = []
     oom_at: int | None = None
     while True:
@@ -70,7 +70,7 @@ def simulate(
             oom_at = decision.split if oom_at is None else min(oom_at, decision.split)
             continue
         factor = rng.uniform(1 - noise, 1 + noise)
-        points.append(Point(split=decision.split, throughput=curve(decision.split) * factor))
+        points.append(CurvePoint(split=decision.split, throughput=curve(decision.split) * factor))
 
 
 def knee(n: int) -> float:
@@ -180,7 +180,7 @@ def test_empty_curve_measures_one() -> None:
 
 
 def test_one_noisy_dip_does_not_end_the_ascent() -> None:
-    curve = [Point(1, 100.0), Point(2, 200.0), Point(3, 190.0), Point(5, 400.0)]
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(3, 190.0), CurvePoint(5, 400.0)]
 
     decision = next_split(curve, ceiling=34)
 
@@ -188,13 +188,13 @@ def test_one_noisy_dip_does_not_end_the_ascent() -> None:
 
 
 def test_the_last_point_of_a_split_wins() -> None:
-    curve = [Point(1, 100.0), Point(2, 100.0), Point(2, 300.0)]
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 100.0), CurvePoint(2, 300.0)]
 
     assert next_split(curve, ceiling=34).split == 3
 
 
 def test_points_above_the_ceiling_are_ignored() -> None:
-    curve = [Point(1, 100.0), Point(2, 200.0), Point(8, 50.0), Point(13, 40.0)]
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(8, 50.0), CurvePoint(13, 40.0)]
 
     decision = next_split(curve, ceiling=3)
 
@@ -202,11 +202,14 @@ def test_points_above_the_ceiling_are_ignored() -> None:
 
 
 def test_bisection_follows_a_leading_midpoint() -> None:
-    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)] + [Point(8, 510.0), Point(13, 515.0)]
+    curve = [CurvePoint(n, 100.0 * n) for n in (1, 2, 3, 5)] + [
+        CurvePoint(8, 510.0),
+        CurvePoint(13, 515.0),
+    ]
 
     first = next_split(curve, ceiling=34)
-    leading = next_split([*curve, Point(6, 600.0)], ceiling=34)
-    missing = next_split([*curve, Point(6, 600.0), Point(7, 610.0)], ceiling=34)
+    leading = next_split([*curve, CurvePoint(6, 600.0)], ceiling=34)
+    missing = next_split([*curve, CurvePoint(6, 600.0), CurvePoint(7, 610.0)], ceiling=34)
 
     assert first == Decision(
         split=6, settled=False, reason="measuring N=6 (between N=5 and N=8, measured)"
@@ -216,8 +219,8 @@ def test_bisection_follows_a_leading_midpoint() -> None:
 
 
 def test_a_midpoint_that_misses_ends_the_search() -> None:
-    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
-    curve += [Point(21, 1310.0), Point(34, 1320.0), Point(17, 1330.0)]
+    curve = [CurvePoint(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
+    curve += [CurvePoint(21, 1310.0), CurvePoint(34, 1320.0), CurvePoint(17, 1330.0)]
 
     decision = next_split(curve, ceiling=34)
 
@@ -225,7 +228,7 @@ def test_a_midpoint_that_misses_ends_the_search() -> None:
 
 
 def test_at_the_ceiling_a_single_miss_that_measured_higher_wins() -> None:
-    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)] + [Point(6, 520.0)]
+    curve = [CurvePoint(n, 100.0 * n) for n in (1, 2, 3, 5)] + [CurvePoint(6, 520.0)]
 
     decision = next_split(curve, ceiling=6)
 
@@ -235,7 +238,7 @@ def test_at_the_ceiling_a_single_miss_that_measured_higher_wins() -> None:
 
 
 def test_an_oom_at_a_planned_step_tries_the_n_just_below() -> None:
-    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5)]
+    curve = [CurvePoint(n, 100.0 * n) for n in (1, 2, 3, 5)]
 
     decision = next_split(curve, ceiling=34, oom_at=8)
 
@@ -243,7 +246,7 @@ def test_an_oom_at_a_planned_step_tries_the_n_just_below() -> None:
 
 
 def test_a_second_oom_bisects_towards_it() -> None:
-    curve = [Point(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
+    curve = [CurvePoint(n, 100.0 * n) for n in (1, 2, 3, 5, 8, 13)]
 
     decision = next_split(curve, ceiling=34, oom_at=20)
 
@@ -340,14 +343,15 @@ def test_any_unimodal_curve_settles_within_the_bound(
 @settings(max_examples=300, deadline=None)
 @given(
     points=st.lists(
-        st.builds(Point, split=st.integers(-3, 80), throughput=st.floats(0.0, 1e6)), max_size=20
+        st.builds(CurvePoint, split=st.integers(-3, 80), throughput=st.floats(0.0, 1e6)),
+        max_size=20,
     ),
     ceiling=st.integers(-2, 60),
     oom_at=st.none() | st.integers(-2, 64),
     threshold=st.floats(0.0, 1.0),
 )
 def test_any_curve_gets_a_split_within_the_ceiling(
-    points: list[Point], ceiling: int, oom_at: int | None, threshold: float
+    points: list[CurvePoint], ceiling: int, oom_at: int | None, threshold: float
 ) -> None:
     decision = next_split(points, ceiling=ceiling, oom_at=oom_at, threshold=threshold)
 

@@ -7,11 +7,7 @@ from pathlib import Path
 import pytest
 from builders import sweep_in
 
-from gpumux.config import Settings
-from gpumux.devices.probes import DeviceSnapshot
-from gpumux.scheduling.next_trials import next_trials
-from gpumux.schemas import MAX_SPLIT
-from gpumux.splits.online import LONG_WINDOWS, Searches, SplitSearch, Timing, is_out_of_memory
+from gpumux.splits.online import LONG_WINDOWS, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -213,88 +209,6 @@ def test_a_long_trial_is_measured_from_its_first_report_over_long_windows(
     assert search.split == 2
 
 
-def cpu_device(key: str = "cpu", name: str = "Test CPU", kind: str = "cpu") -> DeviceSnapshot:
-    return DeviceSnapshot(
-        key=key,
-        kind="gpu" if kind == "gpu" else "cpu",
-        index=0,
-        name=name,
-        uuid=key if kind == "gpu" else None,
-        memory_total_mb=80_000,
-        memory_used_mb=0,
-        memory_free_mb=80_000,
-        utilization_pct=None,
-        processes=(),
-        cpu_count=8 if kind == "cpu" else None,
-    )
-
-
-def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
-    """An auto sweep of 6 trials and a fixed --split 2 sweep of 1, as the API stores them."""
-    with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        auto = store.create_sweep(
-            session=session,
-            sweep_in=sweep_in(tmp_path, "x=1..6", command=COMMAND),
-            owner=owner,
-            seed=1,
-            trial_params=[{"x": n} for n in range(6)],
-        )
-        fixed = store.create_sweep(
-            session=session,
-            sweep_in=sweep_in(tmp_path, split=2),
-            owner=owner,
-            seed=1,
-            trial_params=[{}],
-        )
-        return auto.id, fixed.id
-
-
-def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceiling(
-    sessions: Sessions, settings: Settings, tmp_path: Path
-) -> None:
-    auto_id, fixed_id = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
-    with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        assert searches.tuned_splits(session=session, sweep=sweep, devices=[cpu_device()]) == {
-            "cpu": 1
-        }
-    with sessions.write.begin() as session:
-        (other,) = store.list_trials(session=session, sweep_id=fixed_id)[0]
-        store.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
-        store.set_trial_status(
-            session=session, trial=other, status=TrialStatus.running, device="cpu"
-        )
-    (search,) = searches
-    ceiling = search.ceiling
-    now = utcnow()
-    for minute in range(10):
-        with sessions.read() as session:
-            waiting = next_trials(session=session, limit=MAX_SPLIT)
-            changed = searches.observe(
-                session=session, now=now + timedelta(minutes=minute), waiting=waiting
-            )
-        assert changed == []
-    assert search.ceiling == ceiling and search.phase_start is None and search.curve == []
-
-
-def test_twin_gpus_share_one_search_measured_on_one_of_them(
-    sessions: Sessions, settings: Settings, tmp_path: Path
-) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
-    twins = [cpu_device("GPU-a", "NVIDIA H200", "gpu"), cpu_device("GPU-b", "NVIDIA H200", "gpu")]
-    with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-    assert splits == {"GPU-a": 1, "GPU-b": 1}
-    (search,) = searches
-    assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
-
-
 def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     sessions: Sessions, trial_id: int
 ) -> None:
@@ -309,3 +223,40 @@ def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     (point,) = search.curve
     assert search.unit == "trials/s"
     assert point.throughput == pytest.approx(1 / 8) and point.seconds_per_trial == 8
+
+
+def test_the_most_memory_one_trial_held_while_n_ran_is_stored_with_its_point(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+
+    def tick(at: datetime, running: int, held: list[int]) -> None:
+        search.observe(session=session, now=at, running=running, queued=5, sweep_id=1, held=held)
+
+    with sessions.write.begin() as session:
+        tick(start, 1, [5000])
+        # Fewer than N: that phase is over, and what it saw does not measure N.
+        tick(start + timedelta(seconds=1), 0, [])
+        begin = start + timedelta(seconds=2)
+        tick(begin, 1, [700])
+        tick(begin + timedelta(seconds=3), 1, [900])
+        tick(begin + timedelta(seconds=4), 1, [])
+        session.add(ended_trial(begin, begin + TIMING.warmup + timedelta(seconds=3)))
+        session.flush()
+        tick(begin + TIMING.warmup + TIMING.window, 1, [800])
+        search.save(session=session)
+    (point,) = search.curve
+    assert point.split == 1 and point.memory_per_trial_mb == 900
+    with sessions.read() as session:
+        (profile,), _ = store.list_profiles(session=session)
+    assert profile.curve[0]["memory_per_trial_mb"] == 900.0
+    again = search_of(sessions)
+    assert again.curve == [point]
+
+
+def test_a_phase_measured_without_memory_stores_none(sessions: Sessions, trial_id: int) -> None:
+    search = search_of(sessions)
+    run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    (point,) = search.curve
+    assert point.memory_per_trial_mb is None

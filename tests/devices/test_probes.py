@@ -18,15 +18,11 @@ from scripted_nvml import (
     scripted_nvml,
 )
 
-from gpumux.devices.probes import (
-    CpuProbe,
-    GpuProcess,
-    NvmlProbe,
-    NvmlUnavailable,
-    make_probe,
-)
+from gpumux.devices.probes import CpuProbe, NvmlProbe, NvmlUnavailable, make_probe
+from gpumux.devices.snapshot import GpuProcess
 
-TESTS = Path(__file__).resolve().parent
+# Where scripted_nvml.py is, for a child Python to import it.
+TESTS = Path(__file__).resolve().parent.parent
 UNAVAILABLE_LINE = "devices: NVML unavailable (%s); offering the CPU as one device"
 
 

@@ -1,0 +1,124 @@
+"""The device-kind interface: what a device offers, how a trial is capped on it, how its memory
+is accounted. Pure: placement calls it, so it reads nothing from the host itself."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from gpumux.devices.snapshot import DeviceSnapshot
+
+# The resident memory of some processes together, in MiB; None when none could be read.
+ResidentMemory = Callable[[Collection[int]], int | None]
+
+
+class PackingRules(Protocol):
+    """The configured numbers a kind packs by (placement's PackingPolicy has them)."""
+
+    @property
+    def default_split(self) -> int: ...
+
+    @property
+    def cpu_default_split(self) -> int | None: ...
+
+    @property
+    def reserve_mb(self) -> int: ...
+
+    @property
+    def min_memory_mb(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class TrialCap:
+    """How one trial is held to its share of a device: a memory limit, a thread count, or both."""
+
+    memory_limit_mb: int | None
+    cpu_threads: int | None
+
+
+class DeviceKind(ABC):
+    """One kind of device; a new kind (MPS, MIG) is one subclass registered in KINDS."""
+
+    # DeviceSnapshot.kind, and the trial's GPUMUX_DEVICE_KIND.
+    name: ClassVar[str]
+    # Whether snapshots list each process's memory, so that our process groups are worth listing.
+    lists_processes: ClassVar[bool]
+
+    def usable(self, device: DeviceSnapshot) -> bool:
+        """Whether trials may be placed on the device as probed."""
+        return device.error is None
+
+    @abstractmethod
+    def model_name(self, device: DeviceSnapshot) -> str:
+        """What a throughput profile is kept per: devices of one model share their best N."""
+
+    @abstractmethod
+    def default_split(self, device: DeviceSnapshot, rules: PackingRules) -> int:
+        """Trials at once on the device when neither the sweep nor the split search says."""
+
+    @abstractmethod
+    def ceiling(
+        self,
+        device: DeviceSnapshot,
+        *,
+        reserve_mb: int,
+        min_memory_mb: int,
+        overhead_mb: int,
+        cpu_trial_mb: int,
+    ) -> int:
+        """The largest N the split search should try on the device, at least 1."""
+
+    @abstractmethod
+    def room_mb(
+        self,
+        device: DeviceSnapshot,
+        *,
+        reserve_mb: int,
+        our_pids: Collection[int],
+        our_caps: Sequence[int | None],
+        overhead_mb: int,
+    ) -> int:
+        """Memory our trials may divide among them, given what others' processes hold.
+
+        `our_caps` are the memory limits of our trials running on the device.
+        """
+
+    @abstractmethod
+    def cap(
+        self,
+        device: DeviceSnapshot,
+        *,
+        split: int,
+        room_mb: int,
+        held_mb: int,
+        overhead_mb: int,
+        rules: PackingRules,
+    ) -> TrialCap | None:
+        """A new trial's cap at `split`, given the room and what our trials hold; None: no fit."""
+
+    @abstractmethod
+    def never_fits(
+        self, device: DeviceSnapshot, *, split: int, overhead_mb: int, rules: PackingRules
+    ) -> str | None:
+        """Why `split` trials fit not even on the idle device, and what would; None if they do."""
+
+    @abstractmethod
+    def cuda_visible_devices(self, device: DeviceSnapshot) -> str:
+        """CUDA_VISIBLE_DEVICES for a trial on the device."""
+
+    @abstractmethod
+    def overhead_beyond_cap(
+        self, device: DeviceSnapshot, group_of: Mapping[int, int], caps: Mapping[int, int]
+    ) -> int | None:
+        """The most memory one of our trials holds beyond its cap; None when not seen.
+
+        `group_of` maps our pids to their trial's process group, `caps` a group to its limit.
+        """
+
+    @abstractmethod
+    def trial_memory_mb(
+        self, device: DeviceSnapshot, pids: Collection[int], *, resident: ResidentMemory
+    ) -> int | None:
+        """Memory one trial (these processes) holds on the device now; None when unknown."""

@@ -1,0 +1,56 @@
+"""What a device looked like at one moment, and which GPUs a daemon may use: plain data, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a compute context on a GPU, and the memory NVML says it holds."""
+
+    pid: int
+    used_memory_mb: int | None
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """One device at one moment; a field NVML could not read is None.
+
+    `kind` names the device's kind (gpumux.devices.kinds), which decides how trials share it.
+    """
+
+    key: str
+    kind: str
+    index: int
+    name: str
+    uuid: str | None
+    memory_total_mb: int | None
+    memory_used_mb: int | None
+    memory_free_mb: int | None
+    utilization_pct: int | None
+    processes: tuple[GpuProcess, ...] | None
+    cpu_count: int | None
+    error: str | None = None
+
+
+def is_visible(gpu: DeviceSnapshot, visible: str | None) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES (indices or UUIDs, comma-separated; None: all) shows the GPU."""
+    if visible is None:
+        return True
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry == str(gpu.index):
+            return True
+        if entry.startswith("GPU-") and gpu.uuid is not None and gpu.uuid.startswith(entry):
+            return True
+    return False
+
+
+def visible_gpus(gpus: str | None, environ: Mapping[str, str]) -> str | None:
+    """The GPUs a daemon may use: its `gpus` setting, else its own CUDA_VISIBLE_DEVICES.
+
+    A daemon given some GPUs of a host (by Slurm, or by hand) packs trials onto those alone;
+    None means every GPU.
+    """
+    return gpus if gpus is not None else environ.get("CUDA_VISIBLE_DEVICES")

@@ -1,0 +1,171 @@
+"""Every split search of the daemon, one per device model and workload, and what they read of
+the devices: the ceiling each searches under, and the memory the trials they measure hold."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from gpumux.config import Settings
+from gpumux.devices.accounting import Overheads
+from gpumux.devices.kinds import kind_of
+from gpumux.devices.resident import resident_mb
+from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.schemas import MAX_SPLIT
+from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
+from gpumux.storage import store
+from gpumux.storage.models import Sweep, Trial
+
+
+class Searches:
+    """Every split search of the daemon, one per (device model, workload), made on first need.
+
+    A search measures on one device, the first of its model it was asked about, and its N
+    serves every device of that model: two searches on twin GPUs would only race to write
+    one profile.
+    """
+
+    def __init__(self, settings: Settings, overheads: Overheads | None = None) -> None:
+        self.settings = settings
+        # The per-process overhead placement budgets with, so that the ceiling divides by the
+        # same figure; a Searches of its own (a tool, a test) measures none.
+        self.overheads = (
+            Overheads(configured_mb=settings.overhead_mb) if overheads is None else overheads
+        )
+        self.timing = Timing(
+            warmup=timedelta(seconds=settings.tune_warmup),
+            window=timedelta(seconds=settings.tune_window),
+            threshold=settings.tune_threshold,
+        )
+        self._searches: dict[tuple[str, str], SplitSearch] = {}
+        self._model_of: dict[str, str] = {}
+
+    def __iter__(self) -> Iterator[SplitSearch]:
+        return iter(self._searches.values())
+
+    def tuned_splits(
+        self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
+    ) -> dict[str, int]:
+        """The N the search chose for this sweep's workload on each device (auto sweeps)."""
+        if sweep.split is not None or not self.settings.tune:
+            return {}
+        return {
+            device.key: self.search(session=session, sweep=sweep, device=device).split
+            for device in devices
+            if device.error is None
+        }
+
+    def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
+        """The search for this sweep's workload on this device's model."""
+        model = self._model_of[device.key] = kind_of(device).model_name(device)
+        key = (model, sweep_fingerprint(sweep))
+        if key not in self._searches:
+            self._searches[key] = SplitSearch.resume(
+                session=session,
+                device_key=device.key,
+                device_name=model,
+                command=[sweep.workdir, *sweep.command],
+                param_tokens=sweep.param_tokens,
+                ceiling=self.ceiling(device),
+                timing=self.timing,
+            )
+        return self._searches[key]
+
+    def observe(
+        self,
+        *,
+        session: Session,
+        now: datetime,
+        waiting: Sequence[Trial],
+        devices: Sequence[DeviceSnapshot],
+        group_of: Mapping[int, int],
+    ) -> list[SplitSearch]:
+        """After a tick's placements, let every unsettled search see its device.
+
+        `waiting` are the trials next in line for slots; `devices` as last probed and
+        `group_of` (our pids to their trial's process group) tell the memory each measured
+        trial holds. Returns the searches whose curve or decision changed: their profiles
+        need saving.
+        """
+        running: Counter[tuple[str, str | None]] = Counter()
+        sweep_of: dict[tuple[str, str | None], int] = {}
+        groups: defaultdict[tuple[str, str | None], list[int]] = defaultdict(list)
+        for trial in store.active_trials(session=session):
+            if trial.device is not None:
+                # Fixed-split trials count too: they share the device as much as any.
+                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
+                running[(trial.device, fingerprint)] += 1
+                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
+                if trial.pid is not None:
+                    # The trial's leader started its process group: its pid is the group's id.
+                    groups[(trial.device, fingerprint)].append(trial.pid)
+        head = (
+            sweep_fingerprint(waiting[0].sweep)
+            if waiting and waiting[0].sweep.split is None
+            else None
+        )
+        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
+        by_key = {device.key: device for device in devices}
+        changed = []
+        for (_, fingerprint), search in self._searches.items():
+            if search.decision.settled:
+                continue
+            device = search.device_key
+            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
+            if others or (
+                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
+            ):
+                # Another sweep shares the device, or holds the head of the queue so that this
+                # workload cannot fill N: neither measures this workload, nor its memory.
+                search.phase_start = search.filling_since = None
+                continue
+            before = (search.decision, len(search.curve), search.ceiling)
+            search.observe(
+                session=session,
+                now=now,
+                running=running[(device, fingerprint)],
+                queued=queued[fingerprint],
+                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
+                held=trial_memory(by_key.get(device), groups[(device, fingerprint)], group_of),
+            )
+            if (search.decision, len(search.curve), search.ceiling) != before:
+                changed.append(search)
+        return changed
+
+    def out_of_memory(self, *, session: Session, trial: Trial) -> None:
+        """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
+        model = self._model_of.get(trial.device or "")
+        key = (model or "", sweep_fingerprint(trial.sweep))
+        if trial.split is not None and key in self._searches:
+            self._searches[key].out_of_memory(session=session, split=trial.split)
+
+    def ceiling(self, device: DeviceSnapshot) -> int:
+        """The largest N worth trying on the device, budgeting the overhead placement budgets."""
+        bound = kind_of(device).ceiling(
+            device,
+            reserve_mb=self.settings.reserve_mb,
+            min_memory_mb=self.settings.min_memory_mb,
+            overhead_mb=self.overheads.for_device(device.key),
+            cpu_trial_mb=self.settings.cpu_trial_mb,
+        )
+        return min(MAX_SPLIT, bound)
+
+
+def trial_memory(
+    device: DeviceSnapshot | None, pgids: Sequence[int], group_of: Mapping[int, int] | None
+) -> list[int]:
+    """The memory (MiB) each trial, given by its process group, holds on the device now, for
+    those where it can be told."""
+    if device is None or group_of is None:
+        return []
+    kind = kind_of(device)
+    held = []
+    for pgid in pgids:
+        pids = [pid for pid, group in group_of.items() if group == pgid]
+        memory = kind.trial_memory_mb(device, pids, resident=resident_mb)
+        if memory is not None:
+            held.append(memory)
+    return held

@@ -1,0 +1,69 @@
+"""A point of a throughput curve and the unit of its throughput: the one shape the split search
+measures, profiles store, the API serves and the CLI draws."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
+
+ThroughputUnit = Literal["samples/s", "trials/s"]
+SAMPLES_PER_S: ThroughputUnit = "samples/s"
+# For scripts that report no samples: completed trials.
+TRIALS_PER_S: ThroughputUnit = "trials/s"
+THROUGHPUT_UNITS: tuple[ThroughputUnit, ...] = get_args(ThroughputUnit)
+
+
+def throughput_unit(text: str) -> ThroughputUnit:
+    """The unit named by `text`; ValueError naming the units there are."""
+    for unit in THROUGHPUT_UNITS:
+        if text == unit:
+            return unit
+    raise ValueError(f"throughput unit {text!r} is not one of {', '.join(THROUGHPUT_UNITS)}")
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """N trials at once on a device: their aggregate throughput in the curve's unit, and the
+    median seconds and the most memory (MiB) one of them took, when measured."""
+
+    split: int
+    throughput: float
+    seconds_per_trial: float | None = None
+    memory_per_trial_mb: float | None = None
+
+    def to_json(self) -> dict[str, int | float | None]:
+        """The point as a JSON object, numbers as floats but for the split."""
+        return {
+            name: value if name == "split" or value is None else float(value)
+            for name, value in asdict(self).items()
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CurvePoint:
+        """A point from its JSON object, checked: ValueError naming what is wrong.
+
+        Points the search makes are measured and sound; what is read or stored is checked.
+        """
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"a curve point has no field {', '.join(sorted(unknown))}")
+        if "split" not in data or "throughput" not in data:
+            raise ValueError(f"a curve point needs a split and a throughput: {dict(data)!r}")
+        split = data["split"]
+        if isinstance(split, bool) or not isinstance(split, int) or split < 1:
+            raise ValueError(f"a curve point's split must be an integer of 1 or more: {split!r}")
+        _check("throughput", data["throughput"], above_zero=False)
+        for name in ("seconds_per_trial", "memory_per_trial_mb"):
+            if data.get(name) is not None:
+                _check(name, data[name], above_zero=name == "seconds_per_trial")
+        return cls(**data)
+
+
+def _check(name: str, value: object, *, above_zero: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"a curve point's {name} must be a finite number: {value!r}")
+    if value < 0 or (above_zero and value == 0):
+        least = "above 0" if above_zero else "0 or more"
+        raise ValueError(f"a curve point's {name} must be {least}: {value!r}")

@@ -1,0 +1,263 @@
+"""Device kinds: what each offers, how it caps a trial, how it accounts memory; and that a
+third kind is one class that placement takes as it takes the two there are."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import pytest
+
+from gpumux.devices.kinds import KINDS, kind_of
+from gpumux.devices.kinds.base import DeviceKind, PackingRules, ResidentMemory, TrialCap
+from gpumux.devices.kinds.cpu import CpuKind
+from gpumux.devices.kinds.gpu import GpuKind
+from gpumux.devices.resident import resident_mb
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.scheduling.placement import (
+    PackingPolicy,
+    PendingTrial,
+    Placement,
+    RunningTrial,
+    never_fits,
+    place,
+)
+
+H100_MB = 81559
+FOREIGN_PID = 424242
+POLICY = PackingPolicy()
+
+
+BASE = DeviceSnapshot(
+    key="gpu-0",
+    kind="gpu",
+    index=0,
+    name="Test gpu",
+    uuid=None,
+    memory_total_mb=H100_MB,
+    memory_used_mb=0,
+    memory_free_mb=H100_MB,
+    utilization_pct=0,
+    processes=(),
+    cpu_count=None,
+)
+
+
+def snapshot(kind: str, **fields: Any) -> DeviceSnapshot:
+    return replace(BASE, **{"key": f"{kind}-0", "kind": kind, "name": f"Test {kind}", **fields})
+
+
+def gpu(**fields: Any) -> DeviceSnapshot:
+    return snapshot("gpu", **{"key": "GPU-0b5c", "uuid": "GPU-0b5c", **fields})
+
+
+def cpu(**fields: Any) -> DeviceSnapshot:
+    defaults = dict(
+        key="cpu", memory_total_mb=16000, memory_free_mb=12000, processes=None, cpu_count=8
+    )
+    return snapshot("cpu", **{**defaults, **fields})
+
+
+def test_each_kind_is_found_by_its_name_and_an_unknown_one_says_how_to_add_it() -> None:
+    assert isinstance(kind_of(gpu()), GpuKind) and isinstance(kind_of(cpu()), CpuKind)
+    with pytest.raises(ValueError, match=r"device mps-0: unknown kind 'mps' \(known: cpu, gpu\)"):
+        kind_of(snapshot("mps"))
+
+
+def test_a_gpu_offers_its_model_the_default_split_and_a_ceiling_by_memory() -> None:
+    kind = GpuKind()
+    assert kind.model_name(gpu()) == "Test gpu"
+    assert kind.default_split(gpu(), PackingPolicy(default_split=3)) == 3
+    room = H100_MB - 512
+    ceiling = dict(reserve_mb=512, min_memory_mb=256, cpu_trial_mb=1024)
+    assert kind.ceiling(gpu(), overhead_mb=1024, **ceiling) == room // 1280
+    assert kind.ceiling(gpu(), overhead_mb=3000, **ceiling) == room // 3256
+    assert kind.ceiling(gpu(memory_total_mb=None), overhead_mb=1024, **ceiling) == 1
+
+
+def test_a_gpu_trial_sees_its_gpu_by_uuid_else_by_index() -> None:
+    assert GpuKind().cuda_visible_devices(gpu()) == "GPU-0b5c"
+    assert GpuKind().cuda_visible_devices(gpu(uuid=None, index=3)) == "3"
+
+
+def test_a_gpu_cuts_equal_slices_of_what_others_leave() -> None:
+    kind = GpuKind()
+    crowded = gpu(processes=(GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),))
+    room = kind.room_mb(crowded, reserve_mb=512, our_pids=(), our_caps=[], overhead_mb=1024)
+    assert room == H100_MB - 512 - 30000
+    cap = kind.cap(crowded, split=4, room_mb=room, held_mb=0, overhead_mb=1024, rules=POLICY)
+    assert cap == TrialCap(memory_limit_mb=room // 4 - 1024, cpu_threads=None)
+    full = room - 1000
+    taken = kind.cap(crowded, split=4, room_mb=room, held_mb=full, overhead_mb=1024, rules=POLICY)
+    assert taken is None, "the slice no longer fits beside what our trials hold"
+    thin = kind.cap(gpu(), split=1000, room_mb=room, held_mb=0, overhead_mb=0, rules=POLICY)
+    assert thin is None, "a slice under the smallest one"
+    assert not kind.usable(gpu(memory_total_mb=None)) and not kind.usable(gpu(error="lost"))
+
+
+def test_a_gpu_says_which_split_fits_when_one_never_does() -> None:
+    kind = GpuKind()
+    small = gpu(memory_total_mb=24576)
+    reason = kind.never_fits(small, split=32, overhead_mb=1024, rules=POLICY)
+    assert reason is not None and "use --split 18 or less" in reason
+    assert kind.never_fits(small, split=18, overhead_mb=1024, rules=POLICY) is None
+    assert kind.never_fits(gpu(memory_total_mb=None), split=64, overhead_mb=0, rules=POLICY) is None
+
+
+def test_the_overhead_is_what_a_trial_group_holds_beyond_its_slice() -> None:
+    device = gpu(
+        processes=(
+            GpuProcess(pid=100, used_memory_mb=4096 + 500),  # trial A's leader
+            GpuProcess(pid=101, used_memory_mb=300),  # a worker of trial A
+            GpuProcess(pid=200, used_memory_mb=8192 + 650),  # trial B
+            GpuProcess(pid=300, used_memory_mb=1000),  # a trial still below its slice
+            GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),  # not ours
+        )
+    )
+    group_of = {100: 100, 101: 100, 200: 200, 300: 300}
+    caps = {100: 4096, 200: 8192, 300: 4096}
+    assert GpuKind().overhead_beyond_cap(device, group_of, caps) == 800
+
+
+def test_no_overhead_is_measured_before_a_trial_passes_its_slice() -> None:
+    device = gpu(processes=(GpuProcess(pid=100, used_memory_mb=1000),))
+    assert GpuKind().overhead_beyond_cap(device, {100: 100}, {100: 4096}) is None
+    assert GpuKind().overhead_beyond_cap(gpu(processes=None), {100: 100}, {100: 4096}) is None
+    assert CpuKind().overhead_beyond_cap(cpu(), {}, {}) is None
+
+
+def test_a_gpu_trial_holds_what_nvml_lists_for_its_processes() -> None:
+    device = gpu(
+        processes=(
+            GpuProcess(pid=100, used_memory_mb=4000),
+            GpuProcess(pid=101, used_memory_mb=300),
+            GpuProcess(pid=102, used_memory_mb=None),
+            GpuProcess(pid=FOREIGN_PID, used_memory_mb=30000),
+        )
+    )
+    assert GpuKind().trial_memory_mb(device, [100, 101, 102], resident=resident_mb) == 4300
+    assert GpuKind().trial_memory_mb(device, [7], resident=resident_mb) is None
+
+
+def test_the_cpu_offers_its_model_with_cores_and_a_ceiling_of_two_per_core() -> None:
+    kind = CpuKind()
+    assert kind.model_name(cpu()) == "Test cpu, 8 cores"
+    assert kind.default_split(cpu(), POLICY) == 8
+    assert kind.default_split(cpu(), PackingPolicy(cpu_default_split=3)) == 3
+    ceiling = dict(reserve_mb=512, min_memory_mb=256, overhead_mb=1024)
+    assert kind.ceiling(cpu(memory_free_mb=64000), cpu_trial_mb=1024, **ceiling) == 16
+    assert kind.ceiling(cpu(memory_free_mb=5000), cpu_trial_mb=1024, **ceiling) == 4
+    assert kind.ceiling(cpu(memory_free_mb=None), cpu_trial_mb=1024, **ceiling) == 1
+
+
+def test_a_cpu_trial_gets_threads_not_memory_and_no_gpu() -> None:
+    kind = CpuKind()
+    assert kind.cap(cpu(), split=3, room_mb=0, held_mb=0, overhead_mb=0, rules=POLICY) == (
+        TrialCap(memory_limit_mb=None, cpu_threads=2)
+    )
+    crowded = kind.cap(cpu(cpu_count=2), split=5, room_mb=0, held_mb=0, overhead_mb=0, rules=POLICY)
+    assert crowded == TrialCap(memory_limit_mb=None, cpu_threads=1)
+    assert kind.cuda_visible_devices(cpu()) == ""
+    assert kind.never_fits(cpu(), split=64, overhead_mb=1024, rules=POLICY) is None
+
+
+def test_a_cpu_trial_holds_its_processes_resident_memory() -> None:
+    mine = CpuKind().trial_memory_mb(cpu(), [os.getpid()], resident=resident_mb)
+    assert mine is not None and mine == pytest.approx(resident_mb([os.getpid()]), abs=2)
+
+
+class RackKind(DeviceKind):
+    """A test-only kind: fixed 1000 MB bays of the device's memory, one thread each."""
+
+    name: ClassVar[str] = "rack"
+    lists_processes: ClassVar[bool] = False
+    BAY_MB: ClassVar[int] = 1000
+
+    def model_name(self, device: DeviceSnapshot) -> str:
+        return f"rack {device.name}"
+
+    def default_split(self, device: DeviceSnapshot, rules: PackingRules) -> int:
+        return 3
+
+    def ceiling(
+        self,
+        device: DeviceSnapshot,
+        *,
+        reserve_mb: int,
+        min_memory_mb: int,
+        overhead_mb: int,
+        cpu_trial_mb: int,
+    ) -> int:
+        return max(1, (device.memory_total_mb or 0) // self.BAY_MB)
+
+    def room_mb(
+        self,
+        device: DeviceSnapshot,
+        *,
+        reserve_mb: int,
+        our_pids: Collection[int],
+        our_caps: Sequence[int | None],
+        overhead_mb: int,
+    ) -> int:
+        return device.memory_total_mb or 0
+
+    def cap(
+        self,
+        device: DeviceSnapshot,
+        *,
+        split: int,
+        room_mb: int,
+        held_mb: int,
+        overhead_mb: int,
+        rules: PackingRules,
+    ) -> TrialCap | None:
+        if held_mb + self.BAY_MB + overhead_mb > room_mb:
+            return None
+        return TrialCap(memory_limit_mb=self.BAY_MB, cpu_threads=1)
+
+    def never_fits(
+        self, device: DeviceSnapshot, *, split: int, overhead_mb: int, rules: PackingRules
+    ) -> str | None:
+        if (device.memory_total_mb or 0) >= self.BAY_MB + overhead_mb:
+            return None
+        return f"{device.name} has no room for one bay"
+
+    def cuda_visible_devices(self, device: DeviceSnapshot) -> str:
+        return f"rack-{device.index}"
+
+    def overhead_beyond_cap(
+        self, device: DeviceSnapshot, group_of: Mapping[int, int], caps: Mapping[int, int]
+    ) -> int | None:
+        return None
+
+    def trial_memory_mb(
+        self, device: DeviceSnapshot, pids: Collection[int], *, resident: ResidentMemory
+    ) -> int | None:
+        return resident(pids)
+
+
+def test_a_third_kind_is_one_class_that_placement_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(KINDS, RackKind.name, RackKind())
+    rack = snapshot("rack", key="rack-0", memory_total_mb=2600, processes=None)
+    policy = PackingPolicy(overhead_mb=200)
+    pending = [PendingTrial(trial_id=n, split=None) for n in range(1, 5)]
+    placed = place(devices=[rack], running=[], pending=pending, policy=policy)
+    # Three bays by default, but 2600 MB hold two bays of 1000 MB and their 200 MB overhead.
+    assert placed == [
+        Placement(trial_id=1, device_key="rack-0", slot=0, split=3, memory_limit_mb=1000,
+                  cpu_threads=1),
+        Placement(trial_id=2, device_key="rack-0", slot=1, split=3, memory_limit_mb=1000,
+                  cpu_threads=1),
+    ]  # fmt: skip
+    beside = place(devices=[rack, cpu()], running=[], pending=pending, policy=policy)
+    assert {p.device_key for p in beside} == {"cpu"}, "the CPU's 8 free slots rank first"
+    running = [RunningTrial(trial_id=9, device_key="rack-0", slot=0, memory_limit_mb=1000)]
+    again = place(devices=[rack], running=running, pending=pending[:2], policy=policy)
+    assert [(p.trial_id, p.slot) for p in again] == [(1, 1)]
+    tiny = snapshot("rack", key="rack-1", name="tiny rack", memory_total_mb=900)
+    assert never_fits(PendingTrial(trial_id=1, split=2), [tiny], policy) == (
+        "tiny rack has no room for one bay"
+    )
+    assert kind_of(rack).cuda_visible_devices(rack) == "rack-0"

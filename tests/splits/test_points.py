@@ -1,0 +1,81 @@
+"""The one curve-point type: checked where it is read or stored, the same through a stored
+profile and the API's JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpumux.schemas import ProfilePublic
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.throughput import THROUGHPUT_UNITS, CurvePoint, throughput_unit
+
+POINTS = [
+    CurvePoint(split=1, throughput=120, seconds_per_trial=10.5, memory_per_trial_mb=900),
+    CurvePoint(split=2, throughput=230.5, seconds_per_trial=None, memory_per_trial_mb=None),
+    CurvePoint(split=3, throughput=0.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"split": 1, "throughput": 1.0, "memory_mb": 3}, "no field memory_mb"),
+        ({"split": 1}, "needs a split and a throughput"),
+        ({"split": 0, "throughput": 1.0}, "split must be an integer of 1 or more: 0"),
+        ({"split": 2.0, "throughput": 1.0}, "split must be an integer of 1 or more: 2.0"),
+        ({"split": True, "throughput": 1.0}, "split must be an integer of 1 or more: True"),
+        ({"split": 1, "throughput": float("inf")}, "throughput must be a finite number"),
+        ({"split": 1, "throughput": "fast"}, "throughput must be a finite number: 'fast'"),
+        ({"split": 1, "throughput": -1}, "throughput must be 0 or more: -1"),
+        ({"split": 1, "throughput": 1, "seconds_per_trial": 0}, "seconds_per_trial must be above"),
+        ({"split": 1, "throughput": 1, "memory_per_trial_mb": -5}, "memory_per_trial_mb must be 0"),
+    ],
+)
+def test_a_bad_point_is_refused_naming_what_is_wrong(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CurvePoint.from_json(data)
+
+
+def test_json_numbers_are_floats_but_for_the_split() -> None:
+    assert POINTS[0].to_json() == {
+        "split": 1,
+        "throughput": 120.0,
+        "seconds_per_trial": 10.5,
+        "memory_per_trial_mb": 900.0,
+    }
+    assert all(isinstance(v, float) for k, v in POINTS[0].to_json().items() if k != "split")
+    assert [CurvePoint.from_json(point.to_json()) for point in POINTS] == POINTS
+
+
+def test_units_are_named_or_refused() -> None:
+    assert [throughput_unit(unit) for unit in THROUGHPUT_UNITS] == ["samples/s", "trials/s"]
+    with pytest.raises(ValueError, match="'epochs/s' is not one of samples/s, trials/s"):
+        throughput_unit("epochs/s")
+
+
+def test_points_round_trip_through_a_stored_profile_and_the_api(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        store.save_profile(
+            session=session,
+            device_name="NVIDIA H200",
+            fingerprint="c" * 16,
+            command=["python", "train.py"],
+            param_tokens=[],
+            unit="samples/s",
+            curve=[point.to_json() for point in POINTS],
+            best_split=2,
+            settled=True,
+            reason="knee",
+            sweep_id=None,
+        )
+    with sessions.read() as session:
+        (profile,), _ = store.list_profiles(session=session)
+        assert [CurvePoint.from_json(point) for point in profile.curve] == POINTS
+        public = ProfilePublic.model_validate(profile)
+    assert public.curve == POINTS and public.unit == "samples/s"
+    served = ProfilePublic.model_validate_json(public.model_dump_json())
+    assert served.curve == POINTS
+    assert all(isinstance(point, CurvePoint) for point in served.curve)

@@ -1,0 +1,263 @@
+"""The daemon's split searches: one per device model and workload, the ceiling they search
+under, and the memory of the trials they measure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from builders import sweep_in
+
+from gpumux.config import Settings
+from gpumux.devices.accounting import Overheads
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.processes.procfs import group_members
+from gpumux.scheduling.next_trials import next_trials
+from gpumux.scheduling.placement import PackingPolicy, PendingTrial, place
+from gpumux.schemas import MAX_SPLIT
+from gpumux.splits.online import SplitSearch
+from gpumux.splits.searches import Searches
+from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import utcnow
+
+COMMAND = ["python", "train.py"]
+TOTAL_MB = 80_000
+HOG_MB = 64
+
+
+def device(
+    key: str = "cpu",
+    name: str = "Test CPU",
+    kind: str = "cpu",
+    processes: tuple[GpuProcess, ...] = (),
+) -> DeviceSnapshot:
+    return DeviceSnapshot(
+        key=key,
+        kind=kind,
+        index=0,
+        name=name,
+        uuid=key if kind == "gpu" else None,
+        memory_total_mb=TOTAL_MB,
+        memory_used_mb=0,
+        memory_free_mb=TOTAL_MB,
+        utilization_pct=None,
+        processes=processes,
+        cpu_count=8 if kind == "cpu" else None,
+    )
+
+
+def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
+    """An auto sweep of 6 trials and a fixed --split 2 sweep of 1, as the API stores them."""
+    with sessions.write.begin() as session:
+        owner = store.get_or_create_owner(session=session, name="alice")
+        auto = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path, "x=1..6", command=COMMAND),
+            owner=owner,
+            seed=1,
+            trial_params=[{"x": n} for n in range(6)],
+        )
+        fixed = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path, split=2),
+            owner=owner,
+            seed=1,
+            trial_params=[{}],
+        )
+        return auto.id, fixed.id
+
+
+def search_for(
+    searches: Searches, sessions: Sessions, sweep_id: int, on: DeviceSnapshot
+) -> SplitSearch:
+    with sessions.read() as session:
+        sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+        assert sweep is not None
+        return searches.search(session=session, sweep=sweep, device=on)
+
+
+def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
+    """The sweep's first trial runs on `device` as the process group `pgid`."""
+    with sessions.write.begin() as session:
+        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.running, device=device
+        )
+        trial.pid = pgid
+
+
+@pytest.fixture
+def hog() -> Iterator[subprocess.Popen[str]]:
+    """A process group whose leader holds HOG_MB of memory it has written, until stdin closes."""
+    script = (
+        "import sys\n"
+        f"held = b'x' * ({HOG_MB} << 20)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as child:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        yield child
+    # Leaving the block closed its stdin and waited for it.
+    assert child.returncode == 0
+
+
+def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceiling(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, fixed_id = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    with sessions.read() as session:
+        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 1}
+    with sessions.write.begin() as session:
+        (other,) = store.list_trials(session=session, sweep_id=fixed_id)[0]
+        store.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
+        store.set_trial_status(
+            session=session, trial=other, status=TrialStatus.running, device="cpu"
+        )
+    (search,) = searches
+    ceiling = search.ceiling
+    now = utcnow()
+    for minute in range(10):
+        with sessions.read() as session:
+            changed = searches.observe(
+                session=session,
+                now=now + timedelta(minutes=minute),
+                waiting=next_trials(session=session, limit=MAX_SPLIT),
+                devices=[device()],
+                group_of={},
+            )
+        assert changed == []
+    assert search.ceiling == ceiling and search.phase_start is None and search.curve == []
+
+
+def test_twin_gpus_share_one_search_measured_on_one_of_them(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    twins = [device("GPU-a", "NVIDIA H200", "gpu"), device("GPU-b", "NVIDIA H200", "gpu")]
+    with sessions.read() as session:
+        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
+    assert splits == {"GPU-a": 1, "GPU-b": 1}
+    (search,) = searches
+    assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
+
+
+def test_a_cpu_search_keeps_its_profile_per_model_and_cores(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    search = search_for(Searches(settings), sessions, auto_id, device())
+    assert search.device_name == "Test CPU, 8 cores"
+    # Two trials per core, as free memory allows at cpu_trial_mb each.
+    assert search.ceiling == 16
+
+
+def test_the_ceiling_divides_by_the_overhead_placement_budgets(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    overheads = Overheads(configured_mb=settings.overhead_mb)
+    searches = Searches(settings, overheads=overheads)
+    gpu = device("GPU-a", "NVIDIA H200", "gpu")
+    room = TOTAL_MB - settings.reserve_mb
+    assert searches.ceiling(gpu) == room // (settings.min_memory_mb + settings.overhead_mb)
+    # A trial of ours (process group 4100, capped at 4096 MB) holds 3000 MB beyond its cap.
+    seen = device("GPU-a", "NVIDIA H200", "gpu", (GpuProcess(pid=4100, used_memory_mb=7096),))
+    overheads.observe([seen], group_of={4100: 4100}, caps={4100: 4096})
+    assert overheads.for_device("GPU-a") == 3000
+    search = search_for(searches, sessions, auto_id, gpu)
+    assert search.ceiling == searches.ceiling(gpu) == room // (settings.min_memory_mb + 3000)
+    policy = PackingPolicy(
+        overhead_mb=overheads.configured_mb, overhead_by_device=overheads.measured()
+    )
+    (placed,) = place(
+        devices=[gpu], running=[], pending=[PendingTrial(trial_id=1, split=2)], policy=policy
+    )
+    assert placed.memory_limit_mb == room // 2 - 3000
+
+
+def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    cpu = device()
+    search = search_for(searches, sessions, auto_id, cpu)
+    run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(
+            session=session,
+            now=utcnow(),
+            waiting=next_trials(session=session, limit=MAX_SPLIT),
+            devices=[cpu],
+            group_of=group_members({hog.pid}),
+        )
+    assert search.phase_start is not None and search.peak_mb is not None
+    # The bytes it wrote, and the interpreter around them.
+    assert HOG_MB <= search.peak_mb < HOG_MB + 200
+
+
+def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    listed = (GpuProcess(pid=hog.pid, used_memory_mb=2500), GpuProcess(pid=1, used_memory_mb=900))
+    gpu = device("GPU-a", "NVIDIA H200", "gpu", listed)
+    search = search_for(searches, sessions, auto_id, gpu)
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(
+            session=session,
+            now=utcnow(),
+            waiting=next_trials(session=session, limit=MAX_SPLIT),
+            devices=[gpu],
+            group_of=group_members({hog.pid}),
+        )
+    assert search.peak_mb == 2500
+
+
+def test_without_the_device_listed_no_memory_is_measured(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    search = search_for(searches, sessions, auto_id, device())
+    run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
+    with sessions.read() as session:
+        searches.observe(
+            session=session,
+            now=utcnow(),
+            waiting=next_trials(session=session, limit=MAX_SPLIT),
+            devices=[],
+            group_of={},
+        )
+    assert search.phase_start is not None and search.peak_mb is None
