@@ -83,7 +83,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+    # The user's own database, named by URL: tune measures on a fresh one of its own instead.
+    env = {**tune_env(tmp_path), "GPUMUX_DATABASE_URL": f"sqlite:///{tmp_path / 'mine.db'}"}
     png = tmp_path / "curve.png"
     result = tune(
         "--splits", "2,1", "--png", str(png), "--", sys.executable, REPORT_SAMPLES,
@@ -108,7 +109,7 @@ def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path) -> None:
     assert png_size(png)[0] > 0
     assert f"wrote {png}" in " ".join(result.stderr.split())
     # A private daemon on a temporary directory: the user's data is untouched, nothing left over.
-    assert not (tmp_path / "home").exists()
+    assert not (tmp_path / "home").exists() and not (tmp_path / "mine.db").exists()
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

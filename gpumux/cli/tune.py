@@ -304,7 +304,13 @@ def _measure(
 ) -> int:
     # A daemon of its own on a fresh database: the user's queue, daemon and profiles are untouched.
     settings = build_settings(
-        home=home, db=None, url=f"unix:{home / SOCKET_NAME}", uds=None, gpus=gpu, tune=False
+        home=home,
+        db=None,
+        database_url="",
+        url=f"unix:{home / SOCKET_NAME}",
+        uds=None,
+        gpus=gpu,
+        tune=False,
     )
     measured: list[Round] = []
     try:
