@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import make_engine, make_sessions
 
 DEADLINE_S = 60.0
@@ -96,7 +96,7 @@ def store_profile(server: Server, **overrides: Any) -> int:
     engine = make_engine(f"sqlite:///{server.db}")
     try:
         with make_sessions(engine).write.begin() as session:
-            return store.save_profile(session=session, **fields).id
+            return profile_store.save_profile(session=session, **fields).id
     finally:
         engine.dispose()
 

@@ -14,6 +14,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpumux.status import TrialStatus
+from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Profile, Sweep, Trial, TrialReport
@@ -39,7 +41,7 @@ def save(session: Session, **overrides: Any) -> Profile:
         sweep_id=None,
     )
     fields.update(overrides)
-    return store.save_profile(session=session, **fields)
+    return profile_store.save_profile(session=session, **fields)
 
 
 def make_sweep(session: Session, tmp_path: Path, trials: int = 1) -> Sweep:
@@ -57,9 +59,13 @@ def test_a_profile_round_trips_by_key_and_by_id(sessions: Sessions) -> None:
     with sessions.write.begin() as session:
         profile_id = save(session, curve=[{"split": 1, "throughput": 5}]).id
     with sessions.read() as session:
-        by_key = store.get_profile(session=session, device_name="NVIDIA H200", fingerprint="f" * 64)
-        by_id = store.get_profile_by_id(session=session, profile_id=profile_id)
-        missing = store.get_profile(session=session, device_name="CPU", fingerprint="f" * 64)
+        by_key = profile_store.get_profile(
+            session=session, device_name="NVIDIA H200", fingerprint="f" * 64
+        )
+        by_id = profile_store.get_profile_by_id(session=session, profile_id=profile_id)
+        missing = profile_store.get_profile(
+            session=session, device_name="CPU", fingerprint="f" * 64
+        )
     assert by_key is not None and by_id is not None and by_key.id == by_id.id == profile_id
     assert missing is None
     assert by_id.curve == [
@@ -86,7 +92,7 @@ def test_saving_again_updates_the_profile_in_place(sessions: Sessions, tmp_path:
         )
     assert again.id == first_id
     with sessions.read() as session:
-        profiles, count = store.list_profiles(session=session)
+        profiles, count = profile_store.list_profiles(session=session)
     assert count == 1
     stored = profiles[0]
     assert stored.curve == CURVE[:1] and stored.best_split == 1 and stored.settled is True
@@ -100,7 +106,7 @@ def test_one_profile_per_device_model_and_fingerprint(sessions: Sessions) -> Non
         save(session, device_name="AMD EPYC 9654")
         save(session, fingerprint="e" * 64)
     with sessions.read() as session:
-        assert store.list_profiles(session=session)[1] == 3
+        assert profile_store.list_profiles(session=session)[1] == 3
     with pytest.raises(IntegrityError), sessions.write.begin() as session:
         session.add(
             Profile(
@@ -121,8 +127,8 @@ def test_profiles_list_the_most_recently_updated_first(sessions: Sessions) -> No
     with sessions.write.begin() as session:
         save(session, fingerprint=f"{1:064d}", best_split=3)
     with sessions.read() as session:
-        page, count = store.list_profiles(session=session, offset=1, limit=2)
-        everything, _ = store.list_profiles(session=session)
+        page, count = profile_store.list_profiles(session=session, offset=1, limit=2)
+        everything, _ = profile_store.list_profiles(session=session)
     assert count == 4
     assert [p.id for p in everything] == [ids[1], ids[3], ids[2], ids[0]]
     assert [p.id for p in page] == [ids[3], ids[2]]
@@ -143,7 +149,7 @@ def test_a_profile_with_a_bad_unit_or_point_is_refused(
     with sessions.write.begin() as session:
         with pytest.raises((ValueError, ValidationError), match=message):
             save(session, **overrides)
-        assert store.list_profiles(session=session)[1] == 0
+        assert profile_store.list_profiles(session=session)[1] == 0
 
 
 def test_deleting_the_measuring_sweep_keeps_the_profile(sessions: Sessions, tmp_path: Path) -> None:
@@ -153,7 +159,7 @@ def test_deleting_the_measuring_sweep_keeps_the_profile(sessions: Sessions, tmp_
     with sessions.write.begin() as session:
         session.execute(delete(Sweep).where(Sweep.id == sweep_id))
     with sessions.read() as session:
-        profile = store.get_profile_by_id(session=session, profile_id=profile_id)
+        profile = profile_store.get_profile_by_id(session=session, profile_id=profile_id)
         assert profile is not None and profile.sweep_id is None
 
 
@@ -190,11 +196,11 @@ def test_samples_reported_sums_the_window_on_one_device(sessions: Sessions, tmp_
         add_reports(session, elsewhere, {5: 1000})
     with sessions.read() as session:
         window = dict(start=T0, end=T0 + timedelta(seconds=10))
-        assert store.samples_reported(session=session, device="cpu", **window) == 170
-        assert store.samples_reported(session=session, device="gpu0", **window) == 1000
-        assert store.samples_reported(session=session, device="gpu1", **window) == 0
+        assert report_store.samples_reported(session=session, device="cpu", **window) == 170
+        assert report_store.samples_reported(session=session, device="gpu0", **window) == 1000
+        assert report_store.samples_reported(session=session, device="gpu1", **window) == 0
         later = dict(start=T0 + timedelta(seconds=10), end=T0 + timedelta(seconds=20))
-        assert store.samples_reported(session=session, device="cpu", **later) == 80
+        assert report_store.samples_reported(session=session, device="cpu", **later) == 80
 
 
 def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: Path) -> None:
@@ -209,7 +215,7 @@ def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: 
             trial.status, trial.ended_at = status, T0 + timedelta(seconds=end)
         expected = [trials[1].id, trials[2].id]
     with sessions.read() as session:
-        ended = store.trials_ended(
+        ended = report_store.trials_ended(
             session=session, device="cpu", start=T0, end=T0 + timedelta(seconds=10)
         )
         assert [trial.id for trial in ended] == expected
@@ -218,7 +224,10 @@ def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: 
 
 @pytest.mark.parametrize(
     ("read", "index"),
-    [(store.samples_reported, "ix_trial_reports_at"), (store.trials_ended, "ix_trials_ended_at")],
+    [
+        (report_store.samples_reported, "ix_trial_reports_at"),
+        (report_store.trials_ended, "ix_trials_ended_at"),
+    ],
 )
 def test_window_reads_search_an_index_on_time(
     sessions: Sessions, tmp_path: Path, read: Any, index: str

@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from gpumux.splits import curve as tuner
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage.models import Sweep, Trial
 from gpumux.throughput import (
     SAMPLES_PER_S,
@@ -109,7 +110,7 @@ class SplitSearch:
             ceiling=ceiling,
             timing=timing,
         )
-        profile = store.get_profile(
+        profile = profile_store.get_profile(
             session=session, device_name=device_name, fingerprint=search.fingerprint
         )
         if profile is not None:
@@ -163,7 +164,7 @@ class SplitSearch:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
         if self.ready_at is None:
-            reporting = store.trials_reporting(
+            reporting = report_store.trials_reporting(
                 session=session, device=self.device_key, since=self.phase_start
             )
             if reporting >= self.split:
@@ -201,7 +202,7 @@ class SplitSearch:
     def save(self, *, session: Session) -> None:
         """Store the curve and the decision as this workload's profile on this device model."""
         best = self.decision.split if self.decision.settled else None
-        store.save_profile(
+        profile_store.save_profile(
             session=session,
             device_name=self.device_name,
             fingerprint=self.fingerprint,
@@ -234,13 +235,17 @@ class SplitSearch:
         start = self.phase_start + self.timing.warmup
         if now - start < self.timing.window:
             return None
-        ended = store.trials_ended(session=session, device=self.device_key, start=start, end=now)
+        ended = report_store.trials_ended(
+            session=session, device=self.device_key, start=start, end=now
+        )
         if len(ended) >= self.split:
             return start, ended
         if self.ready_at is not None and now - self.ready_at >= LONG_WINDOWS * self.timing.window:
             ready = self.ready_at
             # Sparse reports (one per long epoch): wait until each of the N has reported in it.
-            reporting = store.trials_reporting(session=session, device=self.device_key, since=ready)
+            reporting = report_store.trials_reporting(
+                session=session, device=self.device_key, since=ready
+            )
             if reporting >= self.split:
                 return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
         return None
@@ -255,7 +260,7 @@ class SplitSearch:
             if t.started_at is not None and t.ended_at is not None
         ]
         per_trial = statistics.median(durations) if durations else None
-        samples = store.samples_reported(
+        samples = report_store.samples_reported(
             session=session, device=self.device_key, start=start, end=end
         )
         if self.unit == SAMPLES_PER_S and samples == 0 and not self.curve:

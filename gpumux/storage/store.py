@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import ReportIn, SweepCreate, parse_objective
+from gpumux.schemas import SweepCreate, parse_objective
 from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
@@ -20,22 +20,13 @@ from gpumux.status import (
     SweepStatus,
     TrialStatus,
 )
-from gpumux.storage.models import Owner, Profile, Sweep, Trial, TrialReport, utcnow
-from gpumux.throughput import CurvePoint, throughput_unit
+from gpumux.storage.models import Owner, Sweep, Trial, utcnow
 
 log = logging.getLogger(__name__)
 
 
 class IllegalTransition(RuntimeError):
     """A trial status change that the lifecycle does not allow."""
-
-
-class ReportRefused(RuntimeError):
-    """A report that must not be recorded: wrong token, stale attempt, or a trial not running."""
-
-
-class TokenMismatch(ReportRefused):
-    """A report whose token is not its trial's."""
 
 
 def token_hash(token: str) -> str:
@@ -200,52 +191,6 @@ def get_trial(*, session: Session, trial_id: int) -> Trial | None:
     return session.get(Trial, trial_id)
 
 
-def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportIn) -> TrialReport:
-    """Record a report from the trial's current attempt; refuse anything else."""
-    if trial.token_hash is None or token_hash(token) != trial.token_hash:
-        raise TokenMismatch(f"trial {trial.id}: the report token does not match")
-    if report_in.attempt != trial.attempt:
-        raise ReportRefused(
-            f"trial {trial.id}: report from attempt {report_in.attempt}, "
-            f"the current attempt is {trial.attempt}"
-        )
-    if trial.status not in ACTIVE_TRIAL_STATUSES:
-        raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
-    rate = None
-    if report_in.samples is not None and report_in.seconds:
-        rate = report_in.samples / report_in.seconds
-    report = TrialReport(
-        trial_id=trial.id,
-        attempt=report_in.attempt,
-        kind=report_in.kind,
-        epoch=report_in.epoch,
-        samples=report_in.samples,
-        seconds=report_in.seconds,
-        samples_per_s=rate,
-        metrics=report_in.metrics,
-    )
-    session.add(report)
-    trial.last_report_at = report.at = utcnow()
-    if rate is not None:
-        trial.samples_per_s = rate
-    metric = trial.sweep.objective_metric
-    if metric is not None and metric in report_in.metrics:
-        trial.objective = report_in.metrics[metric]
-    return report
-
-
-def list_reports(
-    *, session: Session, trial_id: int, offset: int = 0, limit: int = 1000
-) -> tuple[list[TrialReport], int]:
-    """A trial's reports in the order they came."""
-    where = TrialReport.trial_id == trial_id
-    count = session.scalar(select(func.count()).select_from(TrialReport).where(where)) or 0
-    page = session.scalars(
-        select(TrialReport).where(where).order_by(TrialReport.id).offset(offset).limit(limit)
-    )
-    return list(page), count
-
-
 def open_sweeps(*, session: Session) -> list[Sweep]:
     """Sweeps that may still start trials, in the order they get slots: higher priority first,
     then first come first served; sweeps being cancelled are left out."""
@@ -347,109 +292,3 @@ def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None
     if status != sweep.status:
         log.info("sweep %s: %s -> %s", sweep.id, sweep.status, status)
         sweep.status = status
-
-
-def get_profile(*, session: Session, device_name: str, fingerprint: str) -> Profile | None:
-    """The stored profile of a workload on a device model, if it was measured."""
-    return session.scalar(
-        select(Profile).where(
-            Profile.device_name == device_name, Profile.fingerprint == fingerprint
-        )
-    )
-
-
-def get_profile_by_id(*, session: Session, profile_id: int) -> Profile | None:
-    """One profile by id."""
-    return session.get(Profile, profile_id)
-
-
-def save_profile(
-    *,
-    session: Session,
-    device_name: str,
-    fingerprint: str,
-    command: Sequence[str],
-    param_tokens: Sequence[str],
-    unit: str,
-    curve: Sequence[Mapping[str, Any]],
-    best_split: int | None,
-    settled: bool,
-    reason: str | None,
-    sweep_id: int | None,
-) -> Profile:
-    """Store the profile of (device model, workload), replacing the one measured before."""
-    unit = throughput_unit(unit)
-    points = [CurvePoint.from_json(point).to_json() for point in curve]
-    now = utcnow()
-    profile = get_profile(session=session, device_name=device_name, fingerprint=fingerprint)
-    if profile is None:
-        profile = Profile(device_name=device_name, fingerprint=fingerprint, created_at=now)
-        session.add(profile)
-    profile.updated_at = now
-    profile.command = list(command)
-    profile.param_tokens = list(param_tokens)
-    profile.unit = unit
-    profile.curve = points
-    profile.best_split = best_split
-    profile.settled = settled
-    profile.reason = reason
-    profile.sweep_id = sweep_id
-    session.flush()
-    return profile
-
-
-def workload_profiles(*, session: Session, fingerprint: str) -> list[Profile]:
-    """A workload's profiles, one per device model it was measured on."""
-    return list(
-        session.scalars(
-            select(Profile).where(Profile.fingerprint == fingerprint).order_by(Profile.device_name)
-        )
-    )
-
-
-def list_profiles(
-    *, session: Session, offset: int = 0, limit: int = 50
-) -> tuple[list[Profile], int]:
-    """A page of profiles, the most recently updated first, and how many there are."""
-    count = session.scalar(select(func.count()).select_from(Profile)) or 0
-    page = session.scalars(
-        select(Profile)
-        .order_by(Profile.updated_at.desc(), Profile.id.desc())
-        .offset(offset)
-        .limit(limit)
-    )
-    return list(page), count
-
-
-def samples_reported(*, session: Session, device: str, start: datetime, end: datetime) -> float:
-    """Samples that the trials on `device` reported processing in the window (start, end]."""
-    # Each report counts the samples since the trial's previous one, so the reports in a window
-    # add up to the work done in it, without double counting across windows.
-    total = session.scalar(
-        select(func.sum(TrialReport.samples))
-        .join(Trial, Trial.id == TrialReport.trial_id)
-        .where(Trial.device == device, TrialReport.at > start, TrialReport.at <= end)
-    )
-    return float(total or 0.0)
-
-
-def trials_reporting(*, session: Session, device: str, since: datetime) -> int:
-    """How many distinct trials on `device` have reported since `since` (past their start-up)."""
-    count = session.scalar(
-        select(func.count(func.distinct(TrialReport.trial_id)))
-        .join(Trial, Trial.id == TrialReport.trial_id)
-        .where(Trial.device == device, TrialReport.at > since)
-    )
-    return int(count or 0)
-
-
-def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
-    """Trials on `device` that ended, whichever way, in the window (start, end]."""
-    ended = session.scalars(
-        select(Trial)
-        .where(Trial.ended_at > start, Trial.ended_at <= end, Trial.device == device)
-        .order_by(Trial.ended_at, Trial.id)
-    )
-    # Status is checked here, not in SQL: SQLite would pick the status index over the time
-    # window's and walk every trial that ever finished.
-    return [trial for trial in ended if trial.status in FINAL_TRIAL_STATUSES]

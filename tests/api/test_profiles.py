@@ -4,7 +4,7 @@ from typing import Any
 
 import httpx
 
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 
 CURVE: list[dict[str, Any]] = [
@@ -17,7 +17,7 @@ def save_profiles(sessions: Sessions, count: int) -> list[int]:
     """`count` profiles of one workload on as many device models, the last saved last."""
     with sessions.write.begin() as session:
         return [
-            store.save_profile(
+            profile_store.save_profile(
                 session=session,
                 device_name=f"device {n}",
                 fingerprint="a" * 64,

@@ -9,7 +9,7 @@ import pytest
 
 from gpumux.config import Settings
 from gpumux.splits import curve as tuner
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 
 
@@ -158,7 +158,7 @@ def test_an_auto_sweep_shows_its_workloads_split_search(
     auto = api.post("/sweeps", json=body(tmp_path, "batch_size=32", "lr=1e-3..1e-1:2")).json()
     fixed = api.post("/sweeps", json=body(tmp_path, "batch_size=32", split=2)).json()
     with sessions.write.begin() as session:
-        store.save_profile(
+        profile_store.save_profile(
             session=session,
             device_name="NVIDIA H200",
             fingerprint=tuner.workload_fingerprint(

@@ -9,6 +9,7 @@ from builders import sweep_in
 
 from gpumux.splits.online import LONG_WINDOWS, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
+from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
@@ -105,7 +106,7 @@ def test_the_search_climbs_measures_each_window_settles_at_the_knee_and_stores_i
         196,
     ]
     with sessions.read() as session:
-        (profile,), _ = store.list_profiles(session=session)
+        (profile,), _ = profile_store.list_profiles(session=session)
         assert profile.settled and profile.best_split == 2 and profile.unit == "samples/s"
         assert profile.param_tokens == ["batch_size=32"] and profile.sweep_id == 1
     again = search_of(sessions)
@@ -249,7 +250,7 @@ def test_the_most_memory_one_trial_held_while_n_ran_is_stored_with_its_point(
     (point,) = search.curve
     assert point.split == 1 and point.memory_per_trial_mb == 900
     with sessions.read() as session:
-        (profile,), _ = store.list_profiles(session=session)
+        (profile,), _ = profile_store.list_profiles(session=session)
     assert profile.curve[0]["memory_per_trial_mb"] == 900.0
     again = search_of(sessions)
     assert again.curve == [point]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpumux.schemas import ProfilePublic
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 from gpumux.throughput import THROUGHPUT_UNITS, CurvePoint, throughput_unit
 
@@ -58,7 +58,7 @@ def test_units_are_named_or_refused() -> None:
 
 def test_points_round_trip_through_a_stored_profile_and_the_api(sessions: Sessions) -> None:
     with sessions.write.begin() as session:
-        store.save_profile(
+        profile_store.save_profile(
             session=session,
             device_name="NVIDIA H200",
             fingerprint="c" * 16,
@@ -72,7 +72,7 @@ def test_points_round_trip_through_a_stored_profile_and_the_api(sessions: Sessio
             sweep_id=None,
         )
     with sessions.read() as session:
-        (profile,), _ = store.list_profiles(session=session)
+        (profile,), _ = profile_store.list_profiles(session=session)
         assert [CurvePoint.from_json(point) for point in profile.curve] == POINTS
         public = ProfilePublic.model_validate(profile)
     assert public.curve == POINTS and public.unit == "samples/s"

@@ -21,6 +21,8 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage import store, tokens
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
@@ -266,13 +268,13 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert succeeded.params == {"lr": 0.1} and succeeded.objective == 0.25
         assert (succeeded.queued_at, succeeded.started_at) == (QUEUED_AT, STARTED_AT)
         assert failed.failures == (1 if newer else 0)
-        reports, _ = store.list_reports(session=session, trial_id=succeeded.id)
+        reports, _ = report_store.list_reports(session=session, trial_id=succeeded.id)
         assert [(r.epoch, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
         assert store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]
 
-        profile = store.get_profile(
+        profile = profile_store.get_profile(
             session=session, device_name="NVIDIA H200", fingerprint="f" * 64
         )
         assert (profile is not None) == (revision >= "0002")

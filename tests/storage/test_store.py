@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep
@@ -116,12 +117,12 @@ def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path:
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.add_report(session=session, trial=trial, token="secret", report_in=report)
+        report_store.add_report(session=session, trial=trial, token="secret", report_in=report)
     with sessions.read() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         assert trial.samples_per_s == 250 and trial.objective == 0.5
-        reports, count = store.list_reports(session=session, trial_id=trial_id)
+        reports, count = report_store.list_reports(session=session, trial_id=trial_id)
         assert count == 1 and reports[0].metrics == {"val_loss": 0.5}
 
 
@@ -137,8 +138,8 @@ def test_reports_with_a_wrong_token_or_attempt_are_refused(
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        with pytest.raises(store.ReportRefused, match=message):
-            store.add_report(session=session, trial=trial, token=token, report_in=report)
+        with pytest.raises(report_store.ReportRefused, match=message):
+            report_store.add_report(session=session, trial=trial, token=token, report_in=report)
         assert trial.objective is None
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from gpumux.schemas import ProfilePublic, ProfilesPublic
 from gpumux.server.api.deps import ReadSessionDep, get_caller
-from gpumux.storage import store
+from gpumux.storage import profiles as profile_store
 
 # Any user the daemon accepts may look; over TCP that takes a token.
 router = APIRouter(tags=["profiles"], dependencies=[Depends(get_caller)])
@@ -21,7 +21,7 @@ def list_profiles(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> ProfilesPublic:
     """Stored profiles, the most recently updated first."""
-    profiles, count = store.list_profiles(session=session, offset=offset, limit=limit)
+    profiles, count = profile_store.list_profiles(session=session, offset=offset, limit=limit)
     return ProfilesPublic(
         data=[ProfilePublic.model_validate(profile) for profile in profiles], count=count
     )
@@ -30,7 +30,7 @@ def list_profiles(
 @router.get("/profiles/{profile_id}")
 def get_profile(profile_id: int, session: ReadSessionDep) -> ProfilePublic:
     """One profile: aggregate throughput, time and memory per trial at each N, and the best N."""
-    profile = store.get_profile_by_id(session=session, profile_id=profile_id)
+    profile = profile_store.get_profile_by_id(session=session, profile_id=profile_id)
     if profile is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"profile {profile_id} not found")
     return ProfilePublic.model_validate(profile)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, HTTPException, Response, status
 
 from gpumux.schemas import ReportIn
 from gpumux.server.api.deps import StateDep
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 
 router = APIRouter(tags=["reports"])
@@ -32,9 +33,9 @@ def post_report(
         if trial is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {report_in.trial_id} not found")
         try:
-            store.add_report(session=session, trial=trial, token=token, report_in=report_in)
-        except store.TokenMismatch as error:
+            report_store.add_report(session=session, trial=trial, token=token, report_in=report_in)
+        except report_store.TokenMismatch as error:
             raise HTTPException(status.HTTP_403_FORBIDDEN, str(error)) from error
-        except store.ReportRefused as error:
+        except report_store.ReportRefused as error:
             raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from error
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -29,6 +29,7 @@ from gpumux.server.api.deps import (
 )
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
 from gpumux.storage.models import Sweep
 
@@ -69,7 +70,9 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     best = store.best_trial(session=session, sweep=sweep)
     profiles = []
     if sweep.split is None:
-        profiles = store.workload_profiles(session=session, fingerprint=sweep_fingerprint(sweep))
+        profiles = profile_store.workload_profiles(
+            session=session, fingerprint=sweep_fingerprint(sweep)
+        )
     return SweepDetail(
         **sweep_public(sweep, counts).model_dump(),
         best=TrialPublic.model_validate(best) if best else None,

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from gpumux.processes.logfiles import read_log
 from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, refuse_unless_owner
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.models import Trial
 
@@ -79,7 +80,7 @@ def list_trial_reports(
 ) -> ReportsPublic:
     """What the trial reported over time: samples/s and metrics."""
     trial_or_404(session, trial_id, caller)
-    reports, count = store.list_reports(
+    reports, count = report_store.list_reports(
         session=session, trial_id=trial_id, offset=offset, limit=limit
     )
     return ReportsPublic(data=[ReportPublic.model_validate(r) for r in reports], count=count)

@@ -1,0 +1,101 @@
+"""What trials report, and the windows of reports and ends the split search measures over."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpumux.schemas import ReportIn
+from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
+from gpumux.storage.models import Trial, TrialReport, utcnow
+from gpumux.storage.store import token_hash
+
+
+class ReportRefused(RuntimeError):
+    """A report that must not be recorded: wrong token, stale attempt, or a trial not running."""
+
+
+class TokenMismatch(ReportRefused):
+    """A report whose token is not its trial's."""
+
+
+def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportIn) -> TrialReport:
+    """Record a report from the trial's current attempt; refuse anything else."""
+    if trial.token_hash is None or token_hash(token) != trial.token_hash:
+        raise TokenMismatch(f"trial {trial.id}: the report token does not match")
+    if report_in.attempt != trial.attempt:
+        raise ReportRefused(
+            f"trial {trial.id}: report from attempt {report_in.attempt}, "
+            f"the current attempt is {trial.attempt}"
+        )
+    if trial.status not in ACTIVE_TRIAL_STATUSES:
+        raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
+    rate = None
+    if report_in.samples is not None and report_in.seconds:
+        rate = report_in.samples / report_in.seconds
+    report = TrialReport(
+        trial_id=trial.id,
+        attempt=report_in.attempt,
+        kind=report_in.kind,
+        epoch=report_in.epoch,
+        samples=report_in.samples,
+        seconds=report_in.seconds,
+        samples_per_s=rate,
+        metrics=report_in.metrics,
+    )
+    session.add(report)
+    trial.last_report_at = report.at = utcnow()
+    if rate is not None:
+        trial.samples_per_s = rate
+    metric = trial.sweep.objective_metric
+    if metric is not None and metric in report_in.metrics:
+        trial.objective = report_in.metrics[metric]
+    return report
+
+
+def list_reports(
+    *, session: Session, trial_id: int, offset: int = 0, limit: int = 1000
+) -> tuple[list[TrialReport], int]:
+    """A trial's reports in the order they came."""
+    where = TrialReport.trial_id == trial_id
+    count = session.scalar(select(func.count()).select_from(TrialReport).where(where)) or 0
+    page = session.scalars(
+        select(TrialReport).where(where).order_by(TrialReport.id).offset(offset).limit(limit)
+    )
+    return list(page), count
+
+
+def samples_reported(*, session: Session, device: str, start: datetime, end: datetime) -> float:
+    """Samples that the trials on `device` reported processing in the window (start, end]."""
+    # Each report counts the samples since the trial's previous one, so the reports in a window
+    # add up to the work done in it, without double counting across windows.
+    total = session.scalar(
+        select(func.sum(TrialReport.samples))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(Trial.device == device, TrialReport.at > start, TrialReport.at <= end)
+    )
+    return float(total or 0.0)
+
+
+def trials_reporting(*, session: Session, device: str, since: datetime) -> int:
+    """How many distinct trials on `device` have reported since `since` (past their start-up)."""
+    count = session.scalar(
+        select(func.count(func.distinct(TrialReport.trial_id)))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(Trial.device == device, TrialReport.at > since)
+    )
+    return int(count or 0)
+
+
+def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
+    """Trials on `device` that ended, whichever way, in the window (start, end]."""
+    ended = session.scalars(
+        select(Trial)
+        .where(Trial.ended_at > start, Trial.ended_at <= end, Trial.device == device)
+        .order_by(Trial.ended_at, Trial.id)
+    )
+    # Status is checked here, not in SQL: SQLite would pick the status index over the time
+    # window's and walk every trial that ever finished.
+    return [trial for trial in ended if trial.status in FINAL_TRIAL_STATUSES]
