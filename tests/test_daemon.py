@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
 from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
-from gpumux.server.daemon import Daemon, embedded, listen_where_clients_look
+from gpumux.server.daemon import Daemon, embedded
+from gpumux.server.listening import listen_where_clients_look
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import signal
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
-from urllib.parse import urlsplit
 
 import uvicorn
 from sqlalchemy.exc import OperationalError
@@ -31,6 +28,7 @@ from gpumux.lockfile import (
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
 from gpumux.server.api import create_app
+from gpumux.server.listening import bind, listen_where_clients_look, serves_other_users
 from gpumux.server.metrics import Metrics
 from gpumux.storage import tokens
 from gpumux.storage.dialects import dialect_for
@@ -40,8 +38,6 @@ from gpumux.storage.migrate import upgrade
 
 log = logging.getLogger(__name__)
 
-UNIX_PATH_MAX = 108  # sun_path in struct sockaddr_un, with its terminating NUL
-
 # A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -50,89 +46,6 @@ class _Server(uvicorn.Server):
     # The daemon owns SIGINT/SIGTERM (warm, then cold stop); uvicorn must not take them.
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
-
-
-def serves_other_users(settings: Settings) -> bool:
-    """Whether other users may connect to the socket: a daemon run by root serves every user,
-    an ordinary one those it is told to accept; a socket in the data directory, its owner."""
-    if settings.uds is None:
-        return False
-    shared = os.geteuid() == 0 or bool(settings.accept_users.strip())
-    return shared and not settings.uds.resolve().is_relative_to(settings.home.resolve())
-
-
-def wants_tcp(settings: Settings) -> bool:
-    """TCP when no socket is named, or beside it when a host or port is asked for too."""
-    return settings.uds is None or bool({"host", "port"} & settings.model_fields_set)
-
-
-def bind(
-    settings: Settings, *, fallback_port: bool = False, shared: bool = False
-) -> list[tuple[socket.socket, str]]:
-    """The listening sockets, each with the URL clients use to reach it: the Unix socket
-    first (trials report there), then TCP. A `shared` Unix socket is open to every user (the
-    kernel tells who connects); TCP requests need a token."""
-    listeners = []
-    try:
-        if settings.uds is not None:
-            listeners.append(bind_unix(settings.uds, shared=shared))
-        if wants_tcp(settings):
-            listeners.append(bind_tcp(settings, fallback_port=fallback_port))
-    except BaseException:
-        for sock, _ in listeners:
-            sock.close()
-        raise
-    return listeners
-
-
-def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
-    """A listening Unix socket at `path` (0600, or 0666 when shared)."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # we hold the lock, so a socket file left here is stale
-    if len(os.fsencode(path)) >= UNIX_PATH_MAX:
-        raise DaemonError(
-            f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
-            "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
-        )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # Created 0600 from the start: no moment in which another user could connect.
-    previous = os.umask(0o177)
-    try:
-        sock.bind(str(path))
-    except OSError as error:
-        sock.close()
-        raise DaemonError(
-            f"cannot listen on the socket {path}: {error.strerror}; create its directory "
-            "(writable by this user) or choose another --uds"
-        ) from error
-    finally:
-        os.umask(previous)
-    if shared:
-        # Anyone may connect: the kernel tells the daemon who they are (SO_PEERCRED).
-        os.chmod(path, 0o666)
-    sock.listen(128)
-    return sock, f"unix:{path}"
-
-
-def bind_tcp(settings: Settings, *, fallback_port: bool) -> tuple[socket.socket, str]:
-    """A listening TCP socket at settings.host:port (any free port if taken and allowed)."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((settings.host, settings.port))
-    except OSError as error:
-        if error.errno != errno.EADDRINUSE or not fallback_port:
-            sock.close()
-            raise DaemonError(
-                f"cannot listen on {settings.host}:{settings.port}: {error.strerror}; "
-                "pick another with --port"
-            ) from error
-        sock.bind((settings.host, 0))
-    sock.listen(128)
-    host, port = sock.getsockname()[:2]
-    host = f"[{host}]" if family == socket.AF_INET6 else host
-    return sock, f"http://{host}:{port}"
 
 
 class Daemon:
@@ -254,27 +167,7 @@ class Daemon:
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
         log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
-            first = asyncio.create_task(self._signals.get())
-            await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
-            stop_trials = self.settings.stop_trials
-            if scheduler_task.done():
-                first.cancel()
-                log.critical("daemon: the scheduler stopped unexpectedly")
-            elif stop_trials:
-                log.info("daemon: warm stop: launching nothing new, stopping trials")
-            else:
-                log.info("daemon: warm stop: launching nothing new; trials run on")
-            stop_scheduling.set()
-            await asyncio.wait([scheduler_task])
-            drain = asyncio.create_task(scheduler.drain(stop_trials=stop_trials))
-            while not drain.done():
-                second = asyncio.create_task(self._signals.get())
-                await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
-                if second.done():
-                    log.warning("daemon: cold stop: killing every trial now")
-                    scheduler.force()
-                else:
-                    second.cancel()
+            await self._until_stopped(scheduler, scheduler_task, stop_scheduling)
         finally:
             server.should_exit = True
             await server_task
@@ -286,6 +179,34 @@ class Daemon:
             self.close()
         if failure is not None:
             raise DaemonError(f"the scheduler failed: {failure!r}") from failure
+
+    async def _until_stopped(
+        self, scheduler: Scheduler, scheduler_task: asyncio.Task[None], stop: asyncio.Event
+    ) -> None:
+        """Wait for a stop signal (or the scheduler's failure), then stop in order: a warm stop
+        first, a cold stop if a second signal comes while trials are stopping."""
+        assert self._signals is not None
+        first = asyncio.create_task(self._signals.get())
+        await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
+        stop_trials = self.settings.stop_trials
+        if scheduler_task.done():
+            first.cancel()
+            log.critical("daemon: the scheduler stopped unexpectedly")
+        elif stop_trials:
+            log.info("daemon: warm stop: launching nothing new, stopping trials")
+        else:
+            log.info("daemon: warm stop: launching nothing new; trials run on")
+        stop.set()
+        await asyncio.wait([scheduler_task])
+        drain = asyncio.create_task(scheduler.drain(stop_trials=stop_trials))
+        while not drain.done():
+            second = asyncio.create_task(self._signals.get())
+            await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+            if second.done():
+                log.warning("daemon: cold stop: killing every trial now")
+                scheduler.force()
+            else:
+                second.cancel()
 
     def request_stop(self) -> None:
         """Warm stop the first time, cold stop the second; safe from any thread."""
@@ -307,18 +228,6 @@ class Daemon:
             if held is not None:
                 held.close()
         self._lock = self._home_lock = None
-
-
-def listen_where_clients_look(settings: Settings) -> Settings:
-    """Settings that make a daemon listen at settings.url, where the CLI looks for one."""
-    if settings.url.startswith("unix:"):
-        return settings.model_copy(update={"uds": Path(settings.url.removeprefix("unix:"))})
-    address = urlsplit(settings.url)
-    if address.scheme != "http" or address.hostname is None:
-        raise DaemonError(f"GPUMUX_URL {settings.url!r} must be http://HOST:PORT or unix:/PATH")
-    return settings.model_copy(
-        update={"host": address.hostname, "port": address.port or 80, "uds": None}
-    )
 
 
 @contextlib.contextmanager
