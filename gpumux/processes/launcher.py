@@ -91,47 +91,8 @@ class SupervisedTrial:
             raise LaunchError(f"cannot write the trial's log {spec.log_path}: {error}") from error
         try:
             run_dir.mkdir(mode=0o700, parents=True)
-            rundir.write_spec(
-                run_dir,
-                {
-                    "trial_id": spec.trial_id,
-                    "attempt": spec.attempt,
-                    "argv": list(spec.argv),
-                    "cwd": spec.workdir,
-                    "env": trial_env(spec),
-                    "user": dict(user) if user is not None else None,
-                    "log_path": str(spec.log_path),
-                    "log_max_bytes": options.log_max_bytes,
-                    "log_keep": options.log_keep,
-                    "kill_grace": options.kill_grace,
-                    "heartbeat_interval": options.heartbeat_interval,
-                    "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
-                    f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",
-                },
-            )
-            own_log = os.open(
-                run_dir / rundir.SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-            )
-            # Its stdin: it starts the trial only on a byte sent once it is on record below.
-            go_read, go_write = os.pipe2(os.O_CLOEXEC)
-            try:
-                # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
-                pid = os.posix_spawn(
-                    sys.executable,
-                    supervisor_command(run_dir),
-                    {"PATH": os.defpath},
-                    file_actions=[
-                        (os.POSIX_SPAWN_DUP2, go_read, 0),
-                        (os.POSIX_SPAWN_DUP2, own_log, 1),
-                        (os.POSIX_SPAWN_DUP2, own_log, 2),
-                    ],
-                    setsid=True,
-                    # Held until its handlers are in place: an early stop must not kill it.
-                    setsigmask={signal.SIGTERM, signal.SIGUSR1},
-                )
-            finally:
-                os.close(own_log)
-                os.close(go_read)
+            rundir.write_spec(run_dir, supervisor_spec(spec, options=options, user=user))
+            pid, go_write = start_supervisor(run_dir)
         except OSError as error:
             raise LaunchError(
                 f"cannot start the trial's supervisor in {run_dir}: {error}"
@@ -263,6 +224,58 @@ class SupervisedTrial:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def supervisor_spec(
+    spec: LaunchSpec, *, options: SupervisorOptions, user: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Everything the supervisor needs to start and watch the attempt (its spec.json)."""
+    return {
+        "trial_id": spec.trial_id,
+        "attempt": spec.attempt,
+        "argv": list(spec.argv),
+        "cwd": spec.workdir,
+        "env": trial_env(spec),
+        "user": dict(user) if user is not None else None,
+        "log_path": str(spec.log_path),
+        "log_max_bytes": options.log_max_bytes,
+        "log_keep": options.log_keep,
+        "kill_grace": options.kill_grace,
+        "heartbeat_interval": options.heartbeat_interval,
+        "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
+        f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",
+    }
+
+
+def start_supervisor(run_dir: Path) -> tuple[int, int]:
+    """Spawn the supervisor of `run_dir` in a session of its own: its pid, and the write end of
+    its stdin, on which it waits for the GO byte before it starts the trial."""
+    own_log = os.open(
+        run_dir / rundir.SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
+    go_read, go_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+        pid = os.posix_spawn(
+            sys.executable,
+            supervisor_command(run_dir),
+            {"PATH": os.defpath},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, go_read, 0),
+                (os.POSIX_SPAWN_DUP2, own_log, 1),
+                (os.POSIX_SPAWN_DUP2, own_log, 2),
+            ],
+            setsid=True,
+            # Held until its handlers are in place: an early stop must not kill it.
+            setsigmask={signal.SIGTERM, signal.SIGUSR1},
+        )
+    except OSError:
+        os.close(go_write)
+        raise
+    finally:
+        os.close(own_log)
+        os.close(go_read)
+    return pid, go_write
 
 
 def kill_leftovers(
