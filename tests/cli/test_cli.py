@@ -23,7 +23,7 @@ from gpumux.schemas import SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 ECHO = str(FIXTURES / "echo_params.py")
 REPORT = str(FIXTURES / "report_objective.py")
 WAIT_FOR_FILE = str(FIXTURES / "wait_for_file.py")

@@ -10,7 +10,7 @@ from hatchling.builders.wheel import WheelBuilder
 
 from gpumux.server.api import ui
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WEB = ROOT / "gpumux" / "server" / "web"
 WEB_FILES = {path.name for path in WEB.iterdir()}
 

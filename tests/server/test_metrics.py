@@ -23,7 +23,7 @@ from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T0 = utcnow() - timedelta(hours=3)
 
 

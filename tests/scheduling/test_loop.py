@@ -25,7 +25,7 @@ from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 DEADLINE = 60.0
 
 

@@ -28,7 +28,7 @@ from gpumux.schemas import TrialPublic
 from gpumux.status import TrialStatus
 from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 REPORT_SAMPLES = str(FIXTURES / "report_samples.py")
 CRASH = str(FIXTURES / "crash.py")
 DEADLINE_S = 60.0

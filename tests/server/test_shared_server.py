@@ -38,7 +38,7 @@ if _missing := [
 ]:
     pytest.skip(f"needs {', '.join(_missing)} to create Linux users", allow_module_level=True)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 DEADLINE_S = 60.0
 POLL_S = 0.2
 SLOTS = 4

@@ -18,7 +18,7 @@ from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
 from gpumux.server.daemon import Daemon, embedded
 from gpumux.server.listening import listen_where_clients_look
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def free_port() -> int:
