@@ -1,4 +1,4 @@
-"""Every read and write of gpumux's state, and the one gate that changes a trial's status."""
+"""Owners, sweeps and trials: their reads and writes, and the gate that changes a status."""
 
 from __future__ import annotations
 
