@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,19 @@ def copy_of_the_package(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_the_runtime_contract_forbids_every_other_top_level_module() -> None:
+    """A module added at the top of gpumux must be added to what the trial's runtime may not
+    import: that contract lists modules one by one."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (runtime,) = (
+        c for c in contracts["contracts"] if c.get("source_modules") == ["gpumux.runtime"]
+    )
+    top_level = {
+        f"gpumux.{module.name}" for module in pkgutil.iter_modules([str(ROOT / "gpumux")])
+    } - {"gpumux.runtime"}
+    assert top_level == set(runtime["forbidden_modules"])
+
+
 def test_the_package_keeps_its_contracts() -> None:
     checked = lint_imports(ROOT)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -49,6 +64,8 @@ def test_the_package_keeps_its_contracts() -> None:
         ("gpumux/runtime/sneak.py", "from gpumux import config", "imports nothing else"),
         ("gpumux/storage/sneak.py", "from gpumux.scheduling import loop", "Layers"),
         ("gpumux/processes/rundir.py", "from gpumux import config", "the standard-library"),
+        ("gpumux/processes/logfiles.py", "import pathlib", "the standard-library"),
+        ("gpumux/runtime/context.py", "from gpumux import throughput", "imports nothing else"),
         ("gpumux/sweepspec.py", "import subprocess", "do no I/O"),
         ("gpumux/devices/kinds/gpu.py", "from gpumux.devices import probes", "do no I/O"),
     ],
