@@ -284,6 +284,18 @@ class ProfilePublic(BaseModel):
     created_at: datetime
     updated_at: datetime
 
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _checked_points(cls, curve: object) -> object:
+        # A point arrives as stored JSON (the daemon) or as the daemon's answer (the client):
+        # either way it is checked as CurvePoint.from_json checks what is stored.
+        if not isinstance(curve, list):
+            return curve
+        return [
+            point if isinstance(point, CurvePoint) else CurvePoint.from_json(point)
+            for point in curve
+        ]
+
 
 class ProfilesPublic(BaseModel):
     data: list[ProfilePublic]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,16 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# Set by .ci/run for the tests themselves (where the browser test leaves its screenshot).
+FOR_THE_TESTS = {"GPUMUX_ARTIFACTS"}
+
+
+@pytest.fixture(autouse=True)
+def _no_gpumux_settings_of_the_developer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's own GPUMUX_* settings (their database, their daemon's URL) reach no test."""
+    for name in list(os.environ):
+        if name.startswith("GPUMUX_") and name not in FOR_THE_TESTS:
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

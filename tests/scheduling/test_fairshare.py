@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.config import SharesError, parse_shares
 from gpumux.scheduling.fairshare import DEFAULT_SHARE, Candidate, fair_order
 
 OWNERS = ("alice", "bob", "carol")
@@ -200,38 +199,6 @@ def test_a_share_of_zero_is_refused() -> None:
     queue = [Candidate(trial_id=1, owner="alice", sweep_id=1)]
     with pytest.raises(ValueError, match="alice"):
         fair_order(queue, running={}, shares={"alice": 0})
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("", {}),
-        ("alice:2,bob:1", {"alice": 2.0, "bob": 1.0}),
-        (" alice : 0.5 , bob:3, ", {"alice": 0.5, "bob": 3.0}),
-    ],
-)
-def test_parse_shares(text: str, expected: dict[str, float]) -> None:
-    assert parse_shares(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("alice=2", "'alice=2' is not user:weight"),
-        (":2", "':2' is not user:weight"),
-        ("alice:", "'alice:' is not user:weight"),
-        ("alice:lots", "alice's weight 'lots' is not a number"),
-        ("alice:0", "weight of alice must be above 0"),
-        ("alice:-1", "weight of alice must be above 0"),
-        ("alice:inf", "weight of alice must be above 0"),
-        ("alice:nan", "weight of alice must be above 0"),
-        ("alice:1,alice:2", "alice is given twice"),
-    ],
-)
-def test_parse_shares_refuses(text: str, message: str) -> None:
-    with pytest.raises(SharesError) as refused:
-        parse_shares(text)
-    assert message in str(refused.value)
 
 
 Order = Callable[[list[Candidate], dict[str, int], int], list[Candidate]]

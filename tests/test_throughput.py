@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gpumux.schemas import ProfilePublic
 from gpumux.storage import profiles as profile_store
@@ -79,3 +80,33 @@ def test_points_round_trip_through_a_stored_profile_and_the_api(sessions: Sessio
     served = ProfilePublic.model_validate_json(public.model_dump_json())
     assert served.curve == POINTS
     assert all(isinstance(point, CurvePoint) for point in served.curve)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        {"split": 0, "throughput": 1.0},
+        {"split": 1, "throughput": float("nan")},
+        {"split": 1, "throughput": 1.0, "seconds_per_trial": -2.0},
+        {"split": 1, "throughput": 1.0, "flops": 3},
+    ],
+)
+def test_the_api_shape_refuses_a_point_that_storage_would(point: dict[str, Any]) -> None:
+    """What a client reads back is held to the checks of what the daemon stores."""
+    profile = {
+        "id": 1,
+        "device_name": "NVIDIA H200",
+        "fingerprint": "c" * 16,
+        "command": ["python", "train.py"],
+        "param_tokens": [],
+        "unit": "samples/s",
+        "curve": [point],
+        "best_split": None,
+        "settled": False,
+        "reason": None,
+        "sweep_id": None,
+        "created_at": "2026-11-24T00:00:00Z",
+        "updated_at": "2026-11-24T00:00:00Z",
+    }
+    with pytest.raises(ValidationError, match="a curve point"):
+        ProfilePublic.model_validate(profile)

@@ -1,0 +1,45 @@
+"""Settings: the fair-share weights they parse from GPUMUX_SHARES."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumux.config import Settings, SharesError, parse_shares
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("alice:2,bob:1", {"alice": 2.0, "bob": 1.0}),
+        (" alice : 0.5 , bob:3, ", {"alice": 0.5, "bob": 3.0}),
+    ],
+)
+def test_parse_shares(text: str, expected: dict[str, float]) -> None:
+    assert parse_shares(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("alice=2", "'alice=2' is not user:weight"),
+        (":2", "':2' is not user:weight"),
+        ("alice:", "'alice:' is not user:weight"),
+        ("alice:lots", "alice's weight 'lots' is not a number"),
+        ("alice:0", "weight of alice must be above 0"),
+        ("alice:-1", "weight of alice must be above 0"),
+        ("alice:inf", "weight of alice must be above 0"),
+        ("alice:nan", "weight of alice must be above 0"),
+        ("alice:1,alice:2", "alice is given twice"),
+    ],
+)
+def test_parse_shares_refuses(text: str, message: str) -> None:
+    with pytest.raises(SharesError) as refused:
+        parse_shares(text)
+    assert message in str(refused.value)
+
+
+def test_settings_refuse_unreadable_shares_and_give_the_weights_of_readable_ones() -> None:
+    assert Settings(shares="alice:2, bob:0.5").share_weights == {"alice": 2.0, "bob": 0.5}
+    with pytest.raises(ValueError, match="bob"):
+        Settings(shares="alice:2,bob")
