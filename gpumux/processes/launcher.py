@@ -103,8 +103,14 @@ class SupervisedTrial:
             # a recorded supervisor to adopt, or one that exits without running anything.
             rundir.record_supervisor(run_dir, pid=pid, started=started)
             os.write(go_write, supervisor.GO)
-        finally:
+        except OSError as error:
+            # Without its GO byte the supervisor exits at once, having run nothing: collect it.
             os.close(go_write)
+            os.waitpid(pid, 0)
+            raise LaunchError(
+                f"cannot record the trial's supervisor in {run_dir}: {error}"
+            ) from error
+        os.close(go_write)
         log.info("trial %s: supervisor pid %d: %s", spec.trial_id, pid, shlex.join(spec.argv))
         return cls(
             trial_id=spec.trial_id,
@@ -253,28 +259,30 @@ def start_supervisor(run_dir: Path) -> tuple[int, int]:
     own_log = os.open(
         run_dir / rundir.SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
-    go_read, go_write = os.pipe2(os.O_CLOEXEC)
     try:
-        # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
-        pid = os.posix_spawn(
-            sys.executable,
-            supervisor_command(run_dir),
-            {"PATH": os.defpath},
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, go_read, 0),
-                (os.POSIX_SPAWN_DUP2, own_log, 1),
-                (os.POSIX_SPAWN_DUP2, own_log, 2),
-            ],
-            setsid=True,
-            # Held until its handlers are in place: an early stop must not kill it.
-            setsigmask={signal.SIGTERM, signal.SIGUSR1},
-        )
-    except OSError:
-        os.close(go_write)
-        raise
+        go_read, go_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+            pid = os.posix_spawn(
+                sys.executable,
+                supervisor_command(run_dir),
+                {"PATH": os.defpath},
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, go_read, 0),
+                    (os.POSIX_SPAWN_DUP2, own_log, 1),
+                    (os.POSIX_SPAWN_DUP2, own_log, 2),
+                ],
+                setsid=True,
+                # Held until its handlers are in place: an early stop must not kill it.
+                setsigmask={signal.SIGTERM, signal.SIGUSR1},
+            )
+        except OSError:
+            os.close(go_write)
+            raise
+        finally:
+            os.close(go_read)
     finally:
         os.close(own_log)
-        os.close(go_read)
     return pid, go_write
 
 

@@ -77,6 +77,41 @@ def test_an_attempt_whose_run_directory_exists_is_not_started_twice(tmp_path: Pa
         )
 
 
+def test_a_supervisor_that_cannot_be_recorded_runs_nothing_and_is_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(run_dir: Path, **record: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    # The record of the supervisor's pid is what a full disk refuses here.
+    monkeypatch.setattr(rundir, "record_supervisor", disk_full)
+    marker = tmp_path / "ran"
+    children_before = children()
+    with pytest.raises(LaunchError, match="cannot record the trial's supervisor .* No space left"):
+        SupervisedTrial.spawn(
+            launch_spec(tmp_path, ["touch", str(marker)]), run_dir=tmp_path / "run", options=OPTIONS
+        )
+    assert children() == children_before, "the supervisor was collected: no zombie"
+    assert (
+        "the daemon went away before the start" in (tmp_path / "run" / "supervisor.log").read_text()
+    )
+    assert not marker.exists()
+
+
+def children() -> set[int]:
+    """This process's children, zombies included (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+                found.add(int(entry.name))
+    return found
+
+
 def test_a_running_supervisor_is_found_again_from_its_run_directory(tmp_path: Path) -> None:
     first = SupervisedTrial.spawn(
         launch_spec(tmp_path, [sys.executable, "-c", "import time; time.sleep(600)"]),
