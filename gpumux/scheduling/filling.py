@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.processes.procfs import group_members
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import next_trials
@@ -45,8 +44,9 @@ class SlotFiller:
         # What a trial holds beyond its cap, per device: measured here, read by the search too.
         self.overheads = overheads
 
-    def fill(self, devices: Sequence[DeviceSnapshot]) -> None:
-        """Fill free device slots with the next trials, each user's fair share first."""
+    def fill(self, devices: Sequence[DeviceSnapshot], *, group_of: Mapping[int, int]) -> None:
+        """Fill free device slots with the next trials, each user's fair share first;
+        `group_of` maps our trials' pids to their process groups where devices list processes."""
         with self.sessions.read() as session:
             active = store.active_trials(session=session)
             # No device holds more than MAX_SPLIT trials: no more can be placed in one tick.
@@ -66,6 +66,7 @@ class SlotFiller:
             # Strict FIFO would wait for it forever, and every trial behind it too.
             reason = placement.never_fits(waiting, devices, policy)
             if reason is not None:
+                log.warning("trial %s: %s", waiting.trial_id, reason)
                 self.launcher.fail_unstarted(waiting.trial_id, reason)
                 pending.remove(waiting)
         if not pending:
@@ -80,9 +81,7 @@ class SlotFiller:
             for t in active
             if t.device is not None
         ]
-        group_of: dict[int, int] = {}
         if self.overheads.measurable(devices):
-            group_of = group_members(self.watched.pgids())
             self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
         plan = placement.place(
             devices=devices,

@@ -53,6 +53,7 @@ class Launcher:
             try:
                 user, user_env = run_as(trial.sweep)
             except LaunchError as error:
+                log.warning("trial %s: %s", chosen.trial_id, error)
                 self.fail_unstarted(chosen.trial_id, str(error))
                 return None
         with self.sessions.write.begin() as session:
@@ -67,6 +68,7 @@ class Launcher:
                 spec, run_dir=directory, options=self.options, user=user
             )
         except LaunchError as error:
+            log.warning("trial %s: %s", chosen.trial_id, error)
             self.fail_unstarted(chosen.trial_id, str(error))
             return None
         # It counts as running once its supervisor has started the command (the loop records
@@ -129,7 +131,6 @@ class Launcher:
 
     def fail_unstarted(self, trial_id: int, error: str) -> None:
         """Record a trial that could not start as failed, with the reason."""
-        log.warning("trial %s: %s", trial_id, error)
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=trial_id)
             if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):

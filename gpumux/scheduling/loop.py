@@ -134,9 +134,15 @@ class Scheduler:
         if self._draining:
             return
         devices = self._devices()
-        self.filler.fill(devices)
-        if any(not search.decision.settled for search in self.searches):
+        # Our trials' processes, listed (a scan of /proc) only for what needs them: per-process
+        # memory on devices that list it, and memory per trial while a split search measures.
+        group_of = None
+        if self.overheads.measurable(devices):
             group_of = group_members(self.watched.pgids())
+        self.filler.fill(devices, group_of=group_of or {})
+        if any(not search.decision.settled for search in self.searches):
+            if group_of is None:
+                group_of = group_members(self.watched.pgids())
             with self.sessions.read() as session:
                 changed = self.searches.observe(
                     session=session,

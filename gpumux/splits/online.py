@@ -285,16 +285,15 @@ class SplitSearch:
         )
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
-        self.ceiling = min(self.ceiling, fits)
+        self.lower_ceiling(fits, why=f"only {fits} trial(s) fit at once")
+
+    def lower_ceiling(self, ceiling: int, *, why: str) -> None:
+        """No N above `ceiling` will be tried (or kept): memory allows no more."""
+        self.ceiling = min(self.ceiling, ceiling)
         self.curve = [p for p in self.curve if p.split <= self.ceiling]
         self.decision = self._decide()
         self.filling_since = None
-        log.warning(
-            "device %s: only %d trial(s) fit at once; %s",
-            self.device_key,
-            fits,
-            self.decision.reason,
-        )
+        log.warning("device %s: %s; %s", self.device_key, why, self.decision.reason)
 
 
 def sweep_fingerprint(sweep: Sweep) -> str:

@@ -123,6 +123,10 @@ class Searches:
                 search.phase_start = search.filling_since = None
                 continue
             before = (search.decision, len(search.curve), search.ceiling)
+            snapshot = by_key.get(device)
+            if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
+                # The overhead measured since the search began leaves room for fewer trials.
+                search.lower_ceiling(bound, why=f"memory leaves room for at most {bound} trials")
             search.observe(
                 session=session,
                 now=now,

@@ -195,6 +195,31 @@ def test_the_ceiling_divides_by_the_overhead_placement_budgets(
     assert placed.memory_limit_mb == room // 2 - 3000
 
 
+def test_an_overhead_measured_after_the_search_began_lowers_its_ceiling(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    overheads = Overheads(configured_mb=settings.overhead_mb)
+    searches = Searches(settings, overheads=overheads)
+    gpu = device("GPU-a", "NVIDIA H200", "gpu")
+    search = search_for(searches, sessions, auto_id, gpu)
+    before = search.ceiling
+    # Measured once trials ran: 3000 MB beyond a 4096 MB cap, where 1024 MB were budgeted.
+    seen = device("GPU-a", "NVIDIA H200", "gpu", (GpuProcess(pid=4100, used_memory_mb=7096),))
+    overheads.observe([seen], group_of={4100: 4100}, caps={4100: 4096})
+    with sessions.read() as session:
+        searches.observe(
+            session=session,
+            now=utcnow(),
+            waiting=next_trials(session=session, limit=MAX_SPLIT),
+            devices=[gpu],
+            group_of={},
+        )
+    room = TOTAL_MB - settings.reserve_mb
+    assert search.ceiling == room // (settings.min_memory_mb + 3000) < before
+    assert all(point.split <= search.ceiling for point in search.curve)
+
+
 def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
     sessions: Sessions,
     settings: Settings,
