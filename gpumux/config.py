@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -167,7 +168,8 @@ class Settings(BaseSettings):
         # Derived here, once: everything else reads database_url alone.
         if not self.database_url:
             file = self.db if self.db is not None else self.home / DATABASE_NAME
-            self.database_url = f"sqlite:///{file}"
+            # Quoted: a file name may hold '%', '?' or '#', which a URL reads otherwise.
+            self.database_url = f"sqlite:///{quote(str(file))}"
         return self
 
     @property
@@ -179,7 +181,7 @@ class Settings(BaseSettings):
         scheme, _, rest = self.database_url.partition(":///")
         if scheme not in {"sqlite", "sqlite+pysqlite"}:
             return None
-        path = rest.split("?", 1)[0]
+        path = unquote(rest.split("?", 1)[0])
         return Path(path) if path and path != ":memory:" else None
 
     @property

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from sqlalchemy import make_url
 
 from gpumux.config import Settings, SharesError, parse_shares
 
@@ -43,3 +46,13 @@ def test_settings_refuse_unreadable_shares_and_give_the_weights_of_readable_ones
     assert Settings(shares="alice:2, bob:0.5").share_weights == {"alice": 2.0, "bob": 0.5}
     with pytest.raises(ValueError, match="bob"):
         Settings(shares="alice:2,bob")
+
+
+@pytest.mark.parametrize("name", ["gpumux.db", "a b.db", "100%.db", "what?.db", "#1.db"])
+def test_a_database_file_of_any_name_is_the_file_the_daemon_and_the_cli_both_see(
+    tmp_path: Path, name: str
+) -> None:
+    settings = Settings(home=tmp_path, db=tmp_path / name)
+    assert settings.database_file == tmp_path / name
+    # The daemon's dialect reads the URL with SQLAlchemy: the same file.
+    assert make_url(settings.database_url).database == str(tmp_path / name)
