@@ -288,6 +288,6 @@ class Supervisor:
 def main(argv: list[str]) -> int:
     """Supervise the attempt of the run directory in `argv` (its file, then RUN_DIR)."""
     if len(argv) != 2:
-        print("usage: supervisor.py RUN_DIR", file=sys.stderr)
+        print("usage: supervisor.py RUN_DIR (started by the gpumux daemon)", file=sys.stderr)
         return 2
     return Supervisor(argv[1]).run()

@@ -118,7 +118,7 @@ class Scheduler:
         while True:
             await self.tick()
             with self.sessions.read() as session:
-                if not len(self.watched) and store.pending_work(session=session) == 0:
+                if not self.watched and store.pending_work(session=session) == 0:
                     return
             self._wake.clear()
             await self._sleep()
