@@ -17,11 +17,13 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
 from gpumux.schemas import SweepCreate
-from gpumux.storage import tokens
+from gpumux.storage import store, tokens
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep
 
 
 def sweep_in(
@@ -53,6 +55,19 @@ def selects(sessions: Sessions) -> Iterator[list[tuple[str, Any]]]:
         yield statements
     finally:
         event.remove(sessions.engine, "before_cursor_execute", record)
+
+
+def stored_sweep(
+    session: Session, tmp_path: Path, n: int = 3, *, owner: str = "alice", **fields: Any
+) -> Sweep:
+    """A sweep of `n` trials (x = 1..n) stored for `owner` as the API stores one."""
+    return store.create_sweep(
+        session=session,
+        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
+        owner=store.get_or_create_owner(session=session, name=owner),
+        seed=7,
+        trial_params=[{"x": i} for i in range(1, n + 1)],
+    )
 
 
 def bearer(sessions: Sessions, user: str | None = None) -> dict[str, str]:

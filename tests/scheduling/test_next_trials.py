@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from builders import sweep_in
-from sqlalchemy.orm import Session
+from builders import stored_sweep
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep
-
-
-def make_sweep(
-    session: Session, tmp_path: Path, n: int, *, owner: str = "alice", **fields: Any
-) -> Sweep:
-    return store.create_sweep(
-        session=session,
-        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
-        owner=store.get_or_create_owner(session=session, name=owner),
-        seed=7,
-        trial_params=[{"x": i} for i in range(1, n + 1)],
-    )
 
 
 def test_next_trials_are_first_come_first_served_and_skip_cancelled_sweeps(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     with sessions.write.begin() as session:
-        older, cancelled, newer = (make_sweep(session, tmp_path, 2) for _ in range(3))
+        older, cancelled, newer = (stored_sweep(session, tmp_path, 2) for _ in range(3))
         store.request_cancel(session=session, sweep=cancelled)
         queued = next_trials(session=session, limit=10)
     assert [t.sweep_id for t in queued] == [older.id, older.id, newer.id, newer.id]
@@ -42,9 +27,9 @@ def test_a_higher_priority_sweep_goes_ahead_of_older_ones(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     with sessions.write.begin() as session:
-        older = make_sweep(session, tmp_path, 2)
-        urgent = make_sweep(session, tmp_path, 2, priority=5)
-        later = make_sweep(session, tmp_path, 2, priority=-1)
+        older = stored_sweep(session, tmp_path, 2)
+        urgent = stored_sweep(session, tmp_path, 2, priority=5)
+        later = stored_sweep(session, tmp_path, 2, priority=-1)
         queued = next_trials(session=session, limit=5)
     assert [t.sweep_id for t in queued] == [urgent.id, urgent.id, older.id, older.id, later.id]
 
@@ -53,9 +38,9 @@ def test_each_owner_is_offered_at_most_the_limit_so_one_big_sweep_hides_no_one(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     with sessions.write.begin() as session:
-        big = make_sweep(session, tmp_path, 50, owner="alice")
-        more = make_sweep(session, tmp_path, 5, owner="alice")
-        bobs = make_sweep(session, tmp_path, 3, owner="bob")
+        big = stored_sweep(session, tmp_path, 50, owner="alice")
+        more = stored_sweep(session, tmp_path, 5, owner="alice")
+        bobs = stored_sweep(session, tmp_path, 3, owner="bob")
         queued = next_trials(session=session, limit=4)
     by_sweep = [t.sweep_id for t in queued]
     assert by_sweep == [big.id] * 4 + [bobs.id] * 3
@@ -64,7 +49,7 @@ def test_each_owner_is_offered_at_most_the_limit_so_one_big_sweep_hides_no_one(
 
 def test_only_queued_trials_are_offered_in_their_order(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
-        sweep = make_sweep(session, tmp_path, 4)
+        sweep = stored_sweep(session, tmp_path, 4)
         first, second, *_ = store.list_trials(session=session, sweep_id=sweep.id)[0]
         store.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
         queued = next_trials(session=session, limit=10)

@@ -1,36 +1,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from builders import sweep_in
-from sqlalchemy.orm import Session
+from builders import stored_sweep, sweep_in
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep
-
-
-def make_sweep(session: Session, tmp_path: Path, n: int = 3, **fields: Any) -> Sweep:
-    owner = store.get_or_create_owner(session=session, name="alice")
-    return store.create_sweep(
-        session=session,
-        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
-        owner=owner,
-        seed=7,
-        trial_params=[{"x": i} for i in range(1, n + 1)],
-    )
 
 
 def test_create_sweep_queues_one_trial_per_parameter_set(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     with sessions.write.begin() as session:
-        sweep_id = make_sweep(session, tmp_path, 4).id
+        sweep_id = stored_sweep(session, tmp_path, 4).id
     with sessions.read() as session:
         trials, count = store.list_trials(session=session, sweep_id=sweep_id)
         sweep = store.get_sweep(session=session, sweep_id=sweep_id)
@@ -53,9 +39,8 @@ def test_the_gate_refuses_every_illegal_transition(
     sessions: Sessions, tmp_path: Path, start: TrialStatus, target: TrialStatus
 ) -> None:
     with sessions.write.begin() as session:
-        trial = store.list_trials(session=session, sweep_id=make_sweep(session, tmp_path, 1).id)[0][
-            0
-        ]
+        sweep = stored_sweep(session, tmp_path, 1)
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.status = start
         with pytest.raises(store.IllegalTransition, match=f"{start} -> {target}"):
             store.set_trial_status(session=session, trial=trial, status=target)
@@ -64,7 +49,7 @@ def test_the_gate_refuses_every_illegal_transition(
 
 def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
-        sweep = make_sweep(session, tmp_path, 2)
+        sweep = stored_sweep(session, tmp_path, 2)
         first, second = store.list_trials(session=session, sweep_id=sweep.id)[0]
         store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
         assert sweep.status == SweepStatus.running
@@ -78,7 +63,7 @@ def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> 
 
 def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
-        sweep = make_sweep(session, tmp_path, 5)
+        sweep = stored_sweep(session, tmp_path, 5)
         first = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
         store.request_cancel(session=session, sweep=sweep)
@@ -92,7 +77,7 @@ def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_pat
 
 def running_trial(sessions: Sessions, tmp_path: Path, token: str) -> int:
     with sessions.write.begin() as session:
-        sweep = make_sweep(session, tmp_path, 1, objective="val_loss:min")
+        sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
         trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         store.set_trial_status(
             session=session,
@@ -145,9 +130,9 @@ def test_reports_with_a_wrong_token_or_attempt_are_refused(
 
 def test_best_trial_follows_the_objective_direction(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
-        low = make_sweep(session, tmp_path, 3, objective="acc:min")
-        high = make_sweep(session, tmp_path, 3, objective="acc:max")
-        plain = make_sweep(session, tmp_path, 3)
+        low = stored_sweep(session, tmp_path, 3, objective="acc:min")
+        high = stored_sweep(session, tmp_path, 3, objective="acc:max")
+        plain = stored_sweep(session, tmp_path, 3)
         for sweep in (low, high, plain):
             for trial, value in zip(
                 store.list_trials(session=session, sweep_id=sweep.id)[0],
@@ -165,7 +150,7 @@ def test_best_trial_follows_the_objective_direction(sessions: Sessions, tmp_path
 
 def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
-        ids = [make_sweep(session, tmp_path, 1).id for _ in range(5)]
+        ids = [stored_sweep(session, tmp_path, 1).id for _ in range(5)]
         bob = store.get_or_create_owner(session=session, name="bob")
         store.create_sweep(
             session=session, sweep_in=sweep_in(tmp_path), owner=bob, seed=1, trial_params=[{}]
