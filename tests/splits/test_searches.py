@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from builders import sweep_in
+from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
@@ -71,6 +72,21 @@ def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
             trial_params=[{}],
         )
         return auto.id, fixed.id
+
+
+def observe(
+    searches: Searches,
+    session: Session,
+    *,
+    now: datetime,
+    devices: list[DeviceSnapshot],
+    group_of: Mapping[int, int],
+) -> list[SplitSearch]:
+    """What the scheduler does after a tick's placements: every search looks at its device."""
+    waiting = next_trials(session=session, limit=MAX_SPLIT)
+    return searches.observe(
+        session=session, now=now, waiting=waiting, devices=devices, group_of=group_of
+    )
 
 
 def search_for(
@@ -135,10 +151,10 @@ def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceil
     now = utcnow()
     for minute in range(10):
         with sessions.read() as session:
-            changed = searches.observe(
-                session=session,
+            changed = observe(
+                searches,
+                session,
                 now=now + timedelta(minutes=minute),
-                waiting=next_trials(session=session, limit=MAX_SPLIT),
                 devices=[device()],
                 group_of={},
             )
@@ -208,13 +224,7 @@ def test_an_overhead_measured_after_the_search_began_lowers_its_ceiling(
     seen = device("GPU-a", "NVIDIA H200", "gpu", (GpuProcess(pid=4100, used_memory_mb=7096),))
     overheads.observe([seen], group_of={4100: 4100}, caps={4100: 4096})
     with sessions.read() as session:
-        searches.observe(
-            session=session,
-            now=utcnow(),
-            waiting=next_trials(session=session, limit=MAX_SPLIT),
-            devices=[gpu],
-            group_of={},
-        )
+        observe(searches, session, now=utcnow(), devices=[gpu], group_of={})
     room = TOTAL_MB - settings.reserve_mb
     assert search.ceiling == room // (settings.min_memory_mb + 3000) < before
     assert all(point.split <= search.ceiling for point in search.curve)
@@ -232,13 +242,7 @@ def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
     search = search_for(searches, sessions, auto_id, cpu)
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
     with sessions.read() as session:
-        searches.observe(
-            session=session,
-            now=utcnow(),
-            waiting=next_trials(session=session, limit=MAX_SPLIT),
-            devices=[cpu],
-            group_of=group_members({hog.pid}),
-        )
+        observe(searches, session, now=utcnow(), devices=[cpu], group_of=group_members({hog.pid}))
     assert search.phase_start is not None and search.peak_mb is not None
     # The bytes it wrote, and the interpreter around them.
     assert HOG_MB <= search.peak_mb < HOG_MB + 200
@@ -257,13 +261,7 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     search = search_for(searches, sessions, auto_id, gpu)
     run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
     with sessions.read() as session:
-        searches.observe(
-            session=session,
-            now=utcnow(),
-            waiting=next_trials(session=session, limit=MAX_SPLIT),
-            devices=[gpu],
-            group_of=group_members({hog.pid}),
-        )
+        observe(searches, session, now=utcnow(), devices=[gpu], group_of=group_members({hog.pid}))
     assert search.peak_mb == 2500
 
 
@@ -278,11 +276,5 @@ def test_without_the_device_listed_no_memory_is_measured(
     search = search_for(searches, sessions, auto_id, device())
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
     with sessions.read() as session:
-        searches.observe(
-            session=session,
-            now=utcnow(),
-            waiting=next_trials(session=session, limit=MAX_SPLIT),
-            devices=[],
-            group_of={},
-        )
+        observe(searches, session, now=utcnow(), devices=[], group_of={})
     assert search.phase_start is not None and search.peak_mb is None
