@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpumux import sweepspec
-from gpumux.status import SweepStatus, TrialStatus
+from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 
 MAX_SPLIT = 64
@@ -36,7 +36,24 @@ class SweepCreate(BaseModel):
     command: list[str] = Field(min_length=1, description="argv of the training command")
     workdir: str = Field(description="absolute directory the command runs in")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the command")
-    trials: int | None = Field(default=None, ge=1, description="random search with this many")
+    trials: int | None = Field(
+        default=None,
+        ge=1,
+        description="how many trials: a random search's draws, an adaptive search's budget",
+    )
+    search: SearchMethod | None = Field(
+        default=None,
+        description="grid or random (every trial chosen at submission), or an Optuna sampler "
+        "that chooses each next trial as a slot frees: tpe, gp, cmaes, qmc (these need "
+        "`trials`); default grid, or random with `trials`",
+    )
+    prune: str | None = Field(
+        default=None,
+        max_length=200,
+        description="stop losing trials at a report: none, median, asha or hyperband, with "
+        "Optuna's options after a colon (asha:min_resource=2,reduction_factor=3); needs "
+        "`objective`",
+    )
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     split: int | Literal["auto"] = Field(default="auto", description="trials per device, or auto")
     objective: Objective | None = Field(default=None, description="METRIC:min or METRIC:max")
@@ -135,6 +152,9 @@ class TrialPublic(BaseModel):
     objective: float | None
     samples_per_s: float | None
     last_report_at: datetime | None
+    step: int | None = Field(
+        default=None, description="the last step (epoch or iteration) the trial reported"
+    )
 
 
 class TrialsPublic(BaseModel):
@@ -153,13 +173,18 @@ class SweepPublic(BaseModel):
     params: list[str]
     workdir: str
     trials: int | None
+    search: SearchMethod = SearchMethod.grid
+    prune: str | None = None
     seed: int
     split: int | Literal["auto"]
     objective: Objective | None
     time_limit_s: float | None
     retries: int = 0
     priority: int = 0
-    trial_count: int
+    trial_count: int = Field(
+        description="every trial of the sweep; an adaptive search's budget, of which only "
+        "those asked so far exist"
+    )
     cancel_requested: bool
     created_at: datetime
     finished_at: datetime | None
@@ -179,13 +204,25 @@ class SweepsPublic(BaseModel):
     count: int
 
 
+ReportKind = Literal["batch", "epoch", "manual", "line"]
+
+
 class ReportIn(BaseModel):
-    """What a trial's runtime sends: samples processed in `seconds`, and its metrics."""
+    """What a trial's runtime sends: samples processed in `seconds`, and its metrics at a step."""
 
     trial_id: int
     attempt: int = Field(ge=1)
-    kind: Literal["batch", "epoch", "manual"]
-    epoch: int | None = None
+    kind: ReportKind = Field(
+        description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
+        "line (a GPUMUX_REPORT line the trial printed)"
+    )
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**31 - 1,
+        strict=True,
+        description="the epoch or iteration (from 0) the metrics belong to",
+    )
     samples: float | None = Field(default=None, ge=0)
     seconds: float | None = Field(default=None, ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -202,7 +239,7 @@ class ReportPublic(BaseModel):
     attempt: int
     kind: str
     at: datetime
-    epoch: int | None
+    step: int | None
     samples: float | None
     seconds: float | None
     samples_per_s: float | None

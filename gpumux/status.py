@@ -13,6 +13,8 @@ class TrialStatus(StrEnum):
     failed = "failed"
     cancelled = "cancelled"
     lost = "lost"
+    # Stopped by the sweep's pruner after a report: a decision, not a failure.
+    pruned = "pruned"
 
     @property
     def is_final(self) -> bool:
@@ -20,7 +22,13 @@ class TrialStatus(StrEnum):
 
 
 FINAL_TRIAL_STATUSES = frozenset(
-    {TrialStatus.succeeded, TrialStatus.failed, TrialStatus.cancelled, TrialStatus.lost}
+    {
+        TrialStatus.succeeded,
+        TrialStatus.failed,
+        TrialStatus.cancelled,
+        TrialStatus.lost,
+        TrialStatus.pruned,
+    }
 )
 ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
 
@@ -35,6 +43,7 @@ TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
             TrialStatus.cancelled,
             TrialStatus.queued,
             TrialStatus.lost,
+            TrialStatus.pruned,
         }
     ),
     TrialStatus.running: frozenset(
@@ -44,12 +53,14 @@ TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
             TrialStatus.cancelled,
             TrialStatus.lost,
             TrialStatus.queued,
+            TrialStatus.pruned,
         }
     ),
     TrialStatus.succeeded: frozenset(),
     TrialStatus.failed: frozenset(),
     TrialStatus.cancelled: frozenset(),
     TrialStatus.lost: frozenset(),
+    TrialStatus.pruned: frozenset(),
 }
 
 
@@ -58,6 +69,22 @@ class SweepStatus(StrEnum):
     running = "running"
     finished = "finished"
     cancelled = "cancelled"
+
+
+class SearchMethod(StrEnum):
+    """How a sweep's trials are chosen: expanded at submission (grid, random) or asked of an
+    Optuna sampler as slots free (the others)."""
+
+    grid = "grid"
+    random = "random"
+    tpe = "tpe"
+    gp = "gp"
+    cmaes = "cmaes"
+    qmc = "qmc"
+
+    @property
+    def adaptive(self) -> bool:
+        return self not in (SearchMethod.grid, SearchMethod.random)
 
 
 class ObjectiveMode(StrEnum):

@@ -11,7 +11,7 @@ from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
+from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
 
 
 def utcnow() -> datetime:
@@ -92,6 +92,13 @@ class Sweep(Base):
     workdir: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, Any]]
     random_trials: Mapped[int | None]
+    search: Mapped[SearchMethod] = mapped_column(
+        _enum_column(SearchMethod), default=SearchMethod.grid, server_default="grid"
+    )
+    # The pruner as given, e.g. "asha:min_resource=2"; None: trials run to their end.
+    prune: Mapped[str | None] = mapped_column(String(200))
+    # An adaptive sweep's Optuna study-level system attributes (a QMC sampler's position).
+    study_attrs: Mapped[dict[str, Any] | None]
     seed: Mapped[int]
     split: Mapped[int | None]
     objective_metric: Mapped[str | None] = mapped_column(String(200))
@@ -101,6 +108,8 @@ class Sweep(Base):
     retries: Mapped[int] = mapped_column(default=0, server_default="0")
     # Among one owner's sweeps, higher runs first; FIFO within a priority.
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Every trial of a grid or random sweep; an adaptive sweep's budget (its trials are asked
+    # as slots free, so fewer may exist yet).
     trial_count: Mapped[int]
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -146,6 +155,12 @@ class Trial(Base):
     objective: Mapped[float | None]
     samples_per_s: Mapped[float | None]
     last_report_at: Mapped[datetime | None]
+    # The last step (epoch or iteration) the current attempt reported.
+    step: Mapped[int | None]
+    # Bytes of the current attempt's log already read for report lines.
+    log_scanned: Mapped[int] = mapped_column(default=0, server_default="0")
+    # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
+    optuna_attrs: Mapped[dict[str, Any] | None]
 
     sweep: Mapped[Sweep] = relationship()
 
@@ -163,7 +178,7 @@ class TrialReport(Base):
     attempt: Mapped[int]
     kind: Mapped[str] = mapped_column(String(16))
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    epoch: Mapped[int | None]
+    step: Mapped[int | None]
     samples: Mapped[float | None]
     seconds: Mapped[float | None]
     samples_per_s: Mapped[float | None]

@@ -39,7 +39,7 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
         trial_id=trial.id,
         attempt=report_in.attempt,
         kind=report_in.kind,
-        epoch=report_in.epoch,
+        step=report_in.step,
         samples=report_in.samples,
         seconds=report_in.seconds,
         samples_per_s=rate,
@@ -49,6 +49,8 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
     trial.last_report_at = report.at = utcnow()
     if rate is not None:
         trial.samples_per_s = rate
+    if report_in.step is not None:
+        trial.step = report_in.step
     metric = trial.sweep.objective_metric
     if metric is not None and metric in report_in.metrics:
         trial.objective = report_in.metrics[metric]

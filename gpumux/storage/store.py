@@ -17,6 +17,7 @@ from gpumux.status import (
     FINAL_TRIAL_STATUSES,
     TRIAL_TRANSITIONS,
     ObjectiveMode,
+    SearchMethod,
     SweepStatus,
     TrialStatus,
 )
@@ -47,8 +48,9 @@ def get_or_create_owner(*, session: Session, name: str, uid: int | None = None) 
 
 
 def queued_count(*, session: Session, owner: str) -> int:
-    """How many trials of this user's sweeps wait in the queue."""
-    return (
+    """How many trials of this user's sweeps wait in the queue, counting those that adaptive
+    sweeps have yet to ask."""
+    queued = (
         session.scalar(
             select(func.count())
             .select_from(Trial)
@@ -58,6 +60,38 @@ def queued_count(*, session: Session, owner: str) -> int:
         )
         or 0
     )
+    adaptive = select(Sweep).join(Owner).where(Owner.name == owner)
+    return queued + unasked(session=session, sweeps=adaptive)
+
+
+def unasked(*, session: Session, sweeps: Select[Sweep]) -> int:
+    """Trials that the open adaptive sweeps among `sweeps` have yet to ask of their samplers."""
+    open_adaptive = (
+        sweeps.where(
+            Sweep.search.not_in((SearchMethod.grid, SearchMethod.random)),
+            Sweep.status.in_((SweepStatus.queued, SweepStatus.running)),
+            Sweep.cancel_requested.is_(False),
+        )
+        .with_only_columns(Sweep.id, Sweep.trial_count)
+        .subquery()
+    )
+    asked = (
+        select(Trial.sweep_id, func.count().label("n"))
+        .where(Trial.sweep_id.in_(select(open_adaptive.c.id)))
+        .group_by(Trial.sweep_id)
+        .subquery()
+    )
+    left = session.scalar(
+        select(func.sum(open_adaptive.c.trial_count - func.coalesce(asked.c.n, 0))).outerjoin(
+            asked, asked.c.sweep_id == open_adaptive.c.id
+        )
+    )
+    return int(left or 0)
+
+
+def asked_count(*, session: Session, sweep: Sweep) -> int:
+    """How many trials a sweep has: all of a grid's; those an adaptive sweep asked so far."""
+    return session.scalar(select(func.count()).where(Trial.sweep_id == sweep.id)) or 0
 
 
 def create_sweep(
@@ -67,8 +101,11 @@ def create_sweep(
     owner: Owner,
     seed: int,
     trial_params: Sequence[dict[str, Any]],
+    search: SearchMethod = SearchMethod.grid,
+    prune: str | None = None,
 ) -> Sweep:
-    """A sweep and its queued trials, in the caller's transaction."""
+    """A sweep and its queued trials, in the caller's transaction. An adaptive search's trials
+    are asked as slots free: none is stored now, and its budget is `sweep_in.trials`."""
     metric, mode = parse_objective(sweep_in.objective) if sweep_in.objective else (None, None)
     sweep = Sweep(
         name=sweep_in.name,
@@ -79,6 +116,8 @@ def create_sweep(
         workdir=sweep_in.workdir,
         env=sweep_in.env,
         random_trials=sweep_in.trials,
+        search=search,
+        prune=prune,
         seed=seed,
         split=None if sweep_in.split == "auto" else sweep_in.split,
         objective_metric=metric,
@@ -86,7 +125,7 @@ def create_sweep(
         time_limit_s=sweep_in.time_limit_s,
         retries=sweep_in.retries,
         priority=sweep_in.priority,
-        trial_count=len(trial_params),
+        trial_count=sweep_in.trials or 0 if search.adaptive else len(trial_params),
     )
     session.add(sweep)
     session.flush()
@@ -240,9 +279,10 @@ def sweeps_to_cancel(*, session: Session) -> list[Sweep]:
 
 
 def pending_work(*, session: Session) -> int:
-    """How many trials are queued or hold a slot."""
+    """How many trials are queued, hold a slot, or are yet to be asked by an adaptive sweep."""
     unfinished = (TrialStatus.queued, *ACTIVE_TRIAL_STATUSES)
-    return session.scalar(select(func.count()).where(Trial.status.in_(unfinished))) or 0
+    waiting = session.scalar(select(func.count()).where(Trial.status.in_(unfinished))) or 0
+    return waiting + unasked(session=session, sweeps=select(Sweep))
 
 
 def cancel_queued_trials(*, session: Session, sweep: Sweep) -> int:
@@ -281,7 +321,11 @@ def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None
     """Derive a sweep's status from its trials' (called after every trial transition)."""
     counts = trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
     final = sum(count for status, count in counts.items() if status in FINAL_TRIAL_STATUSES)
-    if final == sweep.trial_count:
+    unfinished = counts.get(TrialStatus.queued, 0) + sum(
+        counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES
+    )
+    # A cancelled adaptive sweep ends with the trials it asked, short of its budget.
+    if final >= sweep.trial_count or (sweep.cancel_requested and not unfinished):
         status = SweepStatus.cancelled if sweep.cancel_requested else SweepStatus.finished
         if sweep.finished_at is None:
             sweep.finished_at = now or utcnow()

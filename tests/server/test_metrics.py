@@ -110,6 +110,7 @@ PLANNED = [
     # Ran once, then was cut off and waits again: its old start is not a queue wait.
     Planned(TrialStatus.queued, started=30),
     Planned(TrialStatus.cancelled, ended=50),
+    Planned(TrialStatus.pruned, started=6, ended=65, device="gpu:0", split=2),
 ]
 
 
@@ -213,22 +214,23 @@ def test_the_metrics_match_the_database(
         "failed": 1,
         "cancelled": 1,
         "lost": 1,
+        "pruned": 1,
     }
     assert one(families["gpumux_sweeps"], state="running") == 1
 
     waits = [
         p.started for p in PLANNED if p.started is not None and p.status is not TrialStatus.queued
     ]
-    assert sorted(waits) == [0.25, 2, 3, 7, 9, 40, 1200, 4000]
+    assert sorted(waits) == [0.25, 2, 3, 6, 7, 9, 40, 1200, 4000]
     buckets, count, total = histogram(families["gpumux_trial_queue_wait_seconds"])
     assert buckets == expected_buckets(waits, QUEUE_WAIT_BUCKETS)
     assert count == len(waits) and total == pytest.approx(sum(waits), abs=1e-3)
 
     durations = [p.ended - p.started for p in PLANNED if p.ended and p.started is not None]
-    assert sorted(durations) == [100, 700, 20_000]
+    assert sorted(durations) == [59, 100, 700, 20_000]
     buckets, count, total = histogram(families["gpumux_trial_duration_seconds"])
     assert buckets == expected_buckets(durations, DURATION_BUCKETS)
-    assert count == 3 and total == pytest.approx(20_800, abs=1e-3)
+    assert count == 4 and total == pytest.approx(20_859, abs=1e-3)
 
     h200 = {"name": "NVIDIA H200"}
     assert one(families["gpumux_device_memory_total_bytes"], device="gpu:0", **h200) == (

@@ -29,8 +29,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003"]
-HEAD = "0004"
+EARLIER = ["0001", "0002", "0003", "0004"]
+HEAD = "0005"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -63,7 +63,8 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         "param_tokens": json.dumps(["lr"]),
         "workdir": "/work",
         "env": json.dumps({"PATH": "/usr/bin"}),
-        "random_trials": None,
+        # The second sweep is a random search: 0005 names its search method.
+        "random_trials": 2 if sweep_id == 2 else None,
         "seed": 7,
         "split": 2,
         "objective_metric": "loss",
@@ -109,10 +110,11 @@ def trial_row(trial_id: int, sweep_id: int, status: str, revision: str) -> dict[
         "last_report_at": stored(ENDED_AT) if started else None,
     }
     if revision >= "0003":
+        row |= {"failures": 1 if status == "failed" else 0}
+    if revision == "0003":
         row |= {
             "supervisor_pid": 2000 + trial_id if started else None,
             "supervisor_started": 777 if started else None,
-            "failures": 1 if status == "failed" else 0,
         }
     return row
 
@@ -258,6 +260,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         # Columns added by 0003 take their defaults in rows written before it.
         newer = revision >= "0003"
         assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
+        assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
 
         trials, _ = store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [
@@ -269,7 +272,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert (succeeded.queued_at, succeeded.started_at) == (QUEUED_AT, STARTED_AT)
         assert failed.failures == (1 if newer else 0)
         reports, _ = report_store.list_reports(session=session, trial_id=succeeded.id)
-        assert [(r.epoch, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
+        assert [(r.step, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
         assert store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]

@@ -19,6 +19,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
+from gpumux.search import methods
 from gpumux.server.api.deps import (
     AppState,
     Caller,
@@ -51,6 +52,8 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         params=sweep.param_tokens,
         workdir=sweep.workdir,
         trials=sweep.random_trials,
+        search=sweep.search,
+        prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
         objective=objective,
@@ -127,15 +130,33 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
         )
     try:
         params = sweepspec.parse_params(sweep_in.params)
-        trial_params = sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
-    except sweepspec.SpecError as error:
+        search = methods.check(
+            method=sweep_in.search,
+            prune=sweep_in.prune,
+            trials=sweep_in.trials,
+            objective=sweep_in.objective,
+            params=params,
+        )
+        trial_params = (
+            []
+            if search.method.adaptive
+            else sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
+        )
+    except (sweepspec.SpecError, methods.SearchError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
+    trial_count = sweep_in.trials if search.method.adaptive else len(trial_params)
     check_workdir(sweep_in, state, caller)
     with state.sessions.write.begin() as session:
-        check_quota(session, state, caller, len(trial_params))
+        check_quota(session, state, caller, trial_count or 0)
         owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
         sweep = store.create_sweep(
-            session=session, sweep_in=sweep_in, owner=owner, seed=seed, trial_params=trial_params
+            session=session,
+            sweep_in=sweep_in,
+            owner=owner,
+            seed=seed,
+            trial_params=trial_params,
+            search=search.method,
+            prune=search.prune.text if search.prune else None,
         )
         detail = sweep_detail(session, sweep)
     state.notify()

@@ -1,0 +1,204 @@
+"""The samplers and pruners a sweep may name, checked before anything is stored.
+
+`--search tpe|gp|cmaes|qmc` picks an Optuna sampler; `--prune median|asha|hyperband[:k=v,...]`
+an Optuna pruner, its options passed through to its constructor. Each refusal says what is
+wrong and what to write instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.pruners import (
+    BasePruner,
+    HyperbandPruner,
+    MedianPruner,
+    NopPruner,
+    SuccessiveHalvingPruner,
+)
+from optuna.samplers import BaseSampler
+
+from gpumux.search.space import distributions_of
+from gpumux.status import SearchMethod
+from gpumux.sweepspec import Param
+
+PRUNERS: dict[str, type[BasePruner]] = {
+    "median": MedianPruner,
+    "asha": SuccessiveHalvingPruner,
+    "hyperband": HyperbandPruner,
+}
+NO_PRUNING = "none"
+PRUNE_FORMS = "none, median, asha or hyperband, options after a colon: asha:reduction_factor=3"
+_OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^,=]+)")
+# A sampler's numpy random state takes a 32-bit seed.
+SEED_MODULUS = 2**32
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class SearchError(ValueError):
+    """A search or pruner the sweep cannot have; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    """A pruner by name with the options for its constructor."""
+
+    name: str
+    options: dict[str, int | float | str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The form it was given in, normalised: asha:min_resource=2,reduction_factor=3."""
+        if not self.options:
+            return self.name
+        return f"{self.name}:" + ",".join(f"{k}={v}" for k, v in self.options.items())
+
+
+def parse_prune(text: str) -> PruneSpec | None:
+    """`asha:min_resource=2` -> PruneSpec; None for `none`. Options are checked by make_pruner."""
+    name, colon, rest = text.strip().partition(":")
+    name = name.strip().lower()
+    if name == NO_PRUNING and not colon:
+        return None
+    if name not in PRUNERS:
+        raise SearchError(f"unknown pruner {name!r}; use {PRUNE_FORMS}")
+    options: dict[str, int | float | str] = {}
+    if colon:
+        for item in rest.split(","):
+            match = _OPTION.fullmatch(item.strip())
+            if match is None:
+                raise SearchError(
+                    f"pruner option {item.strip()!r} is not NAME=VALUE; e.g. "
+                    f"{name}:{_option_names(PRUNERS[name])[0]}=2"
+                )
+            key, value = match.groups()
+            if key in options:
+                raise SearchError(f"pruner option {key} given twice; keep one")
+            options[key] = _number_or_text(value.strip())
+    return PruneSpec(name, options)
+
+
+def make_pruner(spec: PruneSpec | None) -> BasePruner:
+    """The Optuna pruner the spec names, or one that never prunes."""
+    if spec is None:
+        return NopPruner()
+    cls = PRUNERS[spec.name]
+    names = _option_names(cls)
+    unknown = [key for key in spec.options if key not in names]
+    if unknown:
+        raise SearchError(
+            f"{spec.name} has no option {unknown[0]!r}; its options: {', '.join(names)}"
+        )
+    try:
+        return cls(**spec.options)
+    except (TypeError, ValueError) as error:
+        raise SearchError(f"{spec.text}: {error}") from error
+
+
+def make_sampler(method: SearchMethod, *, seed: int) -> BaseSampler:
+    """A fresh Optuna sampler for an adaptive sweep, seeded (replays what the sampler allows)."""
+    seed %= SEED_MODULUS
+    with warnings.catch_warnings():
+        # QMC and GP are marked experimental by Optuna; their use here is deliberate.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        if method is SearchMethod.tpe:
+            # Running trials count as if they had the worst value: parallel asks spread out.
+            return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
+        if method is SearchMethod.gp:
+            return optuna.samplers.GPSampler(seed=seed)
+        if method is SearchMethod.cmaes:
+            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        if method is SearchMethod.qmc:
+            return optuna.samplers.QMCSampler(
+                scramble=True, seed=seed, warn_independent_sampling=False
+            )
+    raise SearchError(f"{method} is not chosen by a sampler as the sweep runs")
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a sweep's trials are chosen and stopped, once checked."""
+
+    method: SearchMethod
+    prune: PruneSpec | None
+
+
+def check(
+    *,
+    method: SearchMethod | None,
+    prune: str | None,
+    trials: int | None,
+    objective: str | None,
+    params: Sequence[Param],
+) -> Search:
+    """The sweep's search, or SearchError saying what to change (nothing is stored before)."""
+    if method is None:
+        method = SearchMethod.random if trials is not None else SearchMethod.grid
+    if method is SearchMethod.grid and trials is not None:
+        raise SearchError(
+            "--search grid runs every point of the grid; drop --trials, or use --search random "
+            "or an adaptive search (tpe) for a budget of trials"
+        )
+    if method is not SearchMethod.grid and trials is None:
+        raise SearchError(f"--search {method} needs a budget of trials: add --trials K")
+    if method.adaptive:
+        _check_adaptive(method, objective, params)
+    spec = parse_prune(prune) if prune is not None else None
+    if spec is not None:
+        if objective is None:
+            raise SearchError(
+                f"--prune {spec.name} compares trials on the objective: add --objective "
+                "METRIC:min or METRIC:max (the metric the trials report at each step)"
+            )
+        make_pruner(spec)
+    return Search(method, spec)
+
+
+def _check_adaptive(method: SearchMethod, objective: str | None, params: Sequence[Param]) -> None:
+    if objective is None:
+        raise SearchError(
+            f"--search {method} learns from each trial's objective: add --objective "
+            "METRIC:min or METRIC:max"
+        )
+    distributions = distributions_of(params)
+    if not distributions:
+        raise SearchError(
+            f"--search {method} has nothing to search: give a range (lr=1e-4..1e-1) or a "
+            "choice (bs=32,64)"
+        )
+    if method is SearchMethod.cmaes:
+        choices = [p for p in params if p.name in distributions and p.kind == "choice"]
+        choices += [p for p in params if p.name in distributions and p.points is not None]
+        if choices:
+            raise SearchError(
+                f"--search cmaes takes only numeric ranges, and {choices[0].name} is a choice "
+                "of values; use --search tpe (or gp), or make it a range without :N"
+            )
+    if method is SearchMethod.gp:
+        try:
+            import torch  # noqa: F401
+        except ImportError as error:
+            raise SearchError(
+                "--search gp needs PyTorch where the daemon runs (pip install torch); or use "
+                "--search tpe"
+            ) from error
+
+
+def _option_names(cls: type[BasePruner]) -> list[str]:
+    return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+
+
+def _number_or_text(text: str) -> int | float | str:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            continue
+    return text
