@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
 from gpumux.schemas import SweepCreate
+from gpumux.status import SearchMethod
 from gpumux.storage import store, tokens
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep
@@ -67,6 +68,36 @@ def stored_sweep(
         owner=store.get_or_create_owner(session=session, name=owner),
         seed=7,
         trial_params=[{"x": i} for i in range(1, n + 1)],
+        prune=fields.get("prune"),
+    )
+
+
+def adaptive_sweep(
+    session: Session,
+    tmp_path: Path,
+    budget: int,
+    *params: str,
+    search: SearchMethod = SearchMethod.tpe,
+    owner: str = "alice",
+    **fields: Any,
+) -> Sweep:
+    """An adaptive sweep with a budget of `budget` trials, none asked yet, stored as the API
+    stores one (default: tpe over x=1..100 and lr=1e-4..1e-1, minimising loss)."""
+    fields.setdefault("objective", "loss:min")
+    return store.create_sweep(
+        session=session,
+        sweep_in=sweep_in(
+            tmp_path,
+            *(params or ("x=1..100", "lr=1e-4..1e-1")),
+            trials=budget,
+            search=search,
+            **fields,
+        ),
+        owner=store.get_or_create_owner(session=session, name=owner),
+        seed=7,
+        trial_params=[],
+        search=search,
+        prune=fields.get("prune"),
     )
 
 

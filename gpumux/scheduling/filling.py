@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
-from gpumux.scheduling.next_trials import next_trials
+from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.schemas import MAX_SPLIT
+from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.splits.searches import Searches
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -31,6 +33,7 @@ class SlotFiller:
         settings: Settings,
         sessions: Sessions,
         searches: Searches,
+        studies: Studies,
         launcher: Launcher,
         watched: Watched,
         overheads: Overheads,
@@ -38,6 +41,7 @@ class SlotFiller:
         self.settings = settings
         self.sessions = sessions
         self.searches = searches
+        self.studies = studies
         self.launcher = launcher
         self.watched = watched
         self.shares = settings.share_weights
@@ -61,13 +65,16 @@ class SlotFiller:
                 placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
                 for t in self.fair_order(queued, active)
             ]
+        sweep_of = {trial.id: trial.sweep_id for trial in queued}
         policy = self.policy()
         for waiting in list(pending):
             # Strict FIFO would wait for it forever, and every trial behind it too.
             reason = placement.never_fits(waiting, devices, policy)
             if reason is not None:
                 log.warning("trial %s: %s", waiting.trial_id, reason)
-                self.launcher.fail_unstarted(waiting.trial_id, reason)
+                trial_id = self.asked(waiting.trial_id, sweep_of[waiting.trial_id])
+                if trial_id is not None:
+                    self.launcher.fail_unstarted(trial_id, reason)
                 pending.remove(waiting)
         if not pending:
             return
@@ -91,7 +98,11 @@ class SlotFiller:
             our_pids=group_of.keys(),
         )
         by_key = {device.key: device for device in devices}
-        for chosen in plan:
+        for planned in plan:
+            trial_id = self.asked(planned.trial_id, sweep_of[planned.trial_id])
+            if trial_id is None:
+                continue
+            chosen = replace(planned, trial_id=trial_id)
             try:
                 started = self.launcher.launch(chosen, by_key[chosen.device_key])
             except Exception as error:
@@ -103,7 +114,24 @@ class SlotFiller:
             if started is not None:
                 self.watched.add(chosen.trial_id, started)
 
-    def fair_order(self, queued: list[Trial], active: list[Trial]) -> list[Trial]:
+    def asked(self, trial_id: int, sweep_id: int) -> int | None:
+        """The stored trial behind a next trial: itself, or for a trial not asked yet the one
+        its sweep's sampler chooses now (None once the budget is spent or the sampler failed)."""
+        if trial_id >= 0:
+            return trial_id
+        with self.sessions.write.begin() as session:
+            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            if sweep is None or sweep.cancel_requested:
+                return None
+            try:
+                trial = self.studies.ask(session=session, sweep=sweep)
+            except SamplerFailed:
+                # Its budget now ends with the trials it has: the sweep may be done.
+                store.refresh_sweep_status(session=session, sweep=sweep)
+                return None
+            return None if trial is None else trial.id
+
+    def fair_order(self, queued: list[NextTrial], active: list[Trial]) -> list[NextTrial]:
         """Queued trials in the order free slots go to them: each user's fair share first."""
         running = Counter(trial.sweep.owner.name for trial in active)
         by_id = {trial.id: trial for trial in queued}

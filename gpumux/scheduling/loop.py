@@ -2,9 +2,9 @@
 
 Each tick, in this order: record the ends of trials whose supervisors exited (and the pids of
 those that started); reconcile, when due, what the database calls active with what is watched;
-act on cancels, time limits and stale heartbeats; fill free slots; let the split search see its
-devices. The daemon's API writes only intent (a sweep, a cancel); this loop alone moves trials
-through their lifecycle.
+act on cancels, pruners, time limits and stale heartbeats; fill free slots; let the split
+search see its devices. The daemon's API writes only intent (a sweep, a cancel); this loop alone
+moves trials through their lifecycle.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.schemas import MAX_SPLIT
+from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import store
@@ -63,11 +64,13 @@ class Scheduler:
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
+        self.studies = Studies()
         self.launcher = Launcher(settings=settings, sessions=sessions, url=url)
         self.filler = SlotFiller(
             settings=settings,
             sessions=sessions,
             searches=self.searches,
+            studies=self.studies,
             launcher=self.launcher,
             watched=self.watched,
             overheads=self.overheads,
@@ -129,6 +132,7 @@ class Scheduler:
         if self._reconcile_due and not self._draining:
             self.reconcile()
         self.apply_cancels()
+        self.apply_pruners()
         self.watched.apply_deadlines()
         self.watched.check_heartbeats()
         if self._draining:
@@ -147,7 +151,7 @@ class Scheduler:
                 changed = self.searches.observe(
                     session=session,
                     now=utcnow(),
-                    waiting=next_trials(session=session, limit=MAX_SPLIT),
+                    waiting=[t.sweep for t in next_trials(session=session, limit=MAX_SPLIT)],
                     devices=devices,
                     group_of=group_of,
                 )
@@ -233,6 +237,21 @@ class Scheduler:
                 store.cancel_queued_trials(session=session, sweep=sweep)
         for trial_id in self._trials_of_cancelled_sweeps():
             self.watched.stop(trial_id, StopReason.cancel)
+
+    def apply_pruners(self) -> None:
+        """Let each pruned sweep's pruner look at the steps its running trials reported, and
+        stop those it prunes, like a cancel; their slots go to the next trials once they exit."""
+        with self.sessions.read() as session:
+            open_sweeps = store.open_sweeps(session=session)
+        self.studies.forget(set(self.studies) - {sweep.id for sweep in open_sweeps})
+        if not any(sweep.prune for sweep in open_sweeps):
+            return
+        with self.sessions.write.begin() as session:
+            pruned = [s for s in store.open_sweeps(session=session) if s.prune is not None]
+            stopping = self.studies.to_prune(session=session, sweeps=pruned)
+        for trial_id, _ in stopping:
+            if trial_id in self.watched and self.watched[trial_id].stop is None:
+                self.watched.stop(trial_id, StopReason.prune)
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:
         running = list(self.watched.items())

@@ -26,6 +26,8 @@ class StopReason(StrEnum):
     cancel = "cancel"
     timeout = "timeout"
     shutdown = "shutdown"
+    # The sweep's pruner stopped it at a report.
+    prune = "prune"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,12 @@ def record_exit(
         )
     elif stop is StopReason.cancel:
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
+    elif stop is StopReason.prune:
+        where = f"at step {trial.step}" if trial.step is not None else "before its first step"
+        error = f"pruned {where} by the {trial.sweep.prune} pruner"
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended
+        )
     elif stop is StopReason.timeout:
         limit = trial.sweep.time_limit_s
         error = f"time limit of {limit:g} s exceeded; stopped"

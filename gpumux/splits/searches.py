@@ -79,16 +79,16 @@ class Searches:
         *,
         session: Session,
         now: datetime,
-        waiting: Sequence[Trial],
+        waiting: Sequence[Sweep],
         devices: Sequence[DeviceSnapshot],
         group_of: Mapping[int, int],
     ) -> list[SplitSearch]:
         """After a tick's placements, let every unsettled search see its device.
 
-        `waiting` are the trials next in line for slots; `devices` as last probed and
-        `group_of` (our pids to their trial's process group) tell the memory each measured
-        trial holds. Returns the searches whose curve or decision changed: their profiles
-        need saving.
+        `waiting` are the sweeps of the trials next in line for slots, in their order;
+        `devices` as last probed and `group_of` (our pids to their trial's process group) tell
+        the memory each measured trial holds. Returns the searches whose curve or decision
+        changed: their profiles need saving.
         """
         running: Counter[tuple[str, str | None]] = Counter()
         sweep_of: dict[tuple[str, str | None], int] = {}
@@ -102,12 +102,8 @@ class Searches:
                 if trial.pid is not None:
                     # The trial's leader started its process group: its pid is the group's id.
                     groups[(trial.device, fingerprint)].append(trial.pid)
-        head = (
-            sweep_fingerprint(waiting[0].sweep)
-            if waiting and waiting[0].sweep.split is None
-            else None
-        )
-        queued = Counter(sweep_fingerprint(t.sweep) for t in waiting if t.sweep.split is None)
+        head = sweep_fingerprint(waiting[0]) if waiting and waiting[0].split is None else None
+        queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         by_key = {device.key: device for device in devices}
         changed = []
         for (_, fingerprint), search in self._searches.items():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders import stored_sweep
+from builders import adaptive_sweep, stored_sweep
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial
 
 
 def test_next_trials_are_first_come_first_served_and_skip_cancelled_sweeps(
@@ -53,5 +54,29 @@ def test_only_queued_trials_are_offered_in_their_order(sessions: Sessions, tmp_p
         first, second, *_ = store.list_trials(session=session, sweep_id=sweep.id)[0]
         store.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
         queued = next_trials(session=session, limit=10)
-    assert [t.params["x"] for t in queued] == [1, 3, 4]
+    assert [t.trial.params["x"] for t in queued if t.trial] == [1, 3, 4]
     assert first.status is TrialStatus.queued
+
+
+def test_an_adaptive_sweep_offers_its_queued_trials_then_the_rest_of_its_budget_unasked(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep = adaptive_sweep(session, tmp_path, 5)
+        other = adaptive_sweep(session, tmp_path, 2)
+        # Two of its trials were asked before: one runs, one waits (a restart cut it off).
+        asked = [Trial(sweep_id=sweep.id, number=n, params={"x": n}) for n in (0, 1)]
+        session.add_all(asked)
+        session.flush()
+        store.set_trial_status(session=session, trial=asked[0], status=TrialStatus.starting)
+        offered = next_trials(session=session, limit=10)
+        capped = next_trials(session=session, limit=2)
+    mine = [t for t in offered if t.sweep_id == sweep.id]
+    assert [t.id for t in mine[:1]] == [asked[1].id] and mine[0].asked
+    # Five in the budget, two asked: three more may be asked, and no more.
+    assert len(mine) == 4 and not any(t.asked for t in mine[1:])
+    theirs = [t for t in offered if t.sweep_id == other.id]
+    assert len(theirs) == 2 and not any(t.asked for t in theirs)
+    unasked = [t.id for t in offered if not t.asked]
+    assert all(i < 0 for i in unasked) and len(set(unasked)) == len(unasked) == 5
+    assert [(t.sweep_id, t.asked) for t in capped] == [(sweep.id, True), (sweep.id, False)]

@@ -83,7 +83,7 @@ def observe(
     group_of: Mapping[int, int],
 ) -> list[SplitSearch]:
     """What the scheduler does after a tick's placements: every search looks at its device."""
-    waiting = next_trials(session=session, limit=MAX_SPLIT)
+    waiting = [trial.sweep for trial in next_trials(session=session, limit=MAX_SPLIT)]
     return searches.observe(
         session=session, now=now, waiting=waiting, devices=devices, group_of=group_of
     )

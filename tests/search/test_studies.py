@@ -1,0 +1,167 @@
+"""The daemon's Optuna studies: asked trials stored, studies rebuilt from the database, pruning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from builders import adaptive_sweep, stored_sweep
+
+from gpumux.search.studies import Studies
+from gpumux.status import SearchMethod, TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep, Trial, TrialReport
+
+
+def ask(studies: Studies, sessions: Sessions, sweep_id: int) -> Trial | None:
+    with sessions.write.begin() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        trial = studies.ask(session=session, sweep=sweep)
+        trial_id = None if trial is None else trial.id
+    if trial_id is None:
+        return None
+    with sessions.read() as session:
+        return store.get_trial(session=session, trial_id=trial_id)
+
+
+def end(sessions: Sessions, trial_id: int, status: TrialStatus, objective: float | None) -> None:
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        if trial.status is TrialStatus.queued:
+            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        trial.objective = objective
+        store.set_trial_status(session=session, trial=trial, status=status)
+
+
+def report(sessions: Sessions, trial_id: int, step: int, loss: float) -> None:
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        session.add(
+            TrialReport(
+                trial_id=trial_id, attempt=trial.attempt, kind="line", step=step,
+                metrics={"loss": loss},
+            )
+        )
+        trial.step = step
+
+
+def test_asked_trials_are_stored_within_the_space_up_to_the_budget(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = adaptive_sweep(session, tmp_path, 3, "x=1..100", "bs=32,64", "data=/d").id
+    studies = Studies()
+    asked = [ask(studies, sessions, sweep_id) for _ in range(4)]
+    assert asked[3] is None
+    trials = [trial for trial in asked if trial is not None]
+    assert [t.number for t in trials] == [0, 1, 2]
+    for trial in trials:
+        assert set(trial.params) == {"x", "bs", "data"} and trial.params["data"] == "/d"
+        assert isinstance(trial.params["x"], int) and 1 <= trial.params["x"] <= 100
+        assert trial.params["bs"] in (32, 64) and trial.status is TrialStatus.queued
+    with sessions.read() as session:
+        stored = store.list_trials(session=session, sweep_id=sweep_id)[0]
+    assert [t.params for t in stored] == [t.params for t in trials]
+
+
+def test_the_same_seed_replays_the_same_asks(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        first, second = (adaptive_sweep(session, tmp_path, 4).id for _ in range(2))
+    studies = Studies()
+    one = [ask(studies, sessions, first) for _ in range(4)]
+    two = [ask(studies, sessions, second) for _ in range(4)]
+    assert [t.params for t in one if t] == [t.params for t in two if t]
+    assert len({tuple(sorted(t.params.items())) for t in one if t}) == 4
+
+
+@pytest.mark.parametrize("search", [SearchMethod.qmc, SearchMethod.cmaes, SearchMethod.tpe])
+def test_a_study_rebuilt_after_a_restart_goes_on_where_it_stopped(
+    sessions: Sessions, tmp_path: Path, search: SearchMethod
+) -> None:
+    with sessions.write.begin() as session:
+        straight = adaptive_sweep(session, tmp_path, 8, search=search).id
+        restarted = adaptive_sweep(session, tmp_path, 8, search=search).id
+
+    def run(sweep_id: int, restart_after: int | None) -> list[dict[str, object]]:
+        studies = Studies()
+        params = []
+        for n in range(8):
+            if n == restart_after:
+                studies = Studies()
+            trial = ask(studies, sessions, sweep_id)
+            assert trial is not None
+            params.append(trial.params)
+            end(sessions, trial.id, TrialStatus.succeeded, float(trial.params["x"]))
+        return params
+
+    before = run(straight, None)
+    after = run(restarted, 5)
+    # Nothing is asked twice, the rebuilt study keeps what it learnt, and where the sampler's
+    # draws depend only on its stored state (QMC's position), the restart changes nothing.
+    assert len({tuple(sorted(p.items())) for p in after}) == 8
+    assert after[:5] == before[:5]
+    if search is SearchMethod.qmc:
+        assert after == before
+
+
+def test_a_finished_trial_is_told_to_the_study_before_the_next_ask(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = adaptive_sweep(session, tmp_path, 3).id
+    studies = Studies()
+    first = ask(studies, sessions, sweep_id)
+    assert first is not None
+    end(sessions, first.id, TrialStatus.succeeded, 0.5)
+    second = ask(studies, sessions, sweep_id)
+    assert second is not None
+    end(sessions, second.id, TrialStatus.failed, None)
+    assert ask(studies, sessions, sweep_id) is not None
+    study = studies._studies[sweep_id].study
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "FAIL", "RUNNING"]
+    assert study.best_value == 0.5
+
+
+def test_the_pruner_stops_a_trial_worse_than_the_median_at_its_step(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = stored_sweep(
+            session, tmp_path, 3, objective="loss:min", prune="median:n_startup_trials=1"
+        ).id
+        trials = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        good, bad, fair = (t.id for t in trials)
+    for step in range(3):
+        report(sessions, good, step, 1.0 / (step + 1))
+    end(sessions, good, TrialStatus.succeeded, 1 / 3)
+    for trial_id in (bad, fair):
+        end_running(sessions, trial_id)
+    report(sessions, bad, 0, 5.0)
+    report(sessions, fair, 0, 0.9)
+    studies = Studies()
+    assert prune(studies, sessions, sweep_id) == [(bad, 0)]
+    # Nothing new reported: nothing decided again.
+    assert prune(studies, sessions, sweep_id) == []
+    report(sessions, fair, 1, 0.8)
+    assert prune(studies, sessions, sweep_id) == [(fair, 1)]
+
+
+def end_running(sessions: Sessions, trial_id: int) -> None:
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+
+
+def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int, int]]:
+    with sessions.write.begin() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        return studies.to_prune(session=session, sweeps=[sweep])
+
