@@ -21,7 +21,7 @@ def test_digits_keras_is_measured_without_knowing_gpumux(
     assert result.returncode == 0, result.stdout
     assert result.stdout.splitlines()[-1].startswith("final val_loss=")
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 1437.0), (2, 1437.0)]
+    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 1437.0), (1, 1437.0)]
     assert epochs[-1]["metrics"]["val_accuracy"] > 0.5
 
 
@@ -33,7 +33,7 @@ def test_cifar_cnn_is_measured(report_server: ReportServer, tmp_path: Path) -> N
 
     assert result.returncode == 0, result.stdout
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 256.0)]
+    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 256.0)]
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= epochs[0]["metrics"].keys()
 
 
