@@ -1,4 +1,4 @@
-"""The in-trial library: a trial's parameters, and its reports to the gpumux daemon.
+"""The in-trial library: a trial's parameters, its reports to the gpumux daemon, its stop request.
 
 Runs inside the user's training process, which may be another interpreter without gpumux installed
 (the bootstrap sitecustomize makes this package importable there). It imports only the standard
@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["in_trial", "params", "report"]
+__all__ = ["in_trial", "params", "report", "should_stop"]
 
 # The largest step the daemon stores (its schema's bound for ReportIn.step).
 MAX_STEP = 2**31 - 1
@@ -60,6 +60,20 @@ def report(samples: float | None = None, *, step: int | None = None, **metrics: 
     from gpumux.runtime import reporter
 
     reporter.submit(kind="manual", step=step, samples=samples, seconds=seconds, metrics=metrics)
+
+
+def should_stop() -> bool:
+    """Whether gpumux has asked this trial to stop (pruned, cancelled, out of time, shutdown).
+
+    The first call, from the main thread, opts in: gpumux's SIGTERM is then only recorded, and
+    the script ends itself (a checkpoint first) within the grace period, or is killed. Until
+    that call a SIGTERM ends the process at once. False outside gpumux, where nothing is changed.
+    """
+    if not in_trial():
+        return False
+    from gpumux.runtime import stopping
+
+    return stopping.requested()
 
 
 def _checked_step(step: int) -> int:

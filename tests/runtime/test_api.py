@@ -102,7 +102,7 @@ def test_runtime_loads_with_the_standard_library_only(tmp_path: Path) -> None:
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "import gpumux.runtime, gpumux.runtime.activate, gpumux.runtime.reporter, "
-        "gpumux.runtime.keras_fit; "
+        "gpumux.runtime.keras_fit, gpumux.runtime.stopping; "
         "print(sorted({name.split('.')[0] for name in sys.modules} - set(sys.stdlib_module_names)))"
     )
 
