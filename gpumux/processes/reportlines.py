@@ -3,8 +3,10 @@
 A script that imports nothing reports by printing one line to its output (flushed):
 ``GPUMUX_REPORT {"step": 3, "samples": 512, "val_loss": 0.41}``: `step` (an int from 0, optional),
 `samples` (a finite number >= 0, processed since the previous report, optional), and every other
-key a metric (finite numbers; other values are dropped). The scheduler feeds each running trial's
-log to a `ReportLines` as the log grows; this module only parses (standard library, no I/O).
+key a metric (finite numbers; other values are dropped). The log holds stdout and stderr alike;
+the line must start with the prefix (a progress bar redrawn with \\r on the same line hides it).
+The scheduler feeds each running trial's log to a `ReportLines` as the log grows; this module
+only parses (standard library, no I/O).
 """
 
 from __future__ import annotations

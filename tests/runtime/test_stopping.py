@@ -49,14 +49,19 @@ def supervised(tmp_path: Path, *args: str) -> SupervisedTrial:
 def stop_when_ready(trial: SupervisedTrial, ready: Path) -> ExitStatus:
     """Stop the trial as gpumux does once `ready` exists; how it ended."""
     deadline = time.monotonic() + TIMEOUT_S
-    while not ready.exists():
-        assert not trial.exited(), "the trial ended before it was stopped"
-        assert time.monotonic() < deadline, f"{ready} never appeared"
-        time.sleep(0.02)
-    trial.terminate()
-    while not trial.exited():
-        assert time.monotonic() < deadline, "the trial did not end"
-        time.sleep(0.02)
+    try:
+        while not ready.exists():
+            assert not trial.exited(), "the trial ended before it was stopped"
+            assert time.monotonic() < deadline, f"{ready} never appeared"
+            time.sleep(0.02)
+        trial.terminate()
+        while not trial.exited():
+            assert time.monotonic() < deadline, "the trial did not end"
+            time.sleep(0.02)
+    except AssertionError:
+        trial.kill()  # no trial left behind for the long grace period
+        trial.finish()
+        raise
     end = trial.finish()
     assert end is not None
     return end.exit_status
