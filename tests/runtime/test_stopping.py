@@ -113,3 +113,18 @@ def test_outside_gpumux_it_is_false_and_changes_nothing(monkeypatch: pytest.Monk
 
     assert should_stop() is False
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_a_handler_of_the_script_is_replaced_with_a_note(tmp_path: Path) -> None:
+    script = (
+        "import signal; from gpumux.runtime import should_stop; "
+        "signal.signal(signal.SIGTERM, lambda *_: print('script: own handler')); "
+        "should_stop(); signal.raise_signal(signal.SIGTERM); print(f'script: {should_stop()}')"
+    )
+
+    result = run_python(["-c", script], trial_env(None), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("gpumux: should_stop() replaced this process's SIGTERM handler")
+    assert lines[1:] == ["script: True"]
