@@ -145,6 +145,25 @@ def test_a_slot_is_reused_after_its_trial_leaves() -> None:
     assert [(p.slot, p.memory_limit_mb) for p in placed] == [(1, 19237)]
 
 
+def test_a_stopped_trials_slot_is_free_only_once_nvml_shows_its_memory_released() -> None:
+    # Slot 1's trial was pruned: it is no longer ours, but NVML still lists its process with
+    # its slice; the next trial gets the slot only once that memory is gone.
+    others = [t for t in running_on("GPU-0", [0, 1, 2, 3], cap=19237) if t.slot != 1]
+    ours = (71, 72, 73)
+    held = tuple(GpuProcess(pid=pid, used_memory_mb=20261) for pid in ours)
+    lingering = gpu(processes=(*held, GpuProcess(pid=74, used_memory_mb=20261)), used=81044)
+    pending = queue(1, 4)
+    assert (
+        place(devices=[lingering], running=others, pending=pending, policy=POLICY, our_pids=ours)
+        == []
+    )
+    released = gpu(processes=held, used=60783)
+    placed = place(
+        devices=[released], running=others, pending=pending, policy=POLICY, our_pids=ours
+    )
+    assert [(p.slot, p.memory_limit_mb) for p in placed] == [(1, 19237)]
+
+
 def test_two_gpus_are_both_filled() -> None:
     placed = place(devices=[gpu(0), gpu(1)], running=[], pending=queue(5, 2), policy=POLICY)
     assert [(p.device_key, p.slot) for p in placed] == [
