@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpumux import sweepspec
+from gpumux import sweepfile, sweepspec
 from gpumux.cli import follow, render
 from gpumux.cli.connect import Connection, daemon_for_sweep, find_daemon, wait_until_idle
 from gpumux.cli.state import (
@@ -26,13 +27,15 @@ from gpumux.status import SweepStatus, TrialStatus
 
 NO_COMMAND = (
     "no command: write gpumux sweep PARAMS -- COMMAND, "
-    "e.g. gpumux sweep lr=1e-3..1e-1 -- python train.py"
+    "e.g. gpumux sweep lr=1e-3..1e-1 -- python train.py (or --config sweep.yaml)"
 )
 FINAL_TABLE_ROWS = 50
 # SweepCreate's fields as the options that set them, for error messages.
 OPTION_NAMES = {
     "name": "--name",
     "trials": "--trials",
+    "search": "--search",
+    "prune": "--prune",
     "seed": "--seed",
     "split": "--split",
     "objective": "--objective",
@@ -48,13 +51,21 @@ PARAM forms: name=lo..hi (float range, log-uniform across orders of magnitude;
 name=value (a constant). Each trial gets --name=value appended to COMMAND,
 or its value in place of {name}, and all of them as JSON in GPUMUX_PARAMS.
 
+--config FILE reads a W&B sweep file (method, metric, parameters,
+early_terminate, run_cap, program, command; a key gpumux cannot honour is
+refused). The command line overrides the file: --search over method, --trials
+over run_cap, --objective over metric, --prune over early_terminate, --name
+over name; a PARAM replaces the file's parameter of that name or adds one; a
+COMMAND after -- replaces the file's program and command.
+
 The command runs in this directory with this environment (PATH, virtualenv).
 When no daemon answers at --url, an embedded one runs for the length of this
 command, on the default database.
 
 Exit status: 0 when the sweep finished and at least one trial succeeded;
 1 when every trial failed, the sweep was cancelled, or the daemon refused it;
-2 for a malformed parameter, option or command (nothing is submitted);
+2 for a malformed parameter, option, command or sweep file (nothing is
+submitted);
 130 on Ctrl-C (an external daemon keeps running the sweep).
 """
 
@@ -64,29 +75,47 @@ def command_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
 
 
+def from_sweep_file(state: CliState, path: Path, given: sweepfile.Resolved) -> sweepfile.Resolved:
+    """The sweep file at `path` with the command line over it; its notes printed on stderr."""
+    try:
+        sweep_file = sweepfile.read(path, env=command_env())
+        resolved = sweepfile.resolve(
+            sweep_file,
+            tokens=given.params,
+            command=given.command,
+            search=given.search,
+            trials=given.trials,
+            objective=given.objective,
+            prune=given.prune,
+            name=given.name,
+        )
+    except sweepfile.SweepFileError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
+    for note in sweep_file.notes:
+        state.note(note)
+    return resolved
+
+
 def build_sweep(
     state: CliState,
-    tokens: list[str],
+    what: sweepfile.Resolved,
     *,
-    trials: int | None,
     seed: int | None,
     split: str,
-    objective: str | None,
-    name: str | None,
     time_limit: float | None,
     retries: int = 0,
     priority: int = 0,
 ) -> SweepCreate:
     """The sweep to submit, checked as the daemon would check it; CliError(exit 2) if not."""
     try:
-        params = sweepspec.parse_params(tokens)
-        if trials is None:
+        params = sweepspec.parse_params(what.params)
+        if what.trials is None and what.search in (None, "grid"):
             size = sweepspec.grid_size(params)
             if size > state.settings.max_grid:
                 raise sweepspec.GridTooLarge(size, state.settings.max_grid)
     except sweepspec.SpecError as error:
         raise CliError(str(error), EXIT_USAGE) from error
-    command = state.command or []
+    command = what.command
     if not command:
         raise CliError(NO_COMMAND, EXIT_USAGE)
     if not command[0].strip():
@@ -102,15 +131,17 @@ def build_sweep(
     try:
         return SweepCreate.model_validate(
             dict(
-                name=name,
-                params=tokens,
+                name=what.name,
+                params=what.params,
                 command=command,
                 workdir=os.getcwd(),
                 env=command_env(),
-                trials=trials,
+                trials=what.trials,
+                search=what.search,
+                prune=what.prune,
                 seed=seed,
                 split=split_value,
-                objective=objective,
+                objective=what.objective,
                 time_limit_s=time_limit,
                 retries=retries,
                 priority=priority,
@@ -162,6 +193,39 @@ def _follow_to_end(state: CliState, connection: Connection, sweep_id: int) -> in
         return EXIT_INTERRUPTED
 
 
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="a W&B sweep file (YAML or JSON); the command line overrides it (see above)",
+        show_default=False,
+    ),
+]
+TrialsOption = Annotated[
+    int | None,
+    typer.Option("--trials", min=1, help="random draws, or the budget of an adaptive search"),
+]
+SearchOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="METHOD",
+        help="grid or random (chosen at submission), or tpe, gp, cmaes, qmc (Optuna picks each "
+        "next trial as a slot frees; needs --trials and --objective); default grid, or random "
+        "with --trials",
+        show_default=False,
+    ),
+]
+PruneOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="SPEC",
+        help="stop losing trials at a report: none, median, asha or hyperband, Optuna's options "
+        "after a colon (asha:min_resource=2,reduction_factor=3); needs --objective",
+        show_default=False,
+    ),
+]
+
+
 def sweep(
     ctx: typer.Context,
     params: Annotated[
@@ -172,9 +236,10 @@ def sweep(
             show_default=False,
         ),
     ] = None,
-    trials: Annotated[
-        int | None, typer.Option("--trials", min=1, help="random search with K trials")
-    ] = None,
+    config: ConfigOption = None,
+    trials: TrialsOption = None,
+    search: SearchOption = None,
+    prune: PruneOption = None,
     seed: Annotated[int | None, typer.Option(min=0, help="seed of the random search")] = None,
     split: Annotated[str, typer.Option(help="trials per device: N or auto")] = "auto",
     objective: Annotated[
@@ -199,14 +264,22 @@ def sweep(
 ) -> None:
     """Run COMMAND once per point of the parameter space; its --help is SWEEP_HELP."""
     state = get_state(ctx)
+    what = sweepfile.Resolved(
+        params=params or [],
+        command=state.command or [],
+        search=search,
+        trials=trials,
+        objective=objective,
+        prune=prune,
+        name=name,
+    )
+    if config is not None:
+        what = from_sweep_file(state, config, what)
     sweep_in = build_sweep(
         state,
-        params or [],
-        trials=trials,
+        what,
         seed=seed,
         split=split,
-        objective=objective,
-        name=name,
         time_limit=time_limit,
         retries=retries,
         priority=priority,
@@ -239,6 +312,9 @@ def _detached_client(state: CliState, url: str) -> Client:
 def _submit(state: CliState, client: Client, sweep_in: SweepCreate) -> SweepDetail:
     created = client.create_sweep(sweep_in)
     label = f" ({created.name})" if created.name else ""
-    queued = render.plural(created.trial_count, "trial")
-    state.out.print(f"sweep {created.id}{label}: {queued} queued")
+    trials = render.plural(created.trial_count, "trial")
+    if created.search.adaptive:
+        state.out.print(f"sweep {created.id}{label}: a {created.search} search of {trials}")
+    else:
+        state.out.print(f"sweep {created.id}{label}: {trials} queued")
     return created
