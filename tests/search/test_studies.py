@@ -43,7 +43,10 @@ def report(sessions: Sessions, trial_id: int, step: int, loss: float) -> None:
         assert trial is not None
         session.add(
             TrialReport(
-                trial_id=trial_id, attempt=trial.attempt, kind="line", step=step,
+                trial_id=trial_id,
+                attempt=trial.attempt,
+                kind="line",
+                step=step,
                 metrics={"loss": loss},
             )
         )
@@ -164,4 +167,3 @@ def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None
         return studies.to_prune(session=session, sweeps=[sweep])
-
