@@ -105,6 +105,7 @@ class Launcher:
             log_path=str(log_path),
             log_scanned=0,
             step=None,
+            objective=None,
             exit_code=None,
             signal=None,
             pid=None,

@@ -10,6 +10,7 @@ offset read up to is stored with the trial, so a restarted daemon reads on rathe
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
@@ -24,17 +25,26 @@ log = logging.getLogger(__name__)
 READ_LIMIT = 1024 * 1024
 
 
+@dataclass
+class _Reader:
+    """Where one attempt's log has been read to (the start of the line in progress)."""
+
+    offset: int
+    lines: ReportLines = field(default_factory=ReportLines)
+
+
 class LogReports:
     """Reads the report lines of the running trials from their logs and records them."""
 
     def __init__(self, *, sessions: Sessions) -> None:
         self.sessions = sessions
-        # One parser per (trial, attempt): it holds the line in progress between looks.
-        self._parsers: dict[tuple[int, int], ReportLines] = {}
+        # One reader per (trial, attempt), from the offset stored with the trial.
+        self._readers: dict[tuple[int, int], _Reader] = {}
         self._warned: set[tuple[int, int]] = set()
 
-    def collect(self) -> int:
-        """Record the report lines running trials printed since the last look; how many."""
+    def collect(self, *, drain: bool = False) -> int:
+        """Record the report lines running trials printed since the last look; how many. With
+        `drain`, read each log to its end (before an end is recorded: its last lines count)."""
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
@@ -42,47 +52,56 @@ class LogReports:
                 if trial.log_path is not None
             ]
         live = {(trial_id, attempt) for trial_id, attempt, _, _ in targets}
-        for gone in set(self._parsers) - live:
-            del self._parsers[gone]
+        for gone in set(self._readers) - live:
+            del self._readers[gone]
         self._warned &= live
-        read: dict[tuple[int, int], tuple[int, list[LineReport]]] = {}
+        found: dict[tuple[int, int], tuple[int, list[LineReport]]] = {}
         for trial_id, attempt, path, scanned in targets:
-            found = self._read(trial_id, attempt, path, scanned)
-            if found is not None:
-                read[(trial_id, attempt)] = found
-        if not read:
+            reader = self._readers.setdefault((trial_id, attempt), _Reader(scanned))
+            reports = self._read(trial_id, attempt, path, reader, drain=drain)
+            if reports:
+                found[(trial_id, attempt)] = (reader.offset, reports)
+        if not found:
             return 0
-        return self._record(read)
+        return self._record(found)
+
+    def forget(self) -> None:
+        """Drop what was read (after a failed write): read again from the stored offsets."""
+        self._readers.clear()
 
     def _read(
-        self, trial_id: int, attempt: int, path: str, scanned: int
-    ) -> tuple[int, list[LineReport]] | None:
-        """The offset read up to and the reports found past `scanned`; None when nothing new."""
-        parser = self._parsers.setdefault((trial_id, attempt), ReportLines())
-        data, start, _, skipped = read_log(path, scanned + parser.pending, READ_LIMIT)
-        if skipped:
-            # Rotation dropped output nobody read: go on from the oldest piece kept.
-            log.warning("trial %s: %d bytes of its log rotated away unread", trial_id, skipped)
-            parser = self._parsers[(trial_id, attempt)] = ReportLines()
-            scanned = start
-        if not data:
-            return None
-        fed = parser.feed(data)
-        reports = []
-        for item in fed.items:
-            if isinstance(item, LineReport):
-                reports.append(item)
-            elif (trial_id, attempt) not in self._warned:
-                self._warned.add((trial_id, attempt))
-                log.warning("trial %s: %s", trial_id, item.reason)
-        if not fed.consumed and not skipped:
-            return None
-        return scanned + fed.consumed, reports
+        self, trial_id: int, attempt: int, path: str, reader: _Reader, *, drain: bool
+    ) -> list[LineReport]:
+        """The reports in what the log holds past the reader's offset (one chunk, or all)."""
+        reports: list[LineReport] = []
+        while True:
+            data, start, _, skipped = read_log(
+                path, reader.offset + reader.lines.pending, READ_LIMIT
+            )
+            if skipped:
+                # Rotation dropped output nobody read: go on from the oldest piece kept.
+                log.warning("trial %s: %d bytes of its log rotated away unread", trial_id, skipped)
+                reader.lines = ReportLines()
+                reader.offset = start
+            if not data:
+                return reports
+            fed = reader.lines.feed(data)
+            reader.offset += fed.consumed
+            for item in fed.items:
+                if isinstance(item, LineReport):
+                    reports.append(item)
+                elif (trial_id, attempt) not in self._warned:
+                    self._warned.add((trial_id, attempt))
+                    log.warning("trial %s: %s", trial_id, item.reason)
+            if not drain:
+                return reports
 
-    def _record(self, read: dict[tuple[int, int], tuple[int, list[LineReport]]]) -> int:
+    def _record(self, found: dict[tuple[int, int], tuple[int, list[LineReport]]]) -> int:
+        """Store the reports, and the offset read to with them: output between holds none, so
+        a restarted daemon that reads it again finds nothing twice."""
         recorded = 0
         with self.sessions.write.begin() as session:
-            for (trial_id, attempt), (scanned, reports) in read.items():
+            for (trial_id, attempt), (scanned, reports) in found.items():
                 trial = store.get_trial(session=session, trial_id=trial_id)
                 if trial is None or trial.attempt != attempt:
                     continue

@@ -108,8 +108,11 @@ class Scheduler:
                 # A defect must not take every other trial down with the daemon: log it, go on.
                 log.exception("scheduler: a tick failed; carrying on")
                 # Its writes may have failed half way (a full disk): look again at what the
-                # database calls active but no one watches.
+                # database calls active but no one watches, and rebuild the studies and the
+                # report-line readers from what it kept.
                 self._reconcile_due = True
+                self.studies.forget(self.studies)
+                self.lines.forget()
             self.on_tick(time.perf_counter() - began)
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -172,7 +175,7 @@ class Scheduler:
             active = {trial.id for trial in store.active_trials(session=session)}
         if any(trial_id not in self.watched for trial_id in active):
             # Trials that ended while no daemon ran: what they printed last is read first.
-            self.lines.collect()
+            self.lines.collect(drain=True)
             with self.sessions.write.begin() as session:
                 recorded = reconcile(session=session, watched=self.watched, settings=self.settings)
                 for trial, outcome in recorded:
@@ -188,7 +191,7 @@ class Scheduler:
             return
         if ended:
             # Their supervisors have exited, so their logs are whole: read the last lines.
-            self.lines.collect()
+            self.lines.collect(drain=True)
         # A failed commit (a full disk) leaves these trials active in the database and no
         # longer watched: reconcile() picks them up at the next tick, from their run records.
         with self.sessions.write.begin() as session:
@@ -258,9 +261,19 @@ class Scheduler:
         with self.sessions.write.begin() as session:
             pruned = [s for s in store.open_sweeps(session=session) if s.prune is not None]
             stopping = self.studies.to_prune(session=session, sweeps=pruned)
-        for trial_id, _ in stopping:
-            if trial_id in self.watched and self.watched[trial_id].stop is None:
-                self.watched.stop(trial_id, StopReason.prune)
+        stopped = []
+        for decision in stopping:
+            entry = self.watched[decision.trial_id] if decision.trial_id in self.watched else None
+            if entry is not None and entry.stop is None:
+                self.watched.stop(decision.trial_id, StopReason.prune)
+                stopped.append(decision)
+        if stopped:
+            # Said now, for the trial's end to carry: it reports on until the signal lands.
+            with self.sessions.write.begin() as session:
+                for decision in stopped:
+                    trial = store.get_trial(session=session, trial_id=decision.trial_id)
+                    if trial is not None:
+                        trial.error = decision.note
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:
         running = list(self.watched.items())

@@ -88,8 +88,9 @@ def record_exit(
     elif stop is StopReason.cancel:
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
     elif stop is StopReason.prune:
-        # The pruner's decision was noted when it was made (search.studies).
-        error = trial.error or f"pruned by the {trial.sweep.prune} pruner"
+        # The pruner's decision, noted when the trial was stopped (Scheduler.apply_pruners).
+        noted = trial.error if trial.error and trial.error.startswith("pruned at") else None
+        error = noted or f"pruned by the {trial.sweep.prune} pruner"
         store.set_trial_status(
             session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended
         )

@@ -14,6 +14,7 @@ import logging
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -63,11 +64,24 @@ class SweepStudy:
     optuna_ids: dict[int, int] = field(default_factory=dict)
     # Stored trials whose Optuna trial is still running, with the attempt it stands for.
     open: dict[int, int] = field(default_factory=dict)
-    # The last step whose value the study has, per open trial.
-    fed: dict[int, int] = field(default_factory=dict)
+    # The last report of a running trial the study has seen (report ids grow as they commit).
+    report_mark: int = 0
+    # The latest end the study has been told of.
+    ended_mark: datetime | None = None
+    # Trials the pruner has stopped: never judged again.
+    decided: set[int] = field(default_factory=set)
 
     def frozen(self, trial_id: int) -> optuna.trial.FrozenTrial:
         return self.storage.get_trial(self.optuna_ids[trial_id])
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A pruner's decision: stop this trial; it lost at this step."""
+
+    trial_id: int
+    step: int
+    note: str
 
 
 class Studies:
@@ -82,13 +96,14 @@ class Studies:
         existing = session.scalars(select(Trial.number).where(Trial.sweep_id == sweep.id)).all()
         if len(existing) >= sweep.trial_count:
             return None
-        study = self._synced(session, sweep)
         try:
+            study = self._synced(session, sweep)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 asked = study.study.ask(fixed_distributions=study.distributions)
         except Exception as error:
             log.exception("sweep %s: the %s sampler failed", sweep.id, sweep.search)
+            self.forget([sweep.id])
             sweep.trial_count = len(existing)
             raise SamplerFailed(f"the {sweep.search} sampler failed: {error!r}") from error
         trial = Trial(
@@ -109,94 +124,116 @@ class Studies:
         log.info("sweep %s: %s asks trial %s: %s", sweep.id, sweep.search, trial.id, trial.params)
         return trial
 
-    def to_prune(self, *, session: Session, sweeps: Iterable[Sweep]) -> list[tuple[int, int]]:
-        """Running trials of these sweeps that their pruner stops at a step they reported:
-        (trial id, step). Each new step is put to the pruner in turn, as if it were asked after
-        every report. Call in a write transaction: pruners keep state in the trials."""
+    def to_prune(self, *, session: Session, sweeps: Iterable[Sweep]) -> list[Pruned]:
+        """Running trials of these sweeps that their pruner stops at a step they reported. Each
+        new step is put to the pruner in turn, as if it were asked after every report. Call in
+        a write transaction: pruners keep state in the trials. A sweep whose study or pruner
+        fails loses its pruner, not the tick."""
         stopping = []
         for sweep in sweeps:
             if sweep.prune is None:
                 continue
-            study = self._synced(session, sweep)
-            for trial, values in self._new_steps(session, study):
-                step = self._first_pruned_step(session, sweep, study, trial, values)
-                if step is not None:
-                    # Said now: the trial reports on until the signal reaches it.
-                    trial.error = (
-                        f"pruned at step {step} by the {sweep.prune} pruner "
-                        f"({study.metric} {values[step]:.6g})"
-                    )
-                    log.info("sweep %s: trial %s %s", sweep.id, trial.id, trial.error)
-                    stopping.append((trial.id, step))
+            try:
+                stopping += self._prune(session, sweep)
+            except Exception:
+                log.exception(
+                    "sweep %s: the pruner %s failed; no more pruning", sweep.id, sweep.prune
+                )
+                self.forget([sweep.id])
+                sweep.prune = None
         return stopping
 
     def forget(self, sweep_ids: Iterable[int]) -> None:
-        """Drop the studies of sweeps that ended."""
-        for sweep_id in sweep_ids:
+        """Drop these studies: ended sweeps', or all of them after a failed write, to be
+        rebuilt from what the database kept."""
+        for sweep_id in list(sweep_ids):
             self._studies.pop(sweep_id, None)
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._studies))
 
+    def _prune(self, session: Session, sweep: Sweep) -> list[Pruned]:
+        study = self._synced(session, sweep)
+        stopping = []
+        for trial, values in self._new_steps(session, study):
+            step = self._first_pruned_step(study, trial, values)
+            if step is not None:
+                study.decided.add(trial.id)
+                note = (
+                    f"pruned at step {step} by the {sweep.prune} pruner "
+                    f"({study.metric} {values[step]:.6g})"
+                )
+                log.info("sweep %s: trial %s %s", sweep.id, trial.id, note)
+                stopping.append(Pruned(trial.id, step, note))
+        return stopping
+
     def _synced(self, session: Session, sweep: Sweep) -> SweepStudy:
+        """The sweep's study, told of the trials that ended since the last look; rebuilt when
+        there is none, or when a trial runs again (its earlier attempt's steps must not count)."""
         study = self._studies.get(sweep.id)
         if study is not None:
-            trials = session.scalars(select(Trial).where(Trial.id.in_(list(study.open)))).all()
-            if all(study.open[trial.id] == trial.attempt for trial in trials):
-                for trial in trials:
-                    if trial.status.is_final:
+            active = session.execute(
+                select(Trial.id, Trial.attempt).where(
+                    Trial.sweep_id == sweep.id, Trial.status.in_(ACTIVE_TRIAL_STATUSES)
+                )
+            ).all()
+            if all(study.open.get(trial_id) == attempt for trial_id, attempt in active):
+                ended = select(Trial).where(Trial.sweep_id == sweep.id, Trial.ended_at.is_not(None))
+                if study.ended_mark is not None:
+                    ended = ended.where(Trial.ended_at >= study.ended_mark)
+                for trial in session.scalars(ended.order_by(Trial.ended_at)):
+                    study.ended_mark = trial.ended_at
+                    if trial.id in study.open and trial.status.is_final:
                         _finish(session, study, trial)
                 return study
-            # A trial runs again (a requeue): its earlier attempt's steps must not count.
         study = self._studies[sweep.id] = build(session, sweep)
         return study
 
     def _new_steps(
         self, session: Session, study: SweepStudy
     ) -> list[tuple[Trial, dict[int, float]]]:
-        """The running trials that reported steps since the last look, with the objective at
-        each of those steps."""
-        running = session.scalars(
-            select(Trial).where(
-                Trial.id.in_(list(study.open)), Trial.status.in_(ACTIVE_TRIAL_STATUSES)
+        """The running trials that reported since the last look, with the objective at each
+        step those reports carried it."""
+        rows = session.execute(
+            select(TrialReport, Trial)
+            .join(Trial, Trial.id == TrialReport.trial_id)
+            .where(
+                Trial.sweep_id == study.sweep_id,
+                Trial.status.in_(ACTIVE_TRIAL_STATUSES),
+                TrialReport.attempt == Trial.attempt,
+                TrialReport.id > study.report_mark,
+                TrialReport.step.is_not(None),
             )
+            .order_by(TrialReport.id)
         ).all()
+        reports: dict[int, list[TrialReport]] = {}
+        trials: dict[int, Trial] = {}
+        for report, trial in rows:
+            study.report_mark = max(study.report_mark, report.id)
+            if trial.id in study.open and trial.id not in study.decided:
+                reports.setdefault(trial.id, []).append(report)
+                trials[trial.id] = trial
         found = []
-        for trial in running:
-            seen = study.fed.get(trial.id, -1)
-            if trial.step is None or trial.step <= seen:
-                continue
-            study.fed[trial.id] = trial.step
-            values = _step_values(session, trial, study.metric, after=seen)
+        for trial_id, batch in reports.items():
+            values = _by_step(batch, study.metric)
             if values:
-                found.append((trial, values))
+                found.append((trials[trial_id], values))
         return found
 
     def _first_pruned_step(
-        self,
-        session: Session,
-        sweep: Sweep,
-        study: SweepStudy,
-        trial: Trial,
-        values: dict[int, float],
+        self, study: SweepStudy, trial: Trial, values: dict[int, float]
     ) -> int | None:
         """Give the study each new step's value in order and ask the pruner after each; the
         first step it prunes at, or None."""
         optuna_id = study.optuna_ids[trial.id]
-        pruned_at = None
         try:
             for step in sorted(values):
                 study.storage.set_trial_intermediate_value(optuna_id, step, values[step])
                 if study.study.pruner.prune(study.study, study.frozen(trial.id)):
-                    pruned_at = step
-                    break
-        except Exception:
-            log.exception("sweep %s: the pruner %s failed; no more pruning", sweep.id, sweep.prune)
-            sweep.prune = None
+                    return step
             return None
         finally:
             trial.optuna_attrs = dict(study.frozen(trial.id).system_attrs)
-        return pruned_at
 
 
 class SamplerFailed(RuntimeError):
@@ -243,14 +280,23 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
         constants=constants_of(params) if adaptive else {},
     )
     steps = _all_step_values(session, trials, built.metric)
-    study.add_trials([_frozen(built, trial, steps.get(trial.id, {})) for trial in trials])
+    # A running trial's steps reach the study through the pruner, one by one (report_mark 0).
+    study.add_trials(
+        [
+            _frozen(built, trial, {} if not trial.status.is_final else steps.get(trial.id, {}))
+            for trial in trials
+        ]
+    )
     for trial, frozen in zip(trials, study.get_trials(deepcopy=False), strict=True):
         built.optuna_ids[trial.id] = storage.get_trial_id_from_study_id_trial_number(
             study_id, frozen.number
         )
         if frozen.state is TrialState.RUNNING:
-            # Its steps so far are in the study, but no pruner of this daemon has seen them.
             built.open[trial.id] = trial.attempt
+        elif trial.ended_at is not None and (
+            built.ended_mark is None or trial.ended_at > built.ended_mark
+        ):
+            built.ended_mark = trial.ended_at
     log.info("sweep %s: study rebuilt from %d trials", sweep.id, len(trials))
     return built
 
@@ -269,10 +315,9 @@ def _frozen(study: SweepStudy, trial: Trial, steps: dict[int, float]) -> optuna.
 
 
 def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
-    """Tell the study how a trial it holds as running ended, with the steps it reported since
-    the last look (a short trial may report every step and end between two)."""
-    after = study.fed.get(trial.id, -1)
-    for step, value in _step_values(session, trial, study.metric, after=after).items():
+    """Tell the study how a trial it holds as running ended, with every step its attempt
+    reported (a short trial may report them all and end between two looks)."""
+    for step, value in _step_values(session, trial, study.metric, after=-1).items():
         study.storage.set_trial_intermediate_value(study.optuna_ids[trial.id], step, value)
     state = state_of(trial)
     number = study.frozen(trial.id).number
@@ -281,7 +326,7 @@ def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
     else:
         study.study.tell(number, state=state)
     del study.open[trial.id]
-    study.fed.pop(trial.id, None)
+    study.decided.discard(trial.id)
 
 
 def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> dict[int, float]:

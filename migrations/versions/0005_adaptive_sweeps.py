@@ -48,11 +48,22 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("optuna_attrs", sa.JSON(), nullable=True))
     with op.batch_alter_table("trial_reports", schema=None) as batch_op:
         batch_op.alter_column("epoch", new_column_name="step", existing_type=sa.Integer())
+    # The Keras hook counted epochs from 1, and gave a batch report its epoch; a step counts
+    # from 0 and belongs to the report that ends it.
+    op.execute("UPDATE trial_reports SET step = step - 1 WHERE kind = 'epoch' AND step > 0")
+    op.execute("UPDATE trial_reports SET step = NULL WHERE kind = 'batch'")
 
 
 def downgrade() -> None:
-    # Pruned trials become failed ones: an older gpumux has no such status.
+    # Pruned trials become failed ones: an older gpumux has no such status; an adaptive
+    # sweep ends with the trials it asked, which is all an older gpumux can run.
     op.execute("UPDATE trials SET status = 'failed' WHERE status = 'pruned'")
+    op.execute(
+        "UPDATE sweeps SET trial_count = "
+        "(SELECT count(*) FROM trials WHERE trials.sweep_id = sweeps.id) "
+        "WHERE search NOT IN ('grid', 'random')"
+    )
+    op.execute("UPDATE trial_reports SET step = step + 1 WHERE kind = 'epoch'")
     with op.batch_alter_table("trial_reports", schema=None) as batch_op:
         batch_op.alter_column("step", new_column_name="epoch", existing_type=sa.Integer())
     with op.batch_alter_table("trials", schema=None) as batch_op:

@@ -86,8 +86,9 @@ def test_a_pruned_trial_is_stopped_at_its_step_and_its_slot_goes_to_the_next(
     make_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
     daemon = make_daemon(env=FAST_KILL)
-    # One slot: x=1 runs first and sets the median; x=50 is far worse and would run 400 steps.
-    sweep_id = submit(daemon, tmp_path, "x=1,50,2", split=1, prune="median:n_startup_trials=1")
+    # One slot: x=1 runs first and sets the median; x=50 is far worse and would run 400 steps;
+    # x=0.5 beats them both.
+    sweep_id = submit(daemon, tmp_path, "x=1,50,0.5", split=1, prune="median:n_startup_trials=1")
     rows = {r["params"]["x"]: r for r in finished(daemon, sweep_id)}
 
     loser = rows[50]
@@ -95,8 +96,8 @@ def test_a_pruned_trial_is_stopped_at_its_step_and_its_slot_goes_to_the_next(
     # Pruned at its first step, 50 against the median's 1; it reported on until SIGTERM came.
     assert loser["error"] == "pruned at step 0 by the median:n_startup_trials=1 pruner (loss 50)"
     assert loser["step"] is not None and loser["step"] < 400
-    assert rows[1]["status"] == rows[2]["status"] == "succeeded"
-    assert at(loser, "ended_at") <= at(rows[2], "started_at")
+    assert rows[1]["status"] == rows[0.5]["status"] == "succeeded"
+    assert at(loser, "ended_at") <= at(rows[0.5], "started_at")
     pid = int((tmp_path / f"started-{loser['id']}").read_text().split()[1])
     assert not alive(pid)
     with daemon.client() as client:

@@ -11,7 +11,7 @@ from gpumux.search.studies import Studies
 from gpumux.status import SearchMethod, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial, TrialReport
+from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
 
 def ask(studies: Studies, sessions: Sessions, sweep_id: int) -> Trial | None:
@@ -34,10 +34,12 @@ def end(sessions: Sessions, trial_id: int, status: TrialStatus, objective: float
             store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
         trial.objective = objective
-        store.set_trial_status(session=session, trial=trial, status=status)
+        store.set_trial_status(session=session, trial=trial, status=status, ended_at=utcnow())
 
 
-def report(sessions: Sessions, trial_id: int, step: int, loss: float) -> None:
+def report(
+    sessions: Sessions, trial_id: int, step: int, loss: float, *, metric: str = "loss"
+) -> None:
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
@@ -47,7 +49,7 @@ def report(sessions: Sessions, trial_id: int, step: int, loss: float) -> None:
                 attempt=trial.attempt,
                 kind="line",
                 step=step,
-                metrics={"loss": loss},
+                metrics={metric: loss},
             )
         )
         trial.step = step
@@ -148,10 +150,50 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_at_its_step(
     report(sessions, fair, 0, 0.9)
     studies = Studies()
     assert prune(studies, sessions, sweep_id) == [(bad, 0)]
-    # Nothing new reported: nothing decided again.
+    # Nothing new reported: nothing decided again; a pruned trial is not judged again.
     assert prune(studies, sessions, sweep_id) == []
+    report(sessions, bad, 1, 4.0)
     report(sessions, fair, 1, 0.8)
     assert prune(studies, sessions, sweep_id) == [(fair, 1)]
+
+
+def test_a_step_whose_objective_comes_in_a_later_report_is_still_judged(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = stored_sweep(
+            session, tmp_path, 2, objective="val_loss:min", prune="median:n_startup_trials=1"
+        ).id
+        good, bad = (t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0])
+    report(sessions, good, 0, 1.0, metric="val_loss")
+    end(sessions, good, TrialStatus.succeeded, 1.0)
+    end_running(sessions, bad)
+    studies = Studies()
+    # Training loss first, the validation loss of the same step in a report of its own.
+    report(sessions, bad, 0, 0.1, metric="loss")
+    assert prune(studies, sessions, sweep_id) == []
+    report(sessions, bad, 0, 9.0, metric="val_loss")
+    assert prune(studies, sessions, sweep_id) == [(bad, 0)]
+
+
+def test_after_a_restart_the_pruner_judges_a_running_trials_steps_in_order(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = stored_sweep(
+            session, tmp_path, 2, objective="loss:min", prune="median:n_startup_trials=1"
+        ).id
+        good, late = (t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0])
+    for step, loss in enumerate([1.0, 1.0, 0.1, 0.1]):
+        report(sessions, good, step, loss)
+    end(sessions, good, TrialStatus.succeeded, 0.1)
+    end_running(sessions, late)
+    # Four steps no daemon has judged yet: its best (0.9) holds the median (1.0) at steps 0
+    # and 1, and loses from step 2 (0.5 against 0.1). Judged at its last step only, it would
+    # be pruned too, but without the step it lost at.
+    for step, loss in enumerate([0.9, 0.9, 0.5, 0.5]):
+        report(sessions, late, step, loss)
+    assert prune(Studies(), sessions, sweep_id) == [(late, 2)]
 
 
 def end_running(sessions: Sessions, trial_id: int) -> None:
@@ -166,4 +208,4 @@ def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int
     with sessions.write.begin() as session:
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None
-        return studies.to_prune(session=session, sweeps=[sweep])
+        return [(d.trial_id, d.step) for d in studies.to_prune(session=session, sweeps=[sweep])]

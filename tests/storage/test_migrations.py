@@ -130,7 +130,7 @@ def report_row(report_id: int, trial_id: int, epoch: int) -> dict[str, Any]:
         "samples": 1000.0,
         "seconds": 8.0,
         "samples_per_s": 125.0,
-        "metrics": json.dumps({"loss": 1.0 / (epoch + 1)}),
+        "metrics": json.dumps({"loss": 1.0 / epoch}),
     }
 
 
@@ -145,8 +145,9 @@ def populate(connection: Connection, revision: str) -> None:
     )
     statuses = [(1, 1, "succeeded"), (2, 1, "failed"), (3, 2, "running"), (4, 2, "queued")]
     insert(connection, "trials", [trial_row(t, s, status, revision) for t, s, status in statuses])
-    insert(connection, "trial_reports", [report_row(1, 1, 0), report_row(2, 1, 1)])
-    insert(connection, "trial_reports", [report_row(3, 3, 0)])
+    # Keras epochs as the hook counted them before 0005: from 1.
+    insert(connection, "trial_reports", [report_row(1, 1, 1), report_row(2, 1, 2)])
+    insert(connection, "trial_reports", [report_row(3, 3, 1)])
     if revision >= "0002":
         profile = {
             "id": 1,
