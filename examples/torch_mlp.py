@@ -3,8 +3,9 @@
 Trains on CUDA when it is available, else on the CPU. The data (scikit-learn's digits, or generated
 with --samples) lives on the device, so a step is kernels and their launches only, which is what
 packing several trials onto one GPU changes. Each epoch reports its training samples right after
-its timed steps (CUDA synchronised), then its validation metrics, so every training interval that
-gpumux measures holds training steps only.
+its timed steps (CUDA synchronised), then its validation metrics at step = the epoch's index (what
+a pruner compares), so every training interval that gpumux measures holds training steps only.
+Between epochs it asks should_stop(): a pruned or cancelled trial ends there, on its own.
 
     gpumux sweep lr=1e-4..1e-2 width=256,1024 -- python examples/torch_mlp.py --samples=200000
 """
@@ -20,11 +21,15 @@ import torch
 from torch import nn
 
 try:
-    from gpumux.runtime import report
+    from gpumux.runtime import report, should_stop
 except ImportError:  # outside gpumux, where gpumux is not installed: nothing to report to
 
-    def report(samples: float | None = None, **metrics: float) -> None:
+    def report(samples: float | None = None, *, step: int | None = None, **metrics: float) -> None:
         """Stand-in for gpumux.runtime.report where gpumux is not installed."""
+
+    def should_stop() -> bool:
+        """Stand-in for gpumux.runtime.should_stop where gpumux is not installed."""
+        return False
 
 
 CLASSES = 10
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     val_loss = val_accuracy = float("nan")
     synchronize(device)
     report()  # starts the clock: the first epoch's interval then holds its training steps only
+    should_stop()  # from here a stop from gpumux waits for the end of the epoch
     for epoch in range(1, args.epochs + 1):
         started = time.perf_counter()
         seen, loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, steps)
@@ -151,12 +157,15 @@ def main(argv: list[str] | None = None) -> None:
         elapsed = time.perf_counter() - started
         report(samples=seen, loss=loss)
         val_loss, val_accuracy = evaluate(model, x_val, y_val)
-        report(val_loss=val_loss, val_accuracy=val_accuracy)
+        report(step=epoch - 1, val_loss=val_loss, val_accuracy=val_accuracy)
         print(
             f"epoch {epoch}/{args.epochs} loss={loss:.4f} val_loss={val_loss:.4f} "
             f"val_accuracy={val_accuracy:.4f} samples/s={seen / elapsed:.0f}",
             flush=True,
         )
+        if should_stop():
+            print(f"stopped by gpumux after epoch {epoch}", flush=True)
+            break
     print(f"final val_loss={val_loss:.4f} val_accuracy={val_accuracy:.4f}")
 
 

@@ -19,6 +19,7 @@ from gpumux.schemas import (
     LogChunk,
     ProfilePublic,
     ProfilesPublic,
+    ReportPublic,
     ReportsPublic,
     SweepCreate,
     SweepDetail,
@@ -35,6 +36,8 @@ DEFAULT_TIMEOUT = 30.0
 UNIX_PREFIX = "unix:"
 # The API's largest page of trials (GET /sweeps/{id}/trials?limit=).
 TRIALS_PAGE = 1000
+# The API's largest page of a trial's reports (GET /trials/{id}/reports?limit=).
+REPORTS_PAGE = 10_000
 
 _devices = TypeAdapter(list[DevicePublic])
 
@@ -203,9 +206,20 @@ class Client:
             self._request("GET", f"/trials/{trial_id}/log", params=query)
         )
 
-    def list_reports(self, trial_id: int) -> ReportsPublic:
-        """What the trial reported: samples/s and metrics over time."""
-        return ReportsPublic.model_validate(self._request("GET", f"/trials/{trial_id}/reports"))
+    def list_reports(self, trial_id: int, *, offset: int = 0, limit: int = 1000) -> ReportsPublic:
+        """A page of what the trial reported (every attempt), in the order it came."""
+        query = _query(offset=offset, limit=limit)
+        path = f"/trials/{trial_id}/reports"
+        return ReportsPublic.model_validate(self._request("GET", path, params=query))
+
+    def all_reports(self, trial_id: int) -> list[ReportPublic]:
+        """Every report of a trial, of all its attempts, page by page."""
+        reports: list[ReportPublic] = []
+        while True:
+            page = self.list_reports(trial_id, offset=len(reports), limit=REPORTS_PAGE)
+            reports.extend(page.data)
+            if not page.data or len(reports) >= page.count:
+                return reports
 
     def devices(self) -> list[DevicePublic]:
         """Every device the scheduler sees, with the trials packed on it."""

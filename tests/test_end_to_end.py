@@ -59,7 +59,7 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             assert trial["cpu_threads"] == threads, (cores, trial)
             reports = client.get(f"/trials/{trial['id']}/reports").json()["data"]
             epochs = [r for r in reports if r["kind"] == "epoch"]
-            assert [r["epoch"] for r in epochs] == [1, 2, 3]
+            assert [r["step"] for r in epochs] == [0, 1, 2]
             assert all(r["samples_per_s"] > 0 for r in epochs)
             # Each report carries the samples since the one before (a slow epoch also sends
             # batch reports): together they are every sample of the 3 epochs, once.

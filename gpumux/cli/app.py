@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands, profiles, token, top, tune
+from gpumux.cli import commands, export, profiles, token, top, tune
 from gpumux.cli.state import (
     EXIT_USAGE,
     CliError,
@@ -94,6 +94,7 @@ for command in (
     commands.best,
     commands.devices,
     top.top,
+    export.export,
     profiles.profiles,
     tune.tune,
 ):

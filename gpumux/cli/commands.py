@@ -126,8 +126,10 @@ def show(
         sweep = client.get_sweep(sweep_id)
         if all_:
             trials = client.all_trials(sweep_id)
+            count = len(trials)
         else:
-            trials = client.list_trials(sweep_id, limit=SHOW_ROWS).data
+            page = client.list_trials(sweep_id, limit=SHOW_ROWS)
+            trials, count = page.data, page.count
         failed = client.list_trials(sweep_id, status=TrialStatus.failed, limit=FAILURES_SHOWN)
     out = state.out
     out.print(render.sweep_summary(sweep))
@@ -137,8 +139,9 @@ def show(
     if best is not None:
         out.print(best)
     out.print(render.trials_table(trials, objective=sweep.objective, errors=False))
-    if len(trials) < sweep.trial_count:
-        out.print(f"... {sweep.trial_count - len(trials)} more trials: --all")
+    # An adaptive sweep's trial_count is its budget: only the trials it asked exist to list.
+    if len(trials) < count:
+        out.print(f"... {count - len(trials)} more trials: --all")
     errors = render.failures(failed.data, total=failed.count)
     if errors is not None:
         out.print(errors)

@@ -33,7 +33,7 @@ def sweep_ended(sweep: SweepDetail) -> bool:
 def poll(client: Client, sweep_id: int) -> tuple[SweepDetail, list[TrialPublic]]:
     """The sweep and the trials worth showing: all of them, or the active ones of a big sweep."""
     sweep = client.get_sweep(sweep_id)
-    if sweep.trial_count <= TRIALS_PAGE:
+    if render.asked_count(sweep) <= TRIALS_PAGE:
         return sweep, client.list_trials(sweep_id, limit=TRIALS_PAGE).data
     active = client.list_trials(sweep_id, status=TrialStatus.running, limit=TRIALS_PAGE).data
     return sweep, active
@@ -42,13 +42,16 @@ def poll(client: Client, sweep_id: int) -> tuple[SweepDetail, list[TrialPublic]]
 def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) -> float | None:
     """Seconds until the sweep ends, from what its trials took so far; None until one has ended.
 
-    With every trial at hand and some running: per-trial durations. D is the mean run time of
-    the trials that ended and C the trials running now (the slots in use). The work left is D
-    for each trial not started plus what D leaves of each running one; the sweep needs that
-    work / C, and no less than the largest remainder of one running trial (one trial's work
-    cannot be shared between slots). Unlike a rate of finished trials, this counts the trials
-    that are part done, so it does not swing by a whole trial's length between batches of
-    long trials, and C follows the split as --split auto raises it.
+    The sweep ends after render.total_count(sweep) trials: an adaptive search's budget counts
+    the trials it has not asked yet as not started.
+
+    With every trial that exists at hand and some running: per-trial durations. D is the mean
+    run time of the trials that ended and C the trials running now (the slots in use). The
+    work left is D for each trial not started plus what D leaves of each running one; the
+    sweep needs that work / C, and no less than the largest remainder of one running trial
+    (one trial's work cannot be shared between slots). Unlike a rate of finished trials, this
+    counts the trials that are part done, so it does not swing by a whole trial's length
+    between batches of long trials, and C follows the split as --split auto raises it.
 
     Otherwise (a sweep too big to list, or none of its trials running now): the sweep's
     throughput so far, finished trials per second since it was submitted; remaining / rate.
@@ -58,7 +61,7 @@ def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime
     done = max(render.finished_count(sweep.counts), listed)
     if done == 0:
         return None
-    remaining = sweep.trial_count - done
+    remaining = render.total_count(sweep) - done
     if remaining <= 0:
         return 0.0
     durations = [
@@ -67,7 +70,7 @@ def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime
         if trial.status in FINAL_TRIAL_STATUSES and trial.started_at and trial.ended_at
     ]
     running = [trial for trial in trials if trial.status in ACTIVE_TRIAL_STATUSES]
-    if len(trials) >= sweep.trial_count and durations and running:
+    if len(trials) >= render.asked_count(sweep) and durations and running:
         mean = fmean(durations)
         ages = [render.since(t.started_at, now) if t.started_at else 0.0 for t in running]
         left = [max(0.0, mean - age) for age in ages]
@@ -99,19 +102,26 @@ def eta_text(eta: float | None) -> str:
 def progress_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) -> Table:
     """The progress bar with finished/total, running count, elapsed time and ETA."""
     done = render.finished_count(sweep.counts)
+    total = render.total_count(sweep)
     running = sum(sweep.counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES)
     failed = sweep.counts.get(TrialStatus.failed, 0) + sweep.counts.get(TrialStatus.lost, 0)
+    pruned = sweep.counts.get(TrialStatus.pruned, 0)
     elapsed = render.since(sweep.created_at, sweep.finished_at or now)
-    line = Table.grid(padding=(0, 1))
-    line.add_row(
+    cells: list[RenderableType] = [
         Text(f"sweep {sweep.id}", style="bold"),
-        ProgressBar(total=max(sweep.trial_count, 1), completed=done, width=30),
-        Text(f"{done}/{sweep.trial_count} finished"),
+        ProgressBar(total=max(total, 1), completed=done, width=30),
+        Text(f"{done}/{total} finished"),
         Text(f"{running} running", style="cyan"),
         Text(f"{failed} failed", style="red" if failed else "dim"),
+    ]
+    if pruned:
+        cells.append(Text(f"{pruned} pruned", style=render.STATUS_STYLES["pruned"]))
+    cells += [
         Text(f"elapsed {render.duration(elapsed)}", style="dim"),
         Text(f"ETA {eta_text(eta_seconds(sweep, trials, now))}", style="bold"),
-    )
+    ]
+    line = Table.grid(padding=(0, 1))
+    line.add_row(*cells)
     return line
 
 
@@ -133,7 +143,8 @@ def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) 
 
 def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | None = None) -> Text:
     """One plain line for a trial that changed status, `done` trials having ended so far."""
-    text = Text(f"[{done}/{sweep.trial_count}] trial {trial.id} ")
+    total = render.total_count(sweep)
+    text = Text(f"[{done}/{total}] trial {trial.id} ")
     text.append(render.params_text(trial.params))
     text.append(": ")
     text.append_text(render.status_text(trial.status))
@@ -141,6 +152,8 @@ def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | N
         text.append(f" on {render.device_text(trial)}")
     elif trial.status in FINAL_TRIAL_STATUSES:
         details = [f"after {render.duration(render.trial_seconds(trial))}"]
+        if trial.step is not None:
+            details.append(f"step {trial.step}")
         if trial.samples_per_s is not None:
             details.append(f"{render.rate(trial.samples_per_s)} samples/s")
         if sweep.objective is not None and trial.objective is not None:
@@ -148,7 +161,7 @@ def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | N
         if trial.status != TrialStatus.succeeded and trial.error:
             details.append(render.error_summary(trial.error))
         text.append(f" ({', '.join(details)})")
-        if eta is not None and done < sweep.trial_count:
+        if eta is not None and done < total:
             text.append(f"; ETA {render.duration(eta)}")
     return text
 

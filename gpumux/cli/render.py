@@ -17,7 +17,7 @@ from gpumux.schemas import (
     TrialPublic,
     parse_objective,
 )
-from gpumux.status import FINAL_TRIAL_STATUSES, TrialStatus
+from gpumux.status import FINAL_TRIAL_STATUSES, SearchMethod, SweepStatus, TrialStatus
 from gpumux.sweepspec import format_value
 
 NONE = "-"
@@ -30,6 +30,8 @@ STATUS_STYLES = {
     "failed": "bold red",
     "cancelled": "yellow",
     "lost": "magenta",
+    # Stopped by the pruner: a decision, not a failure, so not red.
+    "pruned": "dark_orange",
 }
 # Order in which counts by status are listed: the interesting ones first.
 STATUS_ORDER = (
@@ -37,6 +39,7 @@ STATUS_ORDER = (
     TrialStatus.starting,
     TrialStatus.queued,
     TrialStatus.succeeded,
+    TrialStatus.pruned,
     TrialStatus.failed,
     TrialStatus.lost,
     TrialStatus.cancelled,
@@ -102,6 +105,30 @@ def finished_count(counts: Mapping[TrialStatus, int]) -> int:
     return sum(count for status, count in counts.items() if status in FINAL_TRIAL_STATUSES)
 
 
+def asked_count(sweep: SweepPublic) -> int:
+    """How many trials of the sweep exist: all of them, or those an adaptive search asked."""
+    return sum(sweep.counts.values())
+
+
+def total_count(sweep: SweepPublic) -> int:
+    """How many trials the sweep will have run: its budget, or, once it ended, those it asked.
+
+    An adaptive sweep cancelled short of its budget ends with fewer trials than trial_count.
+    """
+    if sweep.status in (SweepStatus.finished, SweepStatus.cancelled):
+        return asked_count(sweep)
+    return sweep.trial_count
+
+
+def method_text(sweep: SweepPublic) -> str:
+    """How the sweep chooses its trials: "grid", "random, 20 trials", "tpe, 12 of 50 asked"."""
+    if sweep.search.adaptive:
+        return f"{sweep.search}, {asked_count(sweep)} of {sweep.trial_count} asked"
+    if sweep.search == SearchMethod.random:
+        return f"random, {plural(sweep.trial_count, 'trial')}"
+    return "grid"
+
+
 def error_summary(error: str | None) -> str:
     """One line from a trial's error: how it ended, and the last line of its log."""
     if not error:
@@ -164,9 +191,11 @@ def trials_table(
 ) -> Table:
     """A row per trial: a column per swept parameter, status, device, time, samples/s, objective.
 
-    The time of a running trial is counted up to `now` (default the present).
+    The time of a running trial is counted up to `now` (default the present); a step column
+    (the last step each trial reported) appears when a trial has reported one.
     """
     header = objective_header(objective)
+    steps = any(trial.step is not None for trial in trials)
     show_errors = errors and any(trial.error for trial in trials if trial.status != "succeeded")
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("trial", justify="right", no_wrap=True)
@@ -174,6 +203,8 @@ def trials_table(
     for name in names:
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
+    if steps:
+        table.add_column("step", justify="right", no_wrap=True)
     table.add_column("device", no_wrap=True)
     table.add_column("time", justify="right", no_wrap=True)
     table.add_column("samples/s", justify="right", no_wrap=True)
@@ -186,10 +217,10 @@ def trials_table(
             str(trial.id),
             *(format_value(trial.params[n]) if n in trial.params else NONE for n in names),
             status_text(trial.status),
-            device_text(trial),
-            duration(trial_seconds(trial, now)),
-            rate(trial.samples_per_s),
         ]
+        if steps:
+            row.append(NONE if trial.step is None else str(trial.step))
+        row += [device_text(trial), duration(trial_seconds(trial, now)), rate(trial.samples_per_s)]
         if header is not None:
             row.append(number(trial.objective))
         if show_errors:
@@ -214,7 +245,7 @@ def sweeps_table(sweeps: Sequence[SweepPublic]) -> Table:
             str(sweep.id),
             sweep.name or NONE,
             status_text(sweep.status),
-            f"{finished_count(sweep.counts)}/{sweep.trial_count}",
+            f"{finished_count(sweep.counts)}/{total_count(sweep)}",
             counts_text(sweep.counts),
             sweep.objective or NONE,
             sweep.owner,
@@ -228,14 +259,13 @@ def sweep_summary(sweep: SweepPublic) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
-    split = str(sweep.split)
-    search = f"random, {sweep.trials} trials" if sweep.trials else "grid"
     rows: list[tuple[str, RenderableType]] = [
         ("sweep", f"{sweep.id}" + (f" ({sweep.name})" if sweep.name else "")),
         ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
         ("command", " ".join(sweep.command)),
         ("params", " ".join(sweep.params) or NONE),
-        ("search", f"{search}, seed {sweep.seed}, split {split}"),
+        ("search", f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}"),
+        *([("prune", str(sweep.prune))] if sweep.prune not in (None, "none") else []),
         ("objective", sweep.objective or NONE),
         ("workdir", sweep.workdir),
         ("owner", sweep.owner),

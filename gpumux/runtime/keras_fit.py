@@ -1,7 +1,9 @@
 """Measure every Keras `Model.fit` of an unmodified script: samples/s and epoch metrics.
 
 Throughput is timed from callback events (epoch begin and end, batch end), never from when fit()
-returns: fit() has been seen returning 6-35 s after its last batch.
+returns: fit() has been seen returning 6-35 s after its last batch. Each epoch's end is reported
+at step = the epoch's index (from 0, as Keras passes it); heartbeats carry no step, as their
+metrics cover part of an epoch and must not stand for it.
 """
 
 from __future__ import annotations
@@ -93,7 +95,6 @@ def make_callback_class(base: type) -> type:
             self.batch_size = batch_size
             self.samples_per_epoch = samples_per_epoch
             self._lock = threading.Lock()
-            self._epoch = 0
             self._mark = time.monotonic()
             self._batches = 0
             self._reported = 0.0
@@ -106,8 +107,6 @@ def make_callback_class(base: type) -> type:
 
         def on_epoch_begin(self, epoch: int, logs: Mapping[str, object] | None = None) -> None:
             with self._lock:
-                # Numbered from 1, as Keras prints them.
-                self._epoch = epoch + 1
                 self._mark = time.monotonic()
                 self._batches = 0
                 self._reported = 0.0
@@ -121,13 +120,8 @@ def make_callback_class(base: type) -> type:
                 done = self.samples_done()
                 samples, seconds = done - self._reported, now - self._mark
                 self._mark, self._reported = now, done
-                epoch_number = self._epoch
             reporter.submit(
-                kind="batch",
-                epoch=epoch_number,
-                samples=samples,
-                seconds=seconds,
-                metrics=logs or {},
+                kind="batch", step=None, samples=samples, seconds=seconds, metrics=logs or {}
             )
 
         def on_epoch_end(self, epoch: int, logs: Mapping[str, object] | None = None) -> None:
@@ -139,7 +133,7 @@ def make_callback_class(base: type) -> type:
                 samples, seconds = done - self._reported, now - self._mark
                 self._mark, self._reported = now, done
             reporter.submit(
-                kind="epoch", epoch=epoch + 1, samples=samples, seconds=seconds, metrics=logs or {}
+                kind="epoch", step=epoch, samples=samples, seconds=seconds, metrics=logs or {}
             )
 
     return GpumuxCallback

@@ -98,17 +98,17 @@ class Reporter:
         self,
         *,
         kind: str,
-        epoch: int | None,
+        step: int | None,
         samples: float | None,
         seconds: float | None,
         metrics: Mapping[str, object],
     ) -> None:
-        """Queue one report; samples were processed in the interval of `seconds`."""
+        """Queue one report: metrics at `step`, samples processed in the interval of `seconds`."""
         body = {
             "trial_id": self.trial_id,
             "attempt": self.attempt,
             "kind": kind,
-            "epoch": epoch,
+            "step": step,
             "samples": _finite_or_none(samples),
             "seconds": _finite_or_none(seconds),
             "metrics": finite_metrics(metrics),
@@ -220,7 +220,7 @@ def current() -> Reporter | None:
 def submit(
     *,
     kind: str,
-    epoch: int | None,
+    step: int | None,
     samples: float | None,
     seconds: float | None,
     metrics: Mapping[str, object],
@@ -228,7 +228,7 @@ def submit(
     """Queue one report for the daemon; a no-op outside gpumux."""
     reporter = current()
     if reporter is not None:
-        reporter.submit(kind=kind, epoch=epoch, samples=samples, seconds=seconds, metrics=metrics)
+        reporter.submit(kind=kind, step=step, samples=samples, seconds=seconds, metrics=metrics)
 
 
 def _forget_in_child() -> None:

@@ -103,6 +103,8 @@ class Launcher:
             cpu_threads=chosen.cpu_threads,
             token_hash=store.token_hash(token),
             log_path=str(log_path),
+            log_scanned=0,
+            step=None,
             exit_code=None,
             signal=None,
             pid=None,

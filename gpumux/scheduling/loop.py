@@ -26,6 +26,7 @@ from gpumux.processes.rundir import TrialEnd
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher
+from gpumux.scheduling.lines import LogReports
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile
@@ -65,6 +66,7 @@ class Scheduler:
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
         self.studies = Studies()
+        self.lines = LogReports(sessions=sessions)
         self.launcher = Launcher(settings=settings, sessions=sessions, url=url)
         self.filler = SlotFiller(
             settings=settings,
@@ -127,7 +129,9 @@ class Scheduler:
             await self._sleep()
 
     async def tick(self) -> None:
-        """One pass: reap exits, act on cancels and deadlines, then fill free slots."""
+        """One pass: read report lines, reap exits, act on cancels, pruners and deadlines, then
+        fill free slots."""
+        self.lines.collect()
         self.reap()
         if self._reconcile_due and not self._draining:
             self.reconcile()
@@ -167,6 +171,8 @@ class Scheduler:
         with self.sessions.read() as session:
             active = {trial.id for trial in store.active_trials(session=session)}
         if any(trial_id not in self.watched for trial_id in active):
+            # Trials that ended while no daemon ran: what they printed last is read first.
+            self.lines.collect()
             with self.sessions.write.begin() as session:
                 recorded = reconcile(session=session, watched=self.watched, settings=self.settings)
                 for trial, outcome in recorded:
@@ -180,6 +186,9 @@ class Scheduler:
         leaders = self.watched.new_leaders()
         if not ended and not leaders:
             return
+        if ended:
+            # Their supervisors have exited, so their logs are whole: read the last lines.
+            self.lines.collect()
         # A failed commit (a full disk) leaves these trials active in the database and no
         # longer watched: reconcile() picks them up at the next tick, from their run records.
         with self.sessions.write.begin() as session:

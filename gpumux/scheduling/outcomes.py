@@ -88,8 +88,8 @@ def record_exit(
     elif stop is StopReason.cancel:
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
     elif stop is StopReason.prune:
-        where = f"at step {trial.step}" if trial.step is not None else "before its first step"
-        error = f"pruned {where} by the {trial.sweep.prune} pruner"
+        # The pruner's decision was noted when it was made (search.studies).
+        error = trial.error or f"pruned by the {trial.sweep.prune} pruner"
         store.set_trial_status(
             session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended
         )

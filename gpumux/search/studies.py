@@ -110,17 +110,24 @@ class Studies:
         return trial
 
     def to_prune(self, *, session: Session, sweeps: Iterable[Sweep]) -> list[tuple[int, int]]:
-        """Running trials of these sweeps that their pruner stops at the steps they reported:
-        (trial id, step). Call in a write transaction: pruners keep state in the trials."""
+        """Running trials of these sweeps that their pruner stops at a step they reported:
+        (trial id, step). Each new step is put to the pruner in turn, as if it were asked after
+        every report. Call in a write transaction: pruners keep state in the trials."""
         stopping = []
         for sweep in sweeps:
             if sweep.prune is None:
                 continue
             study = self._synced(session, sweep)
-            for trial_id, step in self._feed(session, study):
-                if self._should_prune(session, sweep, study, trial_id):
-                    log.info("sweep %s: trial %s pruned at step %d", sweep.id, trial_id, step)
-                    stopping.append((trial_id, step))
+            for trial, values in self._new_steps(session, study):
+                step = self._first_pruned_step(session, sweep, study, trial, values)
+                if step is not None:
+                    # Said now: the trial reports on until the signal reaches it.
+                    trial.error = (
+                        f"pruned at step {step} by the {sweep.prune} pruner "
+                        f"({study.metric} {values[step]:.6g})"
+                    )
+                    log.info("sweep %s: trial %s %s", sweep.id, trial.id, trial.error)
+                    stopping.append((trial.id, step))
         return stopping
 
     def forget(self, sweep_ids: Iterable[int]) -> None:
@@ -138,44 +145,58 @@ class Studies:
             if all(study.open[trial.id] == trial.attempt for trial in trials):
                 for trial in trials:
                     if trial.status.is_final:
-                        _finish(study, trial)
+                        _finish(session, study, trial)
                 return study
             # A trial runs again (a requeue): its earlier attempt's steps must not count.
         study = self._studies[sweep.id] = build(session, sweep)
         return study
 
-    def _feed(self, session: Session, study: SweepStudy) -> list[tuple[int, int]]:
-        """Give the study the steps its running trials reported since the last look; the
-        trials that reached a new step, with it."""
+    def _new_steps(
+        self, session: Session, study: SweepStudy
+    ) -> list[tuple[Trial, dict[int, float]]]:
+        """The running trials that reported steps since the last look, with the objective at
+        each of those steps."""
         running = session.scalars(
             select(Trial).where(
                 Trial.id.in_(list(study.open)), Trial.status.in_(ACTIVE_TRIAL_STATUSES)
             )
         ).all()
-        fresh = [t for t in running if t.step is not None and t.step > study.fed.get(t.id, -1)]
-        reached = []
-        for trial in fresh:
-            values = _step_values(session, trial, study.metric, after=study.fed.get(trial.id, -1))
-            for step, value in values.items():
-                study.storage.set_trial_intermediate_value(study.optuna_ids[trial.id], step, value)
-            study.fed[trial.id] = trial.step or 0
+        found = []
+        for trial in running:
+            seen = study.fed.get(trial.id, -1)
+            if trial.step is None or trial.step <= seen:
+                continue
+            study.fed[trial.id] = trial.step
+            values = _step_values(session, trial, study.metric, after=seen)
             if values:
-                reached.append((trial.id, max(values)))
-        return reached
+                found.append((trial, values))
+        return found
 
-    def _should_prune(
-        self, session: Session, sweep: Sweep, study: SweepStudy, trial_id: int
-    ) -> bool:
+    def _first_pruned_step(
+        self,
+        session: Session,
+        sweep: Sweep,
+        study: SweepStudy,
+        trial: Trial,
+        values: dict[int, float],
+    ) -> int | None:
+        """Give the study each new step's value in order and ask the pruner after each; the
+        first step it prunes at, or None."""
+        optuna_id = study.optuna_ids[trial.id]
+        pruned_at = None
         try:
-            prune = study.study.pruner.prune(study.study, study.frozen(trial_id))
+            for step in sorted(values):
+                study.storage.set_trial_intermediate_value(optuna_id, step, values[step])
+                if study.study.pruner.prune(study.study, study.frozen(trial.id)):
+                    pruned_at = step
+                    break
         except Exception:
             log.exception("sweep %s: the pruner %s failed; no more pruning", sweep.id, sweep.prune)
             sweep.prune = None
-            return False
-        trial = session.get(Trial, trial_id)
-        if trial is not None:
-            trial.optuna_attrs = dict(study.frozen(trial_id).system_attrs)
-        return bool(prune)
+            return None
+        finally:
+            trial.optuna_attrs = dict(study.frozen(trial.id).system_attrs)
+        return pruned_at
 
 
 class SamplerFailed(RuntimeError):
@@ -247,8 +268,12 @@ def _frozen(study: SweepStudy, trial: Trial, steps: dict[int, float]) -> optuna.
     )
 
 
-def _finish(study: SweepStudy, trial: Trial) -> None:
-    """Tell the study how a trial it holds as running ended."""
+def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
+    """Tell the study how a trial it holds as running ended, with the steps it reported since
+    the last look (a short trial may report every step and end between two)."""
+    after = study.fed.get(trial.id, -1)
+    for step, value in _step_values(session, trial, study.metric, after=after).items():
+        study.storage.set_trial_intermediate_value(study.optuna_ids[trial.id], step, value)
     state = state_of(trial)
     number = study.frozen(trial.id).number
     if state is TrialState.COMPLETE:

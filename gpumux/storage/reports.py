@@ -32,28 +32,71 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
         )
     if trial.status not in ACTIVE_TRIAL_STATUSES:
         raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
-    rate = None
-    if report_in.samples is not None and report_in.seconds:
-        rate = report_in.samples / report_in.seconds
-    report = TrialReport(
-        trial_id=trial.id,
-        attempt=report_in.attempt,
+    return _record(
+        session=session,
+        trial=trial,
         kind=report_in.kind,
         step=report_in.step,
         samples=report_in.samples,
         seconds=report_in.seconds,
-        samples_per_s=rate,
         metrics=report_in.metrics,
+    )
+
+
+def add_line_report(
+    *,
+    session: Session,
+    trial: Trial,
+    step: int | None,
+    samples: float | None,
+    metrics: dict[str, float],
+) -> TrialReport:
+    """Record a GPUMUX_REPORT line that the daemon read in the log of the trial's current attempt.
+
+    Its status is not checked: the last lines of a trial that just ended count too. A line says
+    no interval, so it sets no samples/s; its samples still count in the split search's windows.
+    """
+    return _record(
+        session=session,
+        trial=trial,
+        kind="line",
+        step=step,
+        samples=samples,
+        seconds=None,
+        metrics=metrics,
+    )
+
+
+def _record(
+    *,
+    session: Session,
+    trial: Trial,
+    kind: str,
+    step: int | None,
+    samples: float | None,
+    seconds: float | None,
+    metrics: dict[str, float],
+) -> TrialReport:
+    rate = samples / seconds if samples is not None and seconds else None
+    report = TrialReport(
+        trial_id=trial.id,
+        attempt=trial.attempt,
+        kind=kind,
+        step=step,
+        samples=samples,
+        seconds=seconds,
+        samples_per_s=rate,
+        metrics=metrics,
     )
     session.add(report)
     trial.last_report_at = report.at = utcnow()
     if rate is not None:
         trial.samples_per_s = rate
-    if report_in.step is not None:
-        trial.step = report_in.step
+    if step is not None:
+        trial.step = step
     metric = trial.sweep.objective_metric
-    if metric is not None and metric in report_in.metrics:
-        trial.objective = report_in.metrics[metric]
+    if metric is not None and metric in metrics:
+        trial.objective = metrics[metric]
     return report
 
 

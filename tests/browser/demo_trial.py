@@ -20,5 +20,5 @@ floor = 0.05 + 0.4 * math.log10(lr / 1e-2) ** 2 + 4.0 / width
 for epoch in range(1, epochs + 1):
     checksum = sum(i * i for i in range(40_000 * max(1, width // 32)))
     loss = floor + (2.0 - floor) * math.exp(-epoch * width / 96)
-    report(samples=SAMPLES_PER_EPOCH, loss=loss, val_loss=loss * 1.1)
+    report(samples=SAMPLES_PER_EPOCH, step=epoch - 1, loss=loss, val_loss=loss * 1.1)
     print(f"epoch {epoch}/{epochs}: loss {loss:.4f} (checksum {checksum % 997})", flush=True)

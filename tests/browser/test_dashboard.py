@@ -109,6 +109,39 @@ def test_the_dashboard_follows_a_sweep_to_its_end(
     expect(page.locator("figure.chart", has_text="loss")).to_be_visible()
 
 
+def test_the_sweep_page_draws_a_learning_curve_per_trial_that_reported_steps(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    sweep_id = submit(
+        served,
+        tmp_path,
+        [sys.executable, str(Path(__file__).parent / "stepped_trial.py")],
+        params=["x=0.5,1,2,4"],
+        objective="loss:min",
+        split=2,
+    )
+    page.goto(served.page(f"#/sweeps/{sweep_id}"))
+    expect(page.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+    trials = page.locator("table.trials tbody tr")
+    expect(trials).to_have_count(4)
+    ids = [int(trials.nth(n).get_attribute("data-trial-id") or "") for n in range(4)]
+    figure = page.locator("figure.chart.curves", has_text="loss against step")
+    # x=4 reported no step: three curves, each linking to its trial; the best one (x=2) thick.
+    curves = figure.locator("path.series-line")
+    expect(curves).to_have_count(3)
+    drawn = {int(curves.nth(n).get_attribute("data-series") or "") for n in range(3)}
+    assert drawn == set(ids[:3])
+    expect(figure.locator("path.series-line.best")).to_have_count(1)
+    assert figure.locator("path.best").get_attribute("data-series") == str(ids[2])
+    expect(figure.locator("a path.series-line")).to_have_count(3)
+    expect(figure).to_contain_text("every trial that reported steps (3)")
+    # The step each trial reached, in the table's step column (x=4 reported none).
+    steps = page.locator("table.trials tbody tr td:nth-child(6)")
+    expect(steps).to_have_text(["4", "4", "4", "—"])
+
+
 def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 

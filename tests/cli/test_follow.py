@@ -11,7 +11,7 @@ from rich.console import Console, RenderableType
 
 from gpumux.cli import follow
 from gpumux.schemas import SweepDetail, TrialPublic
-from gpumux.status import SweepStatus, TrialStatus
+from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -65,8 +65,10 @@ def sweep(
     objective: str | None = "loss:min",
     best: TrialPublic | None = None,
     status: SweepStatus = SweepStatus.running,
+    budget: int | None = None,
 ) -> SweepDetail:
-    """Sweep 1, submitted at T0, counting `trials` and queued ones up to `total`."""
+    """Sweep 1, submitted at T0, counting `trials` and queued ones up to `total`; with a
+    `budget`, an adaptive (tpe) sweep of which only `trials` have been asked."""
     trials = list(trials)
     counts: dict[TrialStatus, int] = {}
     for one in trials:
@@ -75,6 +77,7 @@ def sweep(
     if total > len(trials):
         counts[TrialStatus.queued] = counts.get(TrialStatus.queued, 0) + total - len(trials)
     return SweepDetail(
+        search=SearchMethod.tpe if budget else SearchMethod.grid,
         id=1,
         name=None,
         owner="ada",
@@ -89,7 +92,7 @@ def sweep(
         time_limit_s=None,
         retries=0,
         priority=0,
-        trial_count=total,
+        trial_count=budget or total,
         cancel_requested=False,
         created_at=T0,
         finished_at=None,
@@ -219,4 +222,44 @@ def test_event_lines_carry_the_eta_until_the_last_trial() -> None:
     started = trial(2, TrialStatus.running, started=0)
     assert follow.event_line(sweep([started], total=4), started, 0, eta=37.5).plain == (
         "[0/4] trial 102 lr=0.002 bs=32: running on cpu/0"
+    )
+
+
+def test_an_adaptive_sweep_counts_the_trials_not_asked_yet_as_not_started() -> None:
+    # A budget of 10, 4 asked: two ended after 100 s, two are 30 s into theirs on two slots.
+    trials = [
+        trial(1, TrialStatus.succeeded, started=0, ended=100),
+        trial(2, TrialStatus.pruned, started=0, ended=100, step=3),
+        trial(3, TrialStatus.running, started=100),
+        trial(4, TrialStatus.running, started=100),
+    ]
+    adaptive = sweep(trials, budget=10)
+    # 70 s left in each running trial, then six more of 100 s on two slots: 370 s.
+    assert follow.eta_seconds(adaptive, trials, at(130)) == pytest.approx(370)
+    line = text_of(follow.progress_view(adaptive, trials, at(130)))
+    assert "2/10 finished" in line
+    assert "2 running" in line and "0 failed" in line and "1 pruned" in line
+
+
+def test_an_adaptive_sweep_cancelled_short_of_its_budget_ends_complete() -> None:
+    trials = [
+        trial(1, TrialStatus.succeeded, started=0, ended=100),
+        trial(2, TrialStatus.succeeded, started=0, ended=100),
+        trial(3, TrialStatus.cancelled, started=100, ended=120),
+    ]
+    cancelled = sweep(trials, budget=10, status=SweepStatus.cancelled)
+    assert follow.eta_seconds(cancelled, trials, at(130)) == 0.0
+    assert "3/3 finished" in text_of(follow.progress_view(cancelled, trials, at(130)))
+    last = follow.event_line(cancelled, trials[2], 3, eta=0.0)
+    assert last.plain == "[3/3] trial 103 lr=0.003 bs=32: cancelled (after 20.0s)"
+
+
+def test_a_pruned_trial_says_the_step_it_reached() -> None:
+    pruned = trial(
+        2, TrialStatus.pruned, started=0, ended=5, objective=0.9, step=3, error="pruned at step 3"
+    )
+    line = follow.event_line(sweep([pruned], budget=8), pruned, 1, eta=40.0)
+    assert line.plain == (
+        "[1/8] trial 102 lr=0.002 bs=32: pruned (after 5.0s, step 3, loss=0.9, pruned at step 3)"
+        "; ETA 40.0s"
     )

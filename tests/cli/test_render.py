@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from rich.console import Console, RenderableType
 
 from gpumux.cli import render
 from gpumux.cli.state import PIPE_WIDTH, make_console
-from gpumux.schemas import ProfilePublic
+from gpumux.schemas import ProfilePublic, SweepPublic, TrialPublic
+from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint
 
 
@@ -40,6 +43,94 @@ def test_the_split_search_line_shows_the_curve_and_the_decision() -> None:
     )
     fresh = render.search_text(profile(settled=False, reason=None, curve=[])).plain
     assert fresh == "split search on NVIDIA H200: measuring N=1"
+
+
+def a_sweep(**fields: Any) -> SweepPublic:
+    values: dict[str, Any] = dict(
+        id=3,
+        name=None,
+        owner="ada",
+        status=SweepStatus.running,
+        command=["python", "train.py"],
+        params=["lr=1e-4..1e-1"],
+        workdir="/tmp",
+        trials=None,
+        seed=11,
+        split="auto",
+        objective="val_loss:min",
+        time_limit_s=None,
+        trial_count=2,
+        cancel_requested=False,
+        created_at=datetime.now(UTC),
+        finished_at=None,
+        counts={TrialStatus.succeeded: 2},
+    )
+    values.update(fields)
+    return SweepPublic.model_validate(values)
+
+
+def a_trial(number: int, status: TrialStatus, step: int | None) -> TrialPublic:
+    now = datetime.now(UTC)
+    return TrialPublic(
+        id=number,
+        sweep_id=3,
+        number=number,
+        params={"lr": 0.001 * number},
+        status=status,
+        attempt=1,
+        device="cpu",
+        slot=0,
+        split=2,
+        memory_limit_mb=None,
+        cpu_threads=1,
+        pid=None,
+        queued_at=now,
+        started_at=now,
+        ended_at=now,
+        exit_code=None,
+        signal=None,
+        error=None,
+        objective=0.5,
+        samples_per_s=None,
+        last_report_at=None,
+        step=step,
+    )
+
+
+def lines_of(renderable: RenderableType) -> list[str]:
+    console = Console(record=True, width=160, markup=False, highlight=False)
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def test_the_search_line_says_how_many_trials_an_adaptive_search_asked_of_its_budget() -> None:
+    def search_line(sweep: SweepPublic) -> str:
+        return next(line for line in lines_of(render.sweep_summary(sweep)) if "search" in line)
+
+    assert search_line(a_sweep()).split() == ["search", "grid,", "seed", "11,", "split", "auto"]
+    random = a_sweep(search=SearchMethod.random, trials=2)
+    assert "random, 2 trials, seed 11" in search_line(random)
+    counts = {TrialStatus.succeeded: 3, TrialStatus.pruned: 2, TrialStatus.running: 2}
+    tpe = a_sweep(search=SearchMethod.tpe, trials=50, trial_count=50, counts=counts, prune="asha")
+    assert "tpe, 7 of 50 asked, seed 11" in search_line(tpe)
+    summary = lines_of(render.sweep_summary(tpe))
+    assert [line.split() for line in summary if line.startswith("prune")] == [["prune", "asha"]]
+    assert "2 running, 3 succeeded, 2 pruned" in " ".join(summary)
+    assert not [line for line in lines_of(render.sweep_summary(a_sweep())) if "prune" in line]
+
+
+def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> None:
+    trials = [a_trial(1, TrialStatus.pruned, 4), a_trial(2, TrialStatus.succeeded, 20)]
+    lines = lines_of(render.trials_table(trials, objective="val_loss:min"))
+    header = [cell.strip() for cell in lines[1].split("┃")[1:-1]]
+    assert header[:4] == ["trial", "lr", "status", "step"]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if "│" in line]
+    assert [row[2:4] for row in rows] == [["pruned", "4"], ["succeeded", "20"]]
+    no_steps = lines_of(
+        render.trials_table([a_trial(1, TrialStatus.succeeded, None)], objective=None)
+    )
+    assert "step" not in no_steps[1]
+    assert render.status_text(TrialStatus.pruned).style == render.STATUS_STYLES["pruned"]
 
 
 def test_piped_output_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:

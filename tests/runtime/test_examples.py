@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .support import EXAMPLES, ReportServer, gpumux_lines, run_python, trial_env
+from .support import EXAMPLES, TIMEOUT_S, ReportServer, gpumux_lines, run_python, trial_env
 
 
 @pytest.mark.slow
@@ -21,7 +25,7 @@ def test_digits_keras_is_measured_without_knowing_gpumux(
     assert result.returncode == 0, result.stdout
     assert result.stdout.splitlines()[-1].startswith("final val_loss=")
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 1437.0), (2, 1437.0)]
+    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 1437.0), (1, 1437.0)]
     assert epochs[-1]["metrics"]["val_accuracy"] > 0.5
 
 
@@ -33,7 +37,7 @@ def test_cifar_cnn_is_measured(report_server: ReportServer, tmp_path: Path) -> N
 
     assert result.returncode == 0, result.stdout
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["epoch"], r["samples"]) for r in epochs] == [(1, 256.0)]
+    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 256.0)]
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= epochs[0]["metrics"].keys()
 
 
@@ -51,14 +55,45 @@ def test_torch_mlp_reports_training_then_validation(
     assert result.returncode == 0, result.stdout
     assert "gpumux: torch: CPU device, 1 thread(s) (split 2)" in result.stdout
     reports = report_server.reports
-    assert [(r["kind"], r["samples"], sorted(r["metrics"])) for r in reports] == [
-        ("manual", None, []),
-        ("manual", 1438.0, ["loss"]),
-        ("manual", None, ["val_accuracy", "val_loss"]),
-        ("manual", 1438.0, ["loss"]),
-        ("manual", None, ["val_accuracy", "val_loss"]),
+    assert [(r["kind"], r["step"], r["samples"], sorted(r["metrics"])) for r in reports] == [
+        ("manual", None, None, []),
+        ("manual", None, 1438.0, ["loss"]),
+        ("manual", 0, None, ["val_accuracy", "val_loss"]),
+        ("manual", None, 1438.0, ["loss"]),
+        ("manual", 1, None, ["val_accuracy", "val_loss"]),
     ]
     assert all(r["seconds"] > 0 for r in reports)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="PyTorch is not installed here (pip install torch); torch_mlp.py needs it",
+)
+def test_torch_mlp_stopped_by_gpumux_ends_after_its_epoch(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    args = [str(EXAMPLES / "torch_mlp.py"), "--epochs=1000", "--width=32", "--batch_size=64"]
+    trial = subprocess.Popen(
+        [sys.executable, *args],
+        env=trial_env(report_server.url),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(r["step"] is not None for r in report_server.reports):
+        assert trial.poll() is None, "the trial ended before it was stopped"
+        assert time.monotonic() < deadline, "no epoch reported"
+        time.sleep(0.05)
+
+    trial.send_signal(signal.SIGTERM)  # as gpumux's supervisor stops a trial
+    output, _ = trial.communicate(timeout=TIMEOUT_S)
+
+    assert trial.returncode == 0, output
+    epoch = output.splitlines()[-2].removeprefix("stopped by gpumux after epoch ")
+    assert 1 <= int(epoch) < 1000, output
+    assert output.splitlines()[-1].startswith("final val_loss=")
 
 
 def test_noop_trial_runs_and_says_nothing(report_server: ReportServer, tmp_path: Path) -> None:

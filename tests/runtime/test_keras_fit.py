@@ -32,7 +32,7 @@ def test_unmodified_keras_script_is_capped_and_measured(
     assert "script: inter-op threads 1" in lines
     # The process has exited, so its exit flush has delivered everything it sent.
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert [r["step"] for r in epochs] == [0, 1]
     for report in epochs:
         assert report["trial_id"] == 7
         assert report["attempt"] == 2
@@ -87,10 +87,10 @@ def test_callback_reports_each_sample_once_across_heartbeats_and_epoch_end(
     callback.on_train_batch_end(2, {"loss": 0.8})  # steps_per_execution=2: batch 1 is skipped
     callback.on_epoch_end(0, {"loss": 0.7, "val_loss": 0.9})
 
-    assert [(r["kind"], r["epoch"], r["samples"], r["metrics"]) for r in sent] == [
-        ("batch", 1, 64.0, {"loss": 1.0}),
-        ("batch", 1, 86.0, {"loss": 0.8}),
-        ("epoch", 1, 0.0, {"loss": 0.7, "val_loss": 0.9}),
+    assert [(r["kind"], r["step"], r["samples"], r["metrics"]) for r in sent] == [
+        ("batch", None, 64.0, {"loss": 1.0}),
+        ("batch", None, 86.0, {"loss": 0.8}),
+        ("epoch", 0, 0.0, {"loss": 0.7, "val_loss": 0.9}),
     ]
     assert sum(r["samples"] for r in sent) == 150
     assert all(r["seconds"] >= 0 for r in sent)

@@ -31,7 +31,7 @@ def test_report_is_posted_with_the_token(report_server: ReportServer) -> None:
 
     reporter.submit(
         kind="epoch",
-        epoch=1,
+        step=1,
         samples=1437,
         seconds=0.5,
         metrics={"loss": np.float32(0.25), "accuracy": 1, "val_loss": math.nan},
@@ -46,7 +46,7 @@ def test_report_is_posted_with_the_token(report_server: ReportServer) -> None:
                 "trial_id": 7,
                 "attempt": 2,
                 "kind": "epoch",
-                "epoch": 1,
+                "step": 1,
                 "samples": 1437.0,
                 "seconds": 0.5,
                 "metrics": {"loss": 0.25, "accuracy": 1.0},
@@ -59,7 +59,7 @@ def test_report_is_posted_with_the_token(report_server: ReportServer) -> None:
 def test_report_over_a_unix_socket(unix_report_server: ReportServer) -> None:
     reporter = make_reporter(unix_report_server.url)
 
-    reporter.submit(kind="manual", epoch=None, samples=None, seconds=1.0, metrics={"loss": 2})
+    reporter.submit(kind="manual", step=None, samples=None, seconds=1.0, metrics={"loss": 2})
 
     assert reporter.flush(timeout=30)
     assert [r["body"]["metrics"] for r in unix_report_server.requests] == [{"loss": 2.0}]
@@ -86,7 +86,7 @@ def test_refusing_daemon_drops_and_counts_with_one_warning(
     reporter = make_reporter(report_server.url)
 
     for _ in range(3):
-        reporter.submit(kind="manual", epoch=None, samples=1, seconds=1, metrics={})
+        reporter.submit(kind="manual", step=None, samples=1, seconds=1, metrics={})
 
     assert reporter.flush(timeout=30)
     assert (reporter.delivered, reporter.dropped) == (0, 3)
@@ -101,7 +101,7 @@ def test_refusing_daemon_drops_and_counts_with_one_warning(
 def test_unusable_url_is_one_warning(capsys: pytest.CaptureFixture[str]) -> None:
     reporter = make_reporter("ftp://127.0.0.1/")
 
-    reporter.submit(kind="manual", epoch=None, samples=1, seconds=1, metrics={})
+    reporter.submit(kind="manual", step=None, samples=1, seconds=1, metrics={})
 
     assert reporter.flush(timeout=30)
     assert reporter.dropped == 1

@@ -70,8 +70,10 @@ function scale(values, range, options) {
   return { map, ticks: linearTicks(lo, hi, options.ticks || 5, options.integer), label: fmtTick };
 }
 
-// series: [{name, cls, line, points: [{x, y, title, href, cls, highlight}]}]; x.categories
-// places x values evenly in that order; x.log and y.log use log10 axes.
+// series: [{cls, line, dots, title, href, key, points}], a point {x, y, title, href, cls,
+// highlight, mark}. A line's title and href are its tooltip and link, its key its data-series
+// attribute; with dots: false only the highlighted and marked points get a dot.
+// x.categories places x values evenly in that order; x.log and y.log use log10 axes.
 export function chart({ series, x = {}, y = {}, markers = [], width = 440, height = 250 }) {
   const points = series.flatMap((s) => s.points);
   const root = svg("svg", {
@@ -138,18 +140,20 @@ export function chart({ series, x = {}, y = {}, markers = [], width = 440, heigh
   series.forEach((s, index) => {
     const cls = s.cls || `s${index % 4}`;
     if (s.line && s.points.length > 1) {
-      const path = s.points
+      const d = s.points
         .map((p, i) => `${i ? "L" : "M"}${xs.map(p.x).toFixed(1)} ${ys.map(p.y).toFixed(1)}`)
         .join(" ");
-      root.append(svg("path", { class: `series-line ${cls}`, d: path }));
+      const path = svg("path", { class: `series-line ${cls}`, d, "data-series": s.key }, s.title ? svg("title", null, s.title) : null);
+      root.append(s.href ? svg("a", { href: s.href }, path) : path);
     }
     // A long series reads better as a line alone; its points stay hoverable on short ones.
-    const dots = !s.line || s.points.length <= MAX_DOTS ? s.points : s.points.filter((p) => p.highlight);
+    const all = s.dots !== false && (!s.line || s.points.length <= MAX_DOTS);
+    const dots = all ? s.points : s.points.filter((p) => p.highlight || p.mark);
     for (const p of dots) {
       const dot = svg(
         "circle",
         {
-          class: `dot ${p.cls || cls}${p.highlight ? " highlight" : ""}`,
+          class: `dot ${p.cls || cls}${p.highlight ? " highlight" : ""}${p.mark ? " mark" : ""}`,
           cx: xs.map(p.x).toFixed(1),
           cy: ys.map(p.y).toFixed(1),
           r: p.highlight ? 5.5 : 3.5,

@@ -1,7 +1,7 @@
 // Building the page: elements from data as text, never as markup; formatting; status colours.
 
-export const FINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
-export const STATUSES = ["succeeded", "failed", "lost", "cancelled", "running", "starting", "queued"];
+export const FINAL = new Set(["succeeded", "pruned", "failed", "cancelled", "lost"]);
+export const STATUSES = ["succeeded", "pruned", "failed", "lost", "cancelled", "running", "starting", "queued"];
 const SWEEP_STATUSES = new Set(["queued", "running", "finished", "cancelled"]);
 const SVG_NS = "http://www.w3.org/2000/svg";
 
@@ -110,6 +110,17 @@ export function seconds(from, to) {
 }
 
 // ---------------------------------------------------------------- progress
+
+// The trials that exist: all of a sweep's, or those an adaptive search has asked so far.
+export function askedCount(sweep) {
+  return Object.values(sweep.counts).reduce((sum, count) => sum + count, 0);
+}
+
+// How many trials the sweep will have run: its trial_count (an adaptive search's budget)
+// while it runs, the trials it asked once it ended (cancelled short of its budget, say).
+export function sweepTotal(sweep) {
+  return sweep.status === "finished" || sweep.status === "cancelled" ? askedCount(sweep) : sweep.trial_count;
+}
 
 export function progress(counts, total) {
   const done = [...FINAL].reduce((sum, status) => sum + (counts[status] || 0), 0);

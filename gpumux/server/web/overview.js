@@ -15,6 +15,7 @@ import {
   replace,
   seconds,
   sweepHref,
+  sweepTotal,
   trialHref,
 } from "./dom.js";
 
@@ -93,7 +94,7 @@ function sweepsTable(sweeps) {
       h("td", { class: "num" }, link(sweepHref(sweep.id), String(sweep.id))),
       h("td", { class: "cmd", title: sweep.command.join(" ") }, sweepTitle(sweep)),
       h("td", null, badge(sweep.status, "sweep-status")),
-      h("td", null, progress(sweep.counts, sweep.trial_count)),
+      h("td", null, progress(sweep.counts, sweepTotal(sweep))),
       h("td", null, sweep.objective || "—"),
       h("td", { class: "num" }, String(sweep.split)),
       h("td", null, sweep.owner),

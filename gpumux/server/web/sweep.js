@@ -1,8 +1,11 @@
-// A sweep: its progress, the split search, the objective against each parameter, its trials.
+// A sweep: its progress, the split search, the objective against each parameter, every
+// trial's learning curve, its trials.
 
 import { PAGE, api } from "./api.js";
 import { chart, figure } from "./chart.js";
 import {
+  FINAL,
+  askedCount,
   badge,
   facts,
   fmtDuration,
@@ -18,11 +21,14 @@ import {
   seconds,
   statusClass,
   sweepHref,
+  sweepTotal,
   trialHref,
 } from "./dom.js";
 
 const MAX_TRIALS = 10000;
 const MAX_ROWS = 2000;
+// Learning curves drawn at most: each costs its trial's reports, fetched once it has ended.
+const MAX_CURVES = 40;
 
 function paramNames(sweep, trials) {
   const names = [];
@@ -52,6 +58,7 @@ function trialsTable(sweep, trials, names, sort, onSort) {
     { key: "status", label: "status", value: (t) => t.status, cell: (t) => badge(t.status) },
     ...names.map((name) => ({ key: "p:" + name, label: name, num: true, value: (t) => t.params[name], cell: (t) => fmtValue(t.params[name]) })),
     { key: "objective", label: sweep.objective ? `objective (${sweep.objective})` : "objective", num: true, value: (t) => t.objective },
+    { key: "step", label: "step", num: true, value: (t) => t.step },
     { key: "samples_per_s", label: "samples/s", num: true, value: (t) => t.samples_per_s },
     { key: "duration", label: "duration", num: true, value: (t) => seconds(t.started_at, t.ended_at), cell: (t) => fmtDuration(seconds(t.started_at, t.ended_at)) },
     { key: "device", label: "device", value: (t) => t.device },
@@ -180,6 +187,101 @@ function splitSearch(sweep) {
   return h("div", null, sweep.profiles.map((profile) => profileBlock(profile, false)));
 }
 
+function trialsFact(sweep) {
+  if (sweep.search && sweep.search !== "grid" && sweep.search !== "random") {
+    return `${askedCount(sweep)} of ${sweep.trial_count} asked (${sweep.search}, seed ${sweep.seed})`;
+  }
+  return sweep.search === "random" ? `${sweep.trial_count} random (seed ${sweep.seed})` : `${sweep.trial_count} (grid)`;
+}
+
+// The trials whose learning curves are drawn: those that reported a step, the best first,
+// then by objective; no more than MAX_CURVES.
+function curveTrials(sweep, trials) {
+  const stepped = trials.filter((t) => t.step !== null && t.step !== undefined);
+  const bestId = sweep.best ? sweep.best.id : null;
+  const sign = sweep.objective && sweep.objective.endsWith(":max") ? -1 : 1;
+  const rank = (t) => (t.id === bestId ? 0 : typeof t.objective === "number" ? 1 : 2);
+  const ranked = [...stepped].sort(
+    (a, b) => rank(a) - rank(b) || (rank(a) === 1 ? sign * (a.objective - b.objective) : 0) || a.number - b.number,
+  );
+  return { chosen: ranked.slice(0, MAX_CURVES), reporting: stepped.length };
+}
+
+// Each drawn trial's reports, kept between refreshes: they only grow, so a refresh asks for
+// those after the last one seen, and none once the trial has ended.
+async function fetchReports(cache, trials) {
+  const wanted = new Set(trials.map((t) => t.id));
+  for (const id of cache.keys()) if (!wanted.has(id)) cache.delete(id);
+  await Promise.all(
+    trials.map(async (t) => {
+      const entry = cache.get(t.id) || { reports: [], complete: false };
+      cache.set(t.id, entry);
+      if (entry.complete) return;
+      for (;;) {
+        const page = await api(`trials/${t.id}/reports`, { offset: entry.reports.length, limit: PAGE });
+        entry.reports.push(...page.data);
+        if (page.data.length < PAGE) break;
+      }
+      // Reports come only while a trial runs: once it has ended, these are all of them.
+      entry.complete = FINAL.has(t.status);
+    }),
+  );
+}
+
+// The objective at each step the trial's current attempt reported (a step sent twice: the last).
+function curvePoints(trial, reports, metric) {
+  const byStep = new Map();
+  for (const r of reports) {
+    if (r.attempt === trial.attempt && r.step !== null && typeof r.metrics[metric] === "number") {
+      byStep.set(r.step, r.metrics[metric]);
+    }
+  }
+  return [...byStep.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y }));
+}
+
+// One line per trial: the objective against the step; pruned trials dashed, ending in a dot;
+// the best trial thick, drawn last.
+function learningCurves(sweep, { chosen, reporting, reports }) {
+  if (!sweep.objective) {
+    return h("div", { class: "muted" }, "this sweep has no --objective: no curve to draw");
+  }
+  const metric = sweep.objective.split(":")[0];
+  if (!reporting) {
+    return h("div", { class: "muted" }, `no trial has reported ${metric} at a step yet`);
+  }
+  const bestId = sweep.best ? sweep.best.id : null;
+  const series = [];
+  for (const t of chosen) {
+    const points = curvePoints(t, reports.get(t.id)?.reports || [], metric);
+    if (!points.length) continue;
+    const end = points[points.length - 1];
+    end.mark = t.status === "pruned" || points.length === 1;
+    for (const p of points) p.title = `trial ${t.id} (${t.status}): ${metric} = ${fmtNum(p.y)} at step ${p.x}`;
+    const pruned = t.status === "pruned" ? `, pruned at step ${end.x}` : "";
+    series.push({
+      line: true,
+      dots: false,
+      key: t.id,
+      href: trialHref(t.id),
+      title: `trial ${t.id} (${t.status}${pruned})`,
+      cls: `curve ${statusClass(t.status)}${t.id === bestId ? " best" : ""}`,
+      points,
+    });
+  }
+  series.sort((a, b) => (a.key === bestId) - (b.key === bestId));
+  const shown =
+    reporting > chosen.length
+      ? `the best ${chosen.length} of the ${reporting} trials that reported steps (the others are not fetched)`
+      : `every trial that reported steps (${reporting})`;
+  const node = figure(
+    `${metric} against step`,
+    chart({ series, x: { label: "step", integer: true }, y: { label: metric }, width: 880, height: 320 }),
+    `${shown}; dashed, ending in a dot: pruned; thick: the best trial`,
+  );
+  node.classList.add("curves");
+  return node;
+}
+
 async function allTrials(id) {
   const trials = [];
   let count = Infinity;
@@ -195,9 +297,10 @@ async function allTrials(id) {
 export function sweepView(id) {
   const root = h("div", null, h("div", { class: "message" }, "loading…"));
   const sort = { key: "number", descending: false };
+  const reports = new Map();
   let last = null;
   function render() {
-    const { sweep, trials, count } = last;
+    const { sweep, trials, count, curves } = last;
     const names = paramNames(sweep, trials);
     const best = sweep.best;
     const table = h("div");
@@ -215,12 +318,13 @@ export function sweepView(id) {
         { class: "columns" },
         panel(
           null,
-          progress(sweep.counts, sweep.trial_count),
+          progress(sweep.counts, sweepTotal(sweep)),
           legend(sweep.counts),
           facts([
             ["command", h("code", null, sweep.command.join(" "))],
             ["parameters", h("code", null, sweep.params.join(" ") || "—")],
-            ["trials", sweep.trials ? `${sweep.trial_count} random (seed ${sweep.seed})` : `${sweep.trial_count} (grid)`],
+            ["trials", trialsFact(sweep)],
+            ["pruner", sweep.prune && sweep.prune !== "none" ? sweep.prune : null],
             ["objective", sweep.objective || "—"],
             ["time limit", sweep.time_limit_s ? fmtDuration(sweep.time_limit_s) : null],
             ["directory", h("code", null, sweep.workdir)],
@@ -245,6 +349,7 @@ export function sweepView(id) {
         panel(`Split search (split ${sweep.split})`, splitSearch(sweep)),
       ),
       panel("Objective against each parameter", objectiveCharts(sweep, trials, names)),
+      panel("Learning curves", learningCurves(sweep, curves)),
       panel(`Trials (${count})`, count > trials.length ? h("div", { class: "small muted" }, `the first ${trials.length} loaded`) : null, table),
     );
   }
@@ -255,7 +360,9 @@ export function sweepView(id) {
         return false;
       }
       const [sweep, { trials, count }] = await Promise.all([api(`sweeps/${id}`), allTrials(id)]);
-      last = { sweep, trials, count };
+      const { chosen, reporting } = curveTrials(sweep, trials);
+      await fetchReports(reports, chosen);
+      last = { sweep, trials, count, curves: { chosen, reporting, reports } };
       render();
       return true;
     },

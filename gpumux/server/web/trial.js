@@ -37,7 +37,7 @@ function metricCharts(trial, reports) {
   const rated = current.filter((r) => r.samples_per_s !== null);
   if (rated.length) {
     figures.push(figure("samples/s", chart({
-      series: [{ line: true, points: rated.map((r) => ({ x: when(r), y: r.samples_per_s, title: `${fmtNum(r.samples_per_s)} samples/s (${r.kind}${r.epoch !== null ? " " + r.epoch : ""})` })) }],
+      series: [{ line: true, points: rated.map((r) => ({ x: when(r), y: r.samples_per_s, title: `${fmtNum(r.samples_per_s)} samples/s (${r.kind}${r.step !== null ? ", step " + r.step : ""})` })) }],
       x,
       y: { label: "samples/s", zero: true },
     })));
@@ -45,7 +45,7 @@ function metricCharts(trial, reports) {
   names.forEach((name, index) => {
     const points = current
       .filter((r) => typeof r.metrics[name] === "number")
-      .map((r) => ({ x: when(r), y: r.metrics[name], title: `${name} = ${fmtNum(r.metrics[name])}${r.epoch !== null ? " (epoch " + r.epoch + ")" : ""}` }));
+      .map((r) => ({ x: when(r), y: r.metrics[name], title: `${name} = ${fmtNum(r.metrics[name])}${r.step !== null ? " (step " + r.step + ")" : ""}` }));
     figures.push(figure(name, chart({ series: [{ line: true, cls: `s${(index + 1) % 4}`, points }], x, y: { label: name } })));
   });
   const earlier = reports.length - current.length;
@@ -85,6 +85,7 @@ export function trialView(id) {
           facts([
             [sweep.objective ? `objective (${sweep.objective})` : "objective", fmtNum(trial.objective)],
             ["samples/s", fmtNum(trial.samples_per_s)],
+            [trial.status === "pruned" ? "pruned at step" : "last step", trial.step],
             ["device", trial.device],
             ["slot / split", trial.slot !== null ? `${trial.slot} of ${trial.split}` : null],
             ["memory slice", trial.memory_limit_mb ? fmtMb(trial.memory_limit_mb) : null],

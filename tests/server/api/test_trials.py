@@ -85,7 +85,7 @@ def report(trial_id: int, attempt: int = 1) -> dict[str, object]:
         "trial_id": trial_id,
         "attempt": attempt,
         "kind": "epoch",
-        "epoch": 0,
+        "step": 0,
         "samples": 500,
         "seconds": 2,
         "metrics": {"loss": 0.25},

@@ -1,0 +1,102 @@
+"""Report lines the daemon read from a trial's log, recorded like the reports a trial sends."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from builders import stored_sweep
+
+from gpumux.schemas import ReportIn
+from gpumux.status import TrialStatus
+from gpumux.storage import reports as report_store
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial
+
+
+def running_trial(sessions: Sessions, tmp_path: Path) -> int:
+    """A running trial of a sweep whose objective is val_loss, on the CPU device, attempt 2."""
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        store.set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.starting,
+            token_hash=store.token_hash("secret"),
+            attempt=2,
+            device="cpu",
+        )
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        return trial.id
+
+
+def the_trial(sessions: Sessions, trial_id: int) -> Trial:
+    with sessions.read() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        return trial
+
+
+def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_path: Path) -> None:
+    trial_id = running_trial(sessions, tmp_path)
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        report_in = ReportIn(trial_id=trial_id, attempt=2, kind="manual", samples=100, seconds=4)
+        report_store.add_report(session=session, trial=trial, token="secret", report_in=report_in)
+        line = report_store.add_line_report(
+            session=session, trial=trial, step=3, samples=512.0, metrics={"val_loss": 0.41}
+        )
+        assert line.at == trial.last_report_at
+
+    trial = the_trial(sessions, trial_id)
+    assert (trial.step, trial.objective) == (3, 0.41)
+    assert trial.samples_per_s == 25, "a line has no interval: the last measured rate stays"
+    with sessions.read() as session:
+        reports, count = report_store.list_reports(session=session, trial_id=trial_id)
+        stored = reports[-1]
+        assert count == 2
+        assert (stored.kind, stored.attempt, stored.step, stored.samples) == ("line", 2, 3, 512)
+        assert (stored.seconds, stored.samples_per_s) == (None, None)
+        assert stored.metrics == {"val_loss": 0.41}
+        # The split search counts a line's samples in its windows like any report's.
+        window = (reports[0].at - timedelta(seconds=1), stored.at)
+        total = report_store.samples_reported(
+            session=session, device="cpu", start=window[0], end=window[1]
+        )
+        assert total == 612
+
+
+def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_path: Path) -> None:
+    trial_id = running_trial(sessions, tmp_path)
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        report_store.add_line_report(
+            session=session, trial=trial, step=1, samples=None, metrics={"val_loss": 0.5}
+        )
+        report_store.add_line_report(
+            session=session, trial=trial, step=None, samples=None, metrics={"loss": 0.1}
+        )
+
+    trial = the_trial(sessions, trial_id)
+    assert (trial.step, trial.objective, trial.samples_per_s) == (1, 0.5, None)
+
+
+def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # The daemon may read the end of the log after it recorded the exit.
+    trial_id = running_trial(sessions, tmp_path)
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
+        report_store.add_line_report(
+            session=session, trial=trial, step=9, samples=None, metrics={"val_loss": 0.2}
+        )
+
+    trial = the_trial(sessions, trial_id)
+    assert (trial.status, trial.step, trial.objective) == (TrialStatus.succeeded, 9, 0.2)
