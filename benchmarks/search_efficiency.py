@@ -189,9 +189,9 @@ def measured(
         if "val_loss" in r["metrics"]
     )
     curve: list[tuple[float, float]] = []
-    for seconds, value in points:
+    for at, value in points:
         if not curve or value < curve[-1][1]:
-            curve.append((seconds, value))
+            curve.append((at, value))
     finals = [
         r["objective"] for r in rows if r["status"] == "succeeded" and r["objective"] is not None
     ]
