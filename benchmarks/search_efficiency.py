@@ -27,26 +27,21 @@ import argparse
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gpumux import tokenfile
+# Run as a script, its folder is on the path: the same daemon as the makespan benchmark's.
+from sweep_makespan import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/digits_mlp.py"
@@ -100,44 +95,6 @@ def variants_for(budget: int, seed: int) -> list[Variant]:
         Variant("tpe", {**sampled, "search": "tpe"}),
         Variant("tpe + asha", {**sampled, "search": "tpe", "prune": ASHA}),
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def daemon(home: Path) -> Iterator[httpx.Client]:
-    """`gpumux serve` on `home`, and a client of it."""
-    port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
-    with open(home / "serve.log", "a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--home", str(home)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        client.get("/health").raise_for_status()
-                        break
-                    except httpx.TransportError as error:
-                        if process.poll() is not None or time.monotonic() > deadline:
-                            raise SystemExit(
-                                f"serve did not start; see {home}/serve.log"
-                            ) from error
-                        time.sleep(0.1)
-                client.headers["Authorization"] = f"Bearer {tokenfile.daemon_token(home)}"
-                yield client
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=120)
 
 
 def run_sweep(home: Path, variant: Variant, epochs: int, target: float) -> Run:
