@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
-from gpumux.schemas import SweepCreate
-from gpumux.status import SearchMethod
+from gpumux.schemas import SweepCreate, SweepPublic, TrialPublic
+from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep
@@ -70,6 +71,76 @@ def stored_sweep(
         trial_params=[{"x": i} for i in range(1, n + 1)],
         prune=fields.get("prune"),
     )
+
+
+def sweep_public(**fields: Any) -> SweepPublic:
+    """A sweep as the API answers one (ada's, running, a grid), with `fields` instead."""
+    values: dict[str, Any] = dict(
+        id=3,
+        name=None,
+        owner="ada",
+        status=SweepStatus.running,
+        command=["python", "train.py"],
+        params=["lr=1e-4..1e-1"],
+        workdir="/tmp",
+        trials=None,
+        seed=11,
+        split="auto",
+        objective="val_loss:min",
+        time_limit_s=None,
+        trial_count=2,
+        cancel_requested=False,
+        created_at=datetime.now(UTC),
+        finished_at=None,
+        counts={},
+    )
+    return SweepPublic.model_validate(values | fields)
+
+
+def trial_public(**fields: Any) -> TrialPublic:
+    """A trial as the API answers one (trial 1 of sweep 3, succeeded on the CPU now), with
+    `fields` instead."""
+    now = datetime.now(UTC)
+    values: dict[str, Any] = dict(
+        id=1,
+        sweep_id=3,
+        number=1,
+        params={},
+        status=TrialStatus.succeeded,
+        attempt=1,
+        device="cpu",
+        slot=0,
+        split=2,
+        memory_limit_mb=None,
+        cpu_threads=1,
+        pid=None,
+        queued_at=now,
+        started_at=now,
+        ended_at=now,
+        exit_code=None,
+        signal=None,
+        error=None,
+        objective=None,
+        samples_per_s=None,
+        last_report_at=None,
+    )
+    return TrialPublic.model_validate(values | fields)
+
+
+def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int:
+    """The one trial of a stored sweep ranked by val_loss, running with the report token
+    "secret" (and `fields`, e.g. its attempt); its id."""
+    sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
+    trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+    store.set_trial_status(
+        session=session,
+        trial=trial,
+        status=TrialStatus.starting,
+        token_hash=store.token_hash("secret"),
+        **fields,
+    )
+    store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    return trial.id
 
 
 def adaptive_sweep(

@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 import pytest
-from builders import daemon_token
+from builders import daemon_token, sweep_public, trial_public
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -65,29 +65,18 @@ def local(moment: datetime) -> datetime:
     return moment.astimezone().replace(tzinfo=None)
 
 
-def sweep_public(params: list[str], **fields: Any) -> SweepPublic:
+def a_sweep(params: list[str], **fields: Any) -> SweepPublic:
     values: dict[str, Any] = dict(
         id=4,
-        name=None,
-        owner="ada",
-        status=SweepStatus.running,
-        command=["python", "train.py"],
         params=params,
-        workdir="/tmp",
-        trials=None,
         search=SearchMethod.grid,
         seed=7,
         split=2,
         objective="loss:min",
-        time_limit_s=None,
         trial_count=10,
-        cancel_requested=False,
         created_at=T0,
-        finished_at=None,
-        counts={},
     )
-    values.update(fields)
-    return SweepPublic.model_validate(values)
+    return sweep_public(**(values | fields))
 
 
 def trial(number: int, status: TrialStatus, params: dict[str, Any], **fields: Any) -> TrialPublic:
@@ -98,25 +87,11 @@ def trial(number: int, status: TrialStatus, params: dict[str, Any], **fields: An
         number=number,
         params=params,
         status=status,
-        attempt=1,
-        device="cpu",
-        slot=0,
-        split=2,
-        memory_limit_mb=None,
-        cpu_threads=1,
-        pid=None,
         queued_at=T0,
         started_at=at(number),
         ended_at=at(number + 10) if status.is_final else None,
-        exit_code=None,
-        signal=None,
-        error=None,
-        objective=None,
-        samples_per_s=None,
-        last_report_at=None,
     )
-    values.update(fields)
-    return TrialPublic.model_validate(values)
+    return trial_public(**(values | fields))
 
 
 def report(step: int | None, attempt: int = 1, **metrics: float) -> ReportPublic:
@@ -133,7 +108,7 @@ def report(step: int | None, attempt: int = 1, **metrics: float) -> ReportPublic
 
 
 def test_each_status_becomes_the_optuna_state_of_the_same_meaning() -> None:
-    sweep = sweep_public(["x=1..3", "opt=adam,sgd", "tag=demo"])
+    sweep = a_sweep(["x=1..3", "opt=adam,sgd", "tag=demo"])
     p = {"x": 2, "opt": "adam", "tag": "demo"}
     trials = [
         trial(0, TrialStatus.succeeded, p, objective=0.25, exit_code=0, samples_per_s=80.0),
@@ -203,24 +178,24 @@ def test_each_status_becomes_the_optuna_state_of_the_same_meaning() -> None:
 
 def test_a_random_search_draws_over_the_whole_range_of_a_gridded_one() -> None:
     # :5 names grid points, but a random search draws anywhere between the ends.
-    sweep = sweep_public(["lr=1e-3..1e-1:5"], search=SearchMethod.random, trials=3)
+    sweep = a_sweep(["lr=1e-3..1e-1:5"], search=SearchMethod.random, trials=3)
     drawn = trial(0, TrialStatus.succeeded, {"lr": 0.0123456789}, objective=0.5)
     (frozen,) = study_trials(sweep, [drawn], {})
     assert frozen.distributions == {"lr": FloatDistribution(1e-3, 1e-1, log=True)}
-    grid = sweep_public(["lr=1e-3..1e-1:3"])
+    grid = a_sweep(["lr=1e-3..1e-1:3"])
     (point,) = study_trials(grid, [trial(0, TrialStatus.succeeded, {"lr": 0.01}, objective=1)], {})
     assert point.distributions == {"lr": CategoricalDistribution((0.001, 0.01, 0.1))}
 
 
 def test_a_sweep_without_an_objective_is_refused() -> None:
-    sweep = sweep_public(["x=1..3"], objective=None)
+    sweep = a_sweep(["x=1..3"], objective=None)
     with pytest.raises(CliError, match="sweep 4 has no objective") as refused:
         study_trials(sweep, [trial(0, TrialStatus.succeeded, {"x": 1})], {})
     assert refused.value.exit_code == 2
 
 
 def test_a_value_outside_its_distribution_names_the_trial() -> None:
-    sweep = sweep_public(["x=1..3"])
+    sweep = a_sweep(["x=1..3"])
     with pytest.raises(CliError, match="trial 100 cannot be written as an Optuna trial"):
         study_trials(sweep, [trial(0, TrialStatus.succeeded, {"x": 7}, objective=1.0)], {})
 

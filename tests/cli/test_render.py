@@ -4,12 +4,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from builders import sweep_public, trial_public
 from rich.console import Console, RenderableType
 
 from gpumux.cli import render
 from gpumux.cli.state import PIPE_WIDTH, make_console
 from gpumux.schemas import ProfilePublic, SweepPublic, TrialPublic
-from gpumux.status import SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import SearchMethod, TrialStatus
 from gpumux.throughput import CurvePoint
 
 
@@ -46,53 +47,16 @@ def test_the_split_search_line_shows_the_curve_and_the_decision() -> None:
 
 
 def a_sweep(**fields: Any) -> SweepPublic:
-    values: dict[str, Any] = dict(
-        id=3,
-        name=None,
-        owner="ada",
-        status=SweepStatus.running,
-        command=["python", "train.py"],
-        params=["lr=1e-4..1e-1"],
-        workdir="/tmp",
-        trials=None,
-        seed=11,
-        split="auto",
-        objective="val_loss:min",
-        time_limit_s=None,
-        trial_count=2,
-        cancel_requested=False,
-        created_at=datetime.now(UTC),
-        finished_at=None,
-        counts={TrialStatus.succeeded: 2},
-    )
-    values.update(fields)
-    return SweepPublic.model_validate(values)
+    return sweep_public(**({"counts": {TrialStatus.succeeded: 2}} | fields))
 
 
 def a_trial(number: int, status: TrialStatus, step: int | None) -> TrialPublic:
-    now = datetime.now(UTC)
-    return TrialPublic(
+    return trial_public(
         id=number,
-        sweep_id=3,
         number=number,
         params={"lr": 0.001 * number},
         status=status,
-        attempt=1,
-        device="cpu",
-        slot=0,
-        split=2,
-        memory_limit_mb=None,
-        cpu_threads=1,
-        pid=None,
-        queued_at=now,
-        started_at=now,
-        ended_at=now,
-        exit_code=None,
-        signal=None,
-        error=None,
         objective=0.5,
-        samples_per_s=None,
-        last_report_at=None,
         step=step,
     )
 

@@ -135,12 +135,7 @@ def test_a_finished_trial_is_told_to_the_study_before_the_next_ask(
 def test_the_pruner_stops_a_trial_worse_than_the_median_at_its_step(
     sessions: Sessions, tmp_path: Path
 ) -> None:
-    with sessions.write.begin() as session:
-        sweep_id = stored_sweep(
-            session, tmp_path, 3, objective="loss:min", prune="median:n_startup_trials=1"
-        ).id
-        trials = store.list_trials(session=session, sweep_id=sweep_id)[0]
-        good, bad, fair = (t.id for t in trials)
+    sweep_id, (good, bad, fair) = median_pruned(sessions, tmp_path, 3)
     for step in range(3):
         report(sessions, good, step, 1.0 / (step + 1))
     end(sessions, good, TrialStatus.succeeded, 1 / 3)
@@ -160,11 +155,7 @@ def test_the_pruner_stops_a_trial_worse_than_the_median_at_its_step(
 def test_a_step_whose_objective_comes_in_a_later_report_is_still_judged(
     sessions: Sessions, tmp_path: Path
 ) -> None:
-    with sessions.write.begin() as session:
-        sweep_id = stored_sweep(
-            session, tmp_path, 2, objective="val_loss:min", prune="median:n_startup_trials=1"
-        ).id
-        good, bad = (t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0])
+    sweep_id, (good, bad) = median_pruned(sessions, tmp_path, 2, objective="val_loss:min")
     report(sessions, good, 0, 1.0, metric="val_loss")
     end(sessions, good, TrialStatus.succeeded, 1.0)
     end_running(sessions, bad)
@@ -179,11 +170,7 @@ def test_a_step_whose_objective_comes_in_a_later_report_is_still_judged(
 def test_after_a_restart_the_pruner_judges_a_running_trials_steps_in_order(
     sessions: Sessions, tmp_path: Path
 ) -> None:
-    with sessions.write.begin() as session:
-        sweep_id = stored_sweep(
-            session, tmp_path, 2, objective="loss:min", prune="median:n_startup_trials=1"
-        ).id
-        good, late = (t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0])
+    sweep_id, (good, late) = median_pruned(sessions, tmp_path, 2)
     for step, loss in enumerate([1.0, 1.0, 0.1, 0.1]):
         report(sessions, good, step, loss)
     end(sessions, good, TrialStatus.succeeded, 0.1)
@@ -194,6 +181,18 @@ def test_after_a_restart_the_pruner_judges_a_running_trials_steps_in_order(
     for step, loss in enumerate([0.9, 0.9, 0.5, 0.5]):
         report(sessions, late, step, loss)
     assert prune(Studies(), sessions, sweep_id) == [(late, 2)]
+
+
+def median_pruned(
+    sessions: Sessions, tmp_path: Path, n: int, *, objective: str = "loss:min"
+) -> tuple[int, list[int]]:
+    """A grid sweep of `n` trials pruned by the median of one finished trial; its trial ids."""
+    with sessions.write.begin() as session:
+        sweep_id = stored_sweep(
+            session, tmp_path, n, objective=objective, prune="median:n_startup_trials=1"
+        ).id
+        trials = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        return sweep_id, [trial.id for trial in trials]
 
 
 def end_running(sessions: Sessions, trial_id: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from builders import stored_sweep
+from builders import stored_running_trial
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TrialStatus
@@ -18,18 +18,7 @@ from gpumux.storage.models import Trial
 def running_trial(sessions: Sessions, tmp_path: Path) -> int:
     """A running trial of a sweep whose objective is val_loss, on the CPU device, attempt 2."""
     with sessions.write.begin() as session:
-        sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.starting,
-            token_hash=store.token_hash("secret"),
-            attempt=2,
-            device="cpu",
-        )
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
-        return trial.id
+        return stored_running_trial(session, tmp_path, attempt=2, device="cpu")
 
 
 def the_trial(sessions: Sessions, trial_id: int) -> Trial:

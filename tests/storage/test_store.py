@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from builders import stored_sweep, sweep_in
+from builders import stored_running_trial, stored_sweep, sweep_in
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
@@ -75,22 +75,13 @@ def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_pat
         assert store.sweeps_to_cancel(session=session) == []
 
 
-def running_trial(sessions: Sessions, tmp_path: Path, token: str) -> int:
+def running_trial(sessions: Sessions, tmp_path: Path) -> int:
     with sessions.write.begin() as session:
-        sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.starting,
-            token_hash=store.token_hash(token),
-        )
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
-        return trial.id
+        return stored_running_trial(session, tmp_path)
 
 
 def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path: Path) -> None:
-    trial_id = running_trial(sessions, tmp_path, "secret")
+    trial_id = running_trial(sessions, tmp_path)
     report = ReportIn(
         trial_id=trial_id,
         attempt=1,
@@ -118,7 +109,7 @@ def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path:
 def test_reports_with_a_wrong_token_or_attempt_are_refused(
     sessions: Sessions, tmp_path: Path, token: str, attempt: int, message: str
 ) -> None:
-    trial_id = running_trial(sessions, tmp_path, "secret")
+    trial_id = running_trial(sessions, tmp_path)
     report = ReportIn(trial_id=trial_id, attempt=attempt, kind="manual", metrics={"val_loss": 1})
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
