@@ -26,6 +26,22 @@ def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
     return metric, "min" if mode == "min" else "max"
 
 
+class FieldProblem(BaseModel):
+    """One reason a request was refused: where in the request, and what is wrong there."""
+
+    loc: list[str | int] = Field(description="where: body, query, path or header, then the field")
+    msg: str
+    type: str = Field(description="the kind of problem, e.g. too_long, finite_number, value_error")
+
+
+class Problem(BaseModel):
+    """Every error answer has this shape: one line that says what went wrong and what to do,
+    and for a refused request each field at fault (the value itself is never echoed)."""
+
+    detail: str
+    errors: list[FieldProblem] = Field(default_factory=list)
+
+
 class SweepCreate(BaseModel):
     """A sweep as submitted: the grammar's tokens, the command, and where and how to run it."""
 
