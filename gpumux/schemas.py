@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gpumux import sweepspec
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
@@ -14,6 +15,83 @@ from gpumux.throughput import CurvePoint, ThroughputUnit
 
 MAX_SPLIT = 64
 Objective = str  # "metric:min" or "metric:max"
+
+# Limits of what a request may hold, part of the schema: each is checked before work is done.
+MAX_ID = 2**63 - 1  # an id column (SQLite's INTEGER)
+MAX_COUNT = 2**31 - 1  # attempts, trials, steps
+MAX_NAME_CHARS = 200  # a sweep's name, a metric's name, a pruner (their columns)
+MAX_USER_CHARS = 64  # an owner's name (its column)
+PATH_MAX = 4096  # Linux's, with the terminating NUL
+# Linux's MAX_ARG_STRLEN: the longest single argument or NAME=value an exec accepts.
+MAX_ARG_BYTES = 128 * 1024
+MAX_COMMAND_WORDS = 1024
+MAX_COMMAND_BYTES = 512 * 1024
+MAX_ENV_ENTRIES = 4096
+MAX_ENV_BYTES = 1024 * 1024
+MAX_TIME_LIMIT_S = 366 * 86400.0
+MAX_SAMPLES = 1e12  # one report's samples
+MAX_REPORT_SECONDS = 1e7  # one report's interval (about 116 days)
+MAX_METRICS = 256  # metrics in one report
+
+# The schema's patterns; each is checked by a validator that says what is wrong in words.
+NUL_FREE = r"^[^\x00]*$"
+PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00]*$"
+ABSOLUTE_PATH = r"^/[^\x00]*$"
+ENV_NAME = r"^[^=\x00]+$"
+OBJECTIVE = r"^.+:(min|max)$"
+
+
+def _valid_unicode(text: str) -> str:
+    """Refuse a lone UTF-16 surrogate (a JSON \\ud800 escape without its pair): it is no text,
+    and no answer holding it could be written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError(
+            "string_unicode",
+            "not valid Unicode: it holds a lone surrogate (\\ud800-\\udfff without its pair); "
+            "send UTF-8 text",
+        ) from None
+    return text
+
+
+def _os_text(text: str) -> str:
+    """Valid Unicode without NUL, as what reaches a process's arguments, environment or path."""
+    if "\0" in _valid_unicode(text):
+        raise PydanticCustomError(
+            "string_nul", "holds a NUL character, which cannot be passed to a process"
+        )
+    return text
+
+
+_OS = (AfterValidator(_os_text), Field(json_schema_extra={"pattern": NUL_FREE}))
+# Lengths come first in each type, so that a value too long is refused before it is read.
+ParamToken = Annotated[
+    str,
+    Field(min_length=2, max_length=sweepspec.MAX_TOKEN_CHARS),
+    AfterValidator(_os_text),
+    Field(json_schema_extra={"pattern": PARAM_TOKEN}),
+]
+CommandWord = Annotated[str, Field(max_length=MAX_ARG_BYTES - 1), *_OS]
+Workdir = Annotated[
+    str,
+    Field(min_length=1, max_length=PATH_MAX - 1),
+    AfterValidator(_os_text),
+    Field(json_schema_extra={"pattern": ABSOLUTE_PATH}),
+]
+EnvName = Annotated[str, Field(min_length=1, max_length=MAX_ARG_BYTES - 2), *_OS]
+EnvValue = Annotated[str, Field(max_length=MAX_ARG_BYTES - 3), *_OS]
+UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_CHARS), *_OS]
+ShortText = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)]
+MetricName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)
+]
+ObjectiveText = Annotated[
+    str,
+    Field(max_length=MAX_NAME_CHARS + 4),
+    AfterValidator(_valid_unicode),
+    Field(json_schema_extra={"pattern": OBJECTIVE}),
+]
 
 
 def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
@@ -47,14 +125,32 @@ class SweepCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=200)
-    params: list[str] = Field(default_factory=list, description="PARAM tokens, e.g. lr=1e-3..1e-1")
-    command: list[str] = Field(min_length=1, description="argv of the training command")
-    workdir: str = Field(description="absolute directory the command runs in")
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the command")
+    name: ShortText | None = Field(default=None)
+    params: list[ParamToken] = Field(
+        default_factory=list,
+        max_length=sweepspec.MAX_PARAMS,
+        description="PARAM tokens, e.g. lr=1e-3..1e-1 "
+        f"(at most {sweepspec.MAX_PARAMS_CHARS:,} characters in all)",
+    )
+    command: list[CommandWord] = Field(
+        min_length=1,
+        max_length=MAX_COMMAND_WORDS,
+        description="argv of the training command; `{name}` is filled with the parameter, "
+        f"`{{{{name}}}}` is the literal text `{{name}}` (at most {MAX_COMMAND_BYTES:,} bytes "
+        "in all, as UTF-8)",
+    )
+    workdir: Workdir = Field(description="absolute directory the command runs in")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_ENTRIES,
+        description="environment of the command (each NAME=value at most "
+        f"{MAX_ARG_BYTES:,} bytes, {MAX_ENV_BYTES:,} in all, as UTF-8)",
+        json_schema_extra={"propertyNames": {"pattern": ENV_NAME}},
+    )
     trials: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_COUNT,
         description="how many trials: a random search's draws, an adaptive search's budget",
     )
     search: SearchMethod | None = Field(
@@ -63,17 +159,25 @@ class SweepCreate(BaseModel):
         "that chooses each next trial as a slot frees: tpe, gp, cmaes, qmc (these need "
         "`trials`); default grid, or random with `trials`",
     )
-    prune: str | None = Field(
+    prune: ShortText | None = Field(
         default=None,
-        max_length=200,
         description="stop losing trials at a report: none, median, asha or hyperband, with "
         "Optuna's options after a colon (asha:min_resource=2,reduction_factor=3); needs "
         "`objective`",
     )
     seed: int | None = Field(default=None, ge=0, lt=2**63)
-    split: int | Literal["auto"] = Field(default="auto", description="trials per device, or auto")
-    objective: Objective | None = Field(default=None, description="METRIC:min or METRIC:max")
-    time_limit_s: float | None = Field(default=None, gt=0, description="per-trial limit")
+    split: (
+        Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_SPLIT})]
+        | Literal["auto"]
+    ) = Field(default="auto", description="trials per device, or auto")
+    objective: ObjectiveText | None = Field(default=None, description="METRIC:min or METRIC:max")
+    time_limit_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIME_LIMIT_S,
+        allow_inf_nan=False,
+        description="per-trial limit, in seconds (a year at most)",
+    )
     retries: int = Field(
         default=0,
         ge=0,
@@ -88,9 +192,6 @@ class SweepCreate(BaseModel):
     @field_validator("params")
     @classmethod
     def _params_parse(cls, tokens: list[str]) -> list[str]:
-        for token in tokens:
-            if "\0" in token:
-                raise ValueError(f"{token!r}: a NUL character cannot reach a program's arguments")
         try:
             sweepspec.parse_params(tokens)
         except sweepspec.SpecError as error:
@@ -102,28 +203,43 @@ class SweepCreate(BaseModel):
     def _command_runnable(cls, command: list[str]) -> list[str]:
         if not command[0].strip():
             raise ValueError("the command's first word is empty; give the program to run")
-        if any("\0" in word for word in command):
-            raise ValueError("the command holds a NUL character, which no program can receive")
+        size = sum(len(word.encode()) + 1 for word in command)
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(
+                f"the command takes {size:,} bytes, over the limit of {MAX_COMMAND_BYTES:,}; "
+                "pass large data in a file"
+            )
         return command
 
     @field_validator("env")
     @classmethod
     def _env_passable(cls, env: dict[str, str]) -> dict[str, str]:
+        total = 0
         for name, value in env.items():
-            if not name or "=" in name or "\0" in name or "\0" in value:
+            if "=" in name:
                 raise ValueError(
-                    f"environment variable {name!r} cannot be passed to a process "
-                    "(empty name, '=' in its name, or a NUL character)"
+                    f"environment variable {name[:40]!r} cannot be passed to a process "
+                    "('=' in its name)"
                 )
+            entry = len(name.encode()) + len(value.encode()) + 2
+            if entry > MAX_ARG_BYTES:
+                raise ValueError(
+                    f"environment variable {name[:40]!r} takes {entry:,} bytes, over the "
+                    f"{MAX_ARG_BYTES:,} a process accepts; pass large data in a file"
+                )
+            total += entry
+        if total > MAX_ENV_BYTES:
+            raise ValueError(
+                f"the environment takes {total:,} bytes, over the limit of {MAX_ENV_BYTES:,}; "
+                "unset the variables the command does not need"
+            )
         return env
 
     @field_validator("workdir")
     @classmethod
     def _workdir_absolute(cls, workdir: str) -> str:
-        if "\0" in workdir:
-            raise ValueError("workdir holds a NUL character")
         if not workdir.startswith("/"):
-            raise ValueError(f"workdir {workdir!r} must be an absolute path")
+            raise ValueError("workdir must be an absolute path, starting with /")
         return workdir
 
     @field_validator("split")
@@ -139,6 +255,15 @@ class SweepCreate(BaseModel):
         if objective is not None:
             parse_objective(objective)
         return objective
+
+    @model_validator(mode="after")
+    def _placeholders_named(self) -> SweepCreate:
+        names = [token.partition("=")[0] for token in self.params]
+        try:
+            sweepspec.check_placeholders(self.command, names)
+        except sweepspec.SpecError as error:
+            raise ValueError(str(error)) from error
+        return self
 
 
 class TrialPublic(BaseModel):
@@ -226,8 +351,8 @@ ReportKind = Literal["batch", "epoch", "manual", "line"]
 class ReportIn(BaseModel):
     """What a trial's runtime sends: samples processed in `seconds`, and its metrics at a step."""
 
-    trial_id: int
-    attempt: int = Field(ge=1)
+    trial_id: int = Field(ge=1, le=MAX_ID)
+    attempt: int = Field(ge=1, le=MAX_COUNT)
     kind: ReportKind = Field(
         description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
         "line (a GPUMUX_REPORT line the trial printed)"
@@ -239,9 +364,25 @@ class ReportIn(BaseModel):
         strict=True,
         description="the epoch or iteration (from 0) the metrics belong to",
     )
-    samples: float | None = Field(default=None, ge=0)
-    seconds: float | None = Field(default=None, ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    samples: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SAMPLES,
+        allow_inf_nan=False,
+        description="samples processed since the previous report",
+    )
+    seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_REPORT_SECONDS,
+        allow_inf_nan=False,
+        description="the interval the samples took",
+    )
+    metrics: dict[MetricName, float] = Field(
+        default_factory=dict,
+        max_length=MAX_METRICS,
+        description="metrics by name; values that are not finite numbers are dropped",
+    )
 
     @field_validator("metrics")
     @classmethod
@@ -359,7 +500,7 @@ SweepDetail.model_rebuild()
 
 
 class TokenCreate(BaseModel):
-    user: str | None = Field(default=None, description="whose token (default: yours)")
+    user: UserName | None = Field(default=None, description="whose token (default: yours)")
 
 
 class TokenCreated(BaseModel):

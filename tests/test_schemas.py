@@ -1,0 +1,155 @@
+"""The API's models refuse what cannot be stored and read back, and their schema says so."""
+
+from __future__ import annotations
+
+import math
+import re
+import resource
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gpumux import schemas, sweepspec
+from gpumux.schemas import ReportIn, SweepCreate, TokenCreate
+
+SURROGATE = "\ud800"
+
+
+def sweep(**fields: Any) -> dict[str, Any]:
+    return {"params": ["x=1"], "command": ["python", "train.py"], "workdir": "/tmp", **fields}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"params": [f"x={SURROGATE}"]},
+        {"params": [f"x=a,{SURROGATE}"]},
+        {"command": ["python", SURROGATE]},
+        {"env": {SURROGATE: "1"}},
+        {"env": {"A": SURROGATE}},
+        {"workdir": f"/tmp/{SURROGATE}"},
+        {"name": SURROGATE},
+        {"objective": f"{SURROGATE}:min"},
+        {"prune": f"median:{SURROGATE}"},
+    ],
+)
+def test_a_lone_surrogate_in_any_string_of_a_sweep_is_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        SweepCreate.model_validate(sweep(**fields))
+    assert refused.value.errors()[0]["type"] == "string_unicode"
+
+
+def test_a_lone_surrogate_in_a_token_request_or_a_metric_name_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        TokenCreate.model_validate({"user": f"root{SURROGATE}"})
+    with pytest.raises(ValidationError):
+        ReportIn.model_validate(
+            {"trial_id": 1, "attempt": 1, "kind": "manual", "metrics": {SURROGATE: 1.0}}
+        )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"time_limit_s": math.nan},
+        {"time_limit_s": math.inf},
+        {"time_limit_s": schemas.MAX_TIME_LIMIT_S * 2},
+        {"trials": 2**63},
+        {"seed": 2**64},
+        {"env": {"A": "x\0y"}},
+        {"workdir": "/" + "d" * schemas.PATH_MAX},
+        {"command": ["python", "{lrr}"]},
+    ],
+)
+def test_values_no_column_or_process_can_hold_are_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SweepCreate.model_validate(sweep(**fields))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"trial_id": 10**100},
+        {"trial_id": 0},
+        {"attempt": 2**31},
+        {"samples": math.inf},
+        {"samples": schemas.MAX_SAMPLES * 10},
+        {"seconds": math.nan},
+        {"seconds": schemas.MAX_REPORT_SECONDS * 10},
+        {"metrics": {f"m{i}": 1.0 for i in range(schemas.MAX_METRICS + 1)}},
+        {"metrics": {"m" * (schemas.MAX_NAME_CHARS + 1): 1.0}},
+    ],
+)
+def test_reports_with_impossible_values_are_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        ReportIn.model_validate({"trial_id": 1, "attempt": 1, "kind": "manual", **fields})
+
+
+def test_a_report_at_the_limits_is_accepted() -> None:
+    report = ReportIn.model_validate(
+        {
+            "trial_id": schemas.MAX_ID,
+            "attempt": schemas.MAX_COUNT,
+            "kind": "manual",
+            "samples": schemas.MAX_SAMPLES,
+            "seconds": schemas.MAX_REPORT_SECONDS,
+            "metrics": {f"m{i}": 1.0 for i in range(schemas.MAX_METRICS - 1)} | {"bad": math.inf},
+        }
+    )
+    assert len(report.metrics) == schemas.MAX_METRICS - 1 and "bad" not in report.metrics
+
+
+def test_a_placeholder_message_names_it_the_parameters_and_the_escape() -> None:
+    with pytest.raises(ValidationError) as refused:
+        SweepCreate.model_validate(sweep(params=["lr=0.1", "bs=32"], command=["run", "{lrr}"]))
+    message = str(refused.value)
+    assert "{lrr}" in message and "lr, bs" in message and "{{lrr}}" in message
+
+
+def test_the_schema_states_the_bounds() -> None:
+    schema = SweepCreate.model_json_schema()
+    fields = schema["properties"]
+    assert fields["params"]["maxItems"] == sweepspec.MAX_PARAMS
+    assert fields["params"]["items"]["maxLength"] == sweepspec.MAX_TOKEN_CHARS
+    assert fields["params"]["items"]["pattern"] == schemas.PARAM_TOKEN
+    assert fields["command"]["maxItems"] == schemas.MAX_COMMAND_WORDS
+    assert fields["command"]["items"]["pattern"] == schemas.NUL_FREE
+    assert fields["workdir"]["maxLength"] == schemas.PATH_MAX - 1
+    assert fields["workdir"]["pattern"] == schemas.ABSOLUTE_PATH
+    assert fields["env"]["maxProperties"] == schemas.MAX_ENV_ENTRIES
+    assert fields["env"]["propertyNames"]["pattern"] == schemas.ENV_NAME
+    limit = next(s for s in fields["time_limit_s"]["anyOf"] if s.get("type") == "number")
+    assert limit["maximum"] == schemas.MAX_TIME_LIMIT_S
+    report = ReportIn.model_json_schema()["properties"]
+    assert report["trial_id"]["maximum"] == schemas.MAX_ID
+    assert report["metrics"]["maxProperties"] == schemas.MAX_METRICS
+
+
+def test_the_schema_patterns_agree_with_the_validators() -> None:
+    assert re.fullmatch(schemas.PARAM_TOKEN, "lr=1e-3..1e-1")
+    assert not re.fullmatch(schemas.PARAM_TOKEN, "--lr=1")
+    assert not re.fullmatch(schemas.NUL_FREE, "a\0b")
+    assert not re.fullmatch(schemas.ABSOLUTE_PATH, "relative")
+    assert not re.fullmatch(schemas.ENV_NAME, "A=B")
+    assert re.fullmatch(schemas.OBJECTIVE, "val_loss:min")
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_refusing_the_largest_sweep_the_limits_allow_costs_little() -> None:
+    # Every parameter as long as the total allows, each a choice of the most values allowed.
+    per_token = sweepspec.MAX_PARAMS_CHARS // sweepspec.MAX_PARAMS
+    values = ",".join(str(i) for i in range(sweepspec.MAX_CHOICES))[: per_token - 6]
+    params = [f"p{i:03}={values.rstrip(',')}" for i in range(sweepspec.MAX_PARAMS)]
+    assert sum(map(len, params)) <= sweepspec.MAX_PARAMS_CHARS
+    document = sweep(params=params)
+    began = cpu_seconds()
+    created = SweepCreate.model_validate(document)
+    size = sweepspec.grid_size(sweepspec.parse_params(created.params))
+    spent = cpu_seconds() - began
+    assert size > 10**100
+    assert spent < 0.1, f"{spent:.3f} s of CPU"
