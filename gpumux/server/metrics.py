@@ -13,6 +13,7 @@ starts again.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -159,6 +160,8 @@ def device_families(
         load = loads.get(device, stats.DeviceLoad())
         key = [device, names.get(device, "")]
         trials.add_metric(key, load.trials)
-        rate.add_metric(key, load.samples_per_s)
+        if math.isfinite(load.samples_per_s):
+            # A sum of rates stored before they were bounded may overflow: better none.
+            rate.add_metric(key, load.samples_per_s)
         split.add_metric(key, load.split)
     yield from (total, used, utilization, trials, rate, split)

@@ -12,6 +12,7 @@ workload's profile so that the next sweep of the workload starts settled.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -277,6 +278,12 @@ class SplitSearch:
             # N slots, each finishing a trial every `per_trial` seconds: counting completions
             # against the window instead would skew with the warm-up cut from its start.
             throughput = self.split / per_trial
+        if not math.isfinite(throughput):
+            # Reports of absurd sizes (stored before they were bounded) add up to infinity:
+            # such a window tells nothing, and an infinite point would poison the curve.
+            log.warning("device %s: N=%d gave no finite throughput", self.device_key, self.split)
+            self.phase_start = None
+            return None
         return CurvePoint(
             split=self.split,
             throughput=throughput,

@@ -3,6 +3,7 @@ the devices: the ceiling each searches under, and the memory the trials they mea
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -18,6 +19,8 @@ from gpumux.schemas import MAX_SPLIT
 from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
+
+log = logging.getLogger(__name__)
 
 
 class Searches:
@@ -119,18 +122,26 @@ class Searches:
                 search.phase_start = search.filling_since = None
                 continue
             before = (search.decision, len(search.curve), search.ceiling)
-            snapshot = by_key.get(device)
-            if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
-                # The overhead measured since the search began leaves room for fewer trials.
-                search.lower_ceiling(bound, why=f"memory leaves room for at most {bound} trials")
-            search.observe(
-                session=session,
-                now=now,
-                running=running[(device, fingerprint)],
-                queued=queued[fingerprint],
-                sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
-                held=trial_memory(by_key.get(device), groups[(device, fingerprint)], group_of),
-            )
+            try:
+                snapshot = by_key.get(device)
+                if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
+                    # The overhead measured since the search began leaves room for fewer trials.
+                    why = f"memory leaves room for at most {bound} trials"
+                    search.lower_ceiling(bound, why=why)
+                search.observe(
+                    session=session,
+                    now=now,
+                    running=running[(device, fingerprint)],
+                    queued=queued[fingerprint],
+                    sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
+                    held=trial_memory(by_key.get(device), groups[(device, fingerprint)], group_of),
+                )
+            except Exception:
+                # One workload's search, whatever it read, must not stop the others or the tick:
+                # it starts its phase again at the next tick.
+                log.exception("device %s: the split search of %s failed", device, fingerprint)
+                search.phase_start = search.filling_since = None
+                continue
             if (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)
         return changed

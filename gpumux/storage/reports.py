@@ -7,10 +7,13 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import ReportIn
+from gpumux.schemas import MAX_SAMPLES, ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.store import token_hash
+
+# Samples/s above what one report may hold per second measure nothing (a near-zero interval).
+MAX_RATE = MAX_SAMPLES
 
 
 class ReportRefused(RuntimeError):
@@ -78,6 +81,9 @@ def _record(
     metrics: dict[str, float],
 ) -> TrialReport:
     rate = samples / seconds if samples is not None and seconds else None
+    if rate is not None and not rate <= MAX_RATE:
+        # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
+        rate = None
     report = TrialReport(
         trial_id=trial.id,
         attempt=trial.attempt,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -9,16 +10,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import served, sweep_in
+from builders import served, stored_running_trial, sweep_in
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.schemas import ReportIn
 from gpumux.server.api import create_app
 from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
 from gpumux.status import TrialStatus
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
@@ -291,3 +294,29 @@ def test_the_grafana_dashboard_queries_only_exported_metrics(
     assert len(queried) >= 10 and queried <= exported, queried - exported
     sources = {target["datasource"]["uid"] for p in dashboard["panels"] for target in p["targets"]}
     assert sources == {"${DS_PROMETHEUS}"}
+
+
+def test_absurd_reports_leave_every_metric_finite(
+    sessions: Sessions, scrape: Callable[[], dict[str, list[Sample]]], tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        first = stored_running_trial(session, tmp_path, device="gpu:0", split=2)
+        second = stored_running_trial(session, tmp_path, device="gpu:0", split=2)
+        for trial_id, samples, seconds in ((first, 1e12, 1e-320), (second, 1e12, 1e-295)):
+            trial = session.get(Trial, trial_id)
+            assert trial is not None
+            report_store.add_report(
+                session=session,
+                trial=trial,
+                token="secret",
+                report_in=ReportIn(
+                    trial_id=trial_id, attempt=1, kind="batch", samples=samples, seconds=seconds
+                ),
+            )
+        # And one stored before rates were checked.
+        third = session.get(Trial, stored_running_trial(session, tmp_path, device="gpu:1"))
+        assert third is not None
+        third.samples_per_s = math.inf
+    families = scrape()
+    rates = families["gpumux_device_samples_per_second"]
+    assert rates and all(math.isfinite(sample.value) for sample in rates)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
+from gpumux.throughput import CurvePoint
 
 TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
 COMMAND = ["python", "train.py"]
@@ -261,3 +263,21 @@ def test_a_phase_measured_without_memory_stores_none(sessions: Sessions, trial_i
     run_phase(sessions, search, trial_id, utcnow(), 100.0)
     (point,) = search.curve
     assert point.memory_per_trial_mb is None
+
+
+def test_reports_of_absurd_samples_never_put_an_infinite_throughput_in_the_curve(
+    sessions: Sessions, trial_id: int
+) -> None:
+    # Stored as the database may hold them (from before ReportIn was bounded): their sum
+    # over a window overflows to infinity.
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 1e308)
+    assert search.curve == [] and not search.decision.settled
+    # The next window, of sane reports, is measured as if the absurd one never was.
+    run_phase(sessions, search, trial_id, now + timedelta(seconds=100), 100.0)
+    assert [point.split for point in search.curve] == [1]
+    assert all(math.isfinite(point.throughput) for point in search.curve)
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+        assert [CurvePoint.from_json(point).split for point in profile.curve] == [1]
+    assert [point.split for point in search_of(sessions).curve] == [1]

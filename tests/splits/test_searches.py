@@ -278,3 +278,33 @@ def test_without_the_device_listed_no_memory_is_measured(
     with sessions.read() as session:
         observe(searches, session, now=utcnow(), devices=[], group_of={})
     assert search.phase_start is not None and search.peak_mb is None
+
+
+def test_a_search_that_fails_leaves_the_others_searching(
+    sessions: Sessions, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    with sessions.write.begin() as session:
+        other = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path, "y=1..2", command=["python", "other.py"]),
+            owner=store.get_or_create_owner(session=session, name="alice"),
+            seed=1,
+            trial_params=[{"y": 1}, {"y": 2}],
+        )
+        other_id = other.id
+    searches = Searches(settings)
+    cpu, gpu = device(), device("GPU-a", "NVIDIA H200", "gpu")
+    broken = search_for(searches, sessions, auto_id, cpu)
+    healthy = search_for(searches, sessions, other_id, gpu)
+
+    def fail(**_: object) -> None:
+        raise ValueError("a defect in one search")
+
+    monkeypatch.setattr(broken, "observe", fail)
+    run_first_trial(sessions, auto_id, device="cpu", pgid=1)
+    run_first_trial(sessions, other_id, device="GPU-a", pgid=2)
+    with sessions.read() as session:
+        observe(searches, session, now=utcnow(), devices=[cpu, gpu], group_of={})
+    assert healthy.phase_start is not None
+    assert broken.phase_start is None
