@@ -19,8 +19,11 @@ from typing import NamedTuple
 PREFIX = b"GPUMUX_REPORT "
 # A longer line is skipped to its end rather than held: the log is the trial's to fill.
 MAX_LINE_BYTES = 64 * 1024
-# The largest step the database stores (ReportIn.step's bound).
+# ReportIn's bounds (gpumux.schemas), mirrored: a line may hold no more than a report may.
 MAX_STEP = 2**31 - 1
+MAX_SAMPLES = 1e12
+MAX_METRICS = 256
+MAX_METRIC_CHARS = 200
 EXCERPT_CHARS = 80
 EXAMPLE = 'GPUMUX_REPORT {"step": 3, "val_loss": 0.41}'
 TOO_LONG = f"longer than {MAX_LINE_BYTES} bytes; skipped to its end"
@@ -135,8 +138,12 @@ def parse(line: bytes) -> LineReport | RejectedLine:
     samples = value.pop("samples", None)
     if samples is not None:
         samples = _finite(samples)
-        if samples is None or samples < 0:
-            return _rejected(line, '"samples" must be a finite number >= 0')
+        if samples is None or not 0 <= samples <= MAX_SAMPLES:
+            return _rejected(line, f'"samples" must be a finite number from 0 to {MAX_SAMPLES:g}')
+    if len(value) > MAX_METRICS:
+        return _rejected(line, f"{len(value):,} metrics, over the limit of {MAX_METRICS}")
+    if any(len(name) > MAX_METRIC_CHARS for name in value):
+        return _rejected(line, f"a metric's name is over {MAX_METRIC_CHARS} characters")
     metrics = {name: number for name, raw in value.items() if (number := _finite(raw)) is not None}
     return LineReport(step=step, samples=samples, metrics=metrics)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpumux import schemas
+from gpumux.processes import reportlines
 from gpumux.processes.reportlines import (
     MAX_LINE_BYTES,
     LineReport,
@@ -150,11 +152,17 @@ def test_a_line_that_does_not_start_with_the_prefix_is_output_only(line: bytes) 
         (b'GPUMUX_REPORT {"step": 2147483648}', '"step" must be an integer'),
         (b'GPUMUX_REPORT {"step": "3"}', '"step" must be an integer'),
         (b'GPUMUX_REPORT {"step": NaN}', '"step" must be an integer'),
-        (b'GPUMUX_REPORT {"samples": -5}', '"samples" must be a finite number >= 0'),
-        (b'GPUMUX_REPORT {"samples": Infinity}', '"samples" must be a finite number >= 0'),
-        (b'GPUMUX_REPORT {"samples": NaN}', '"samples" must be a finite number >= 0'),
-        (b'GPUMUX_REPORT {"samples": false}', '"samples" must be a finite number >= 0'),
-        (b'GPUMUX_REPORT {"samples": "512"}', '"samples" must be a finite number >= 0'),
+        (b'GPUMUX_REPORT {"samples": -5}', '"samples" must be a finite number from 0'),
+        (b'GPUMUX_REPORT {"samples": Infinity}', '"samples" must be a finite number from 0'),
+        (b'GPUMUX_REPORT {"samples": NaN}', '"samples" must be a finite number from 0'),
+        (b'GPUMUX_REPORT {"samples": false}', '"samples" must be a finite number from 0'),
+        (b'GPUMUX_REPORT {"samples": "512"}', '"samples" must be a finite number from 0'),
+        (b'GPUMUX_REPORT {"samples": 1e308}', '"samples" must be a finite number from 0 to 1e+12'),
+        (
+            b"GPUMUX_REPORT {" + b", ".join(b'"m%d": 1' % i for i in range(300)) + b"}",
+            "300 metrics, over the limit of 256",
+        ),
+        (b'GPUMUX_REPORT {"' + b"m" * 201 + b'": 1}', "a metric's name is over 200 characters"),
     ],
 )
 def test_a_malformed_report_line_is_rejected_with_its_reason(line: bytes, why: str) -> None:
@@ -192,3 +200,13 @@ def test_step_and_samples_are_not_metrics() -> None:
     assert one(b'GPUMUX_REPORT {"step": null, "samples": 1.5e3}') == LineReport(
         step=None, samples=1500.0, metrics={}
     )
+
+
+def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
+    assert (
+        reportlines.MAX_STEP
+        == schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]["maximum"]
+    )
+    assert reportlines.MAX_SAMPLES == schemas.MAX_SAMPLES
+    assert reportlines.MAX_METRICS == schemas.MAX_METRICS
+    assert reportlines.MAX_METRIC_CHARS == schemas.MAX_NAME_CHARS
