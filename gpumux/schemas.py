@@ -17,6 +17,7 @@ MAX_SPLIT = 64
 Objective = str  # "metric:min" or "metric:max"
 
 # Limits of what a request may hold, part of the schema: each is checked before work is done.
+# Command and environment together stay well under the daemon's default body limit (1 MiB).
 MAX_ID = 2**63 - 1  # an id column (SQLite's INTEGER)
 MAX_COUNT = 2**31 - 1  # attempts, trials, steps
 MAX_NAME_CHARS = 200  # a sweep's name, a metric's name, a pruner (their columns)
@@ -25,9 +26,9 @@ PATH_MAX = 4096  # Linux's, with the terminating NUL
 # Linux's MAX_ARG_STRLEN: the longest single argument or NAME=value an exec accepts.
 MAX_ARG_BYTES = 128 * 1024
 MAX_COMMAND_WORDS = 1024
-MAX_COMMAND_BYTES = 512 * 1024
+MAX_COMMAND_BYTES = 256 * 1024
 MAX_ENV_ENTRIES = 4096
-MAX_ENV_BYTES = 1024 * 1024
+MAX_ENV_BYTES = 512 * 1024
 MAX_TIME_LIMIT_S = 366 * 86400.0
 MAX_SAMPLES = 1e12  # one report's samples
 MAX_REPORT_SECONDS = 1e7  # one report's interval (about 116 days)

@@ -122,10 +122,10 @@ def test_a_time_limit_that_is_no_finite_sane_number_is_refused(
     [
         ({"env": {"BIG": "x" * 200_000}}, "env value"),
         ({"env": {f"V{i}": "1" for i in range(5_000)}}, "env entries"),
-        ({"env": {f"V{i}": "x" * 100_000 for i in range(12)}}, "env total"),
+        ({"env": {f"V{i}": "x" * 100_000 for i in range(6)}}, "env total"),
         ({"command": ["python", "x" * 200_000]}, "command word"),
         ({"command": ["python"] + ["x"] * 2_000}, "command words"),
-        ({"command": ["python"] + ["x" * 100_000] * 6}, "command total"),
+        ({"command": ["python"] + ["x" * 100_000] * 3}, "command total"),
         ({"workdir": "/" + "d" * 5_000}, "workdir"),
         ({"name": "n" * 201}, "name"),
     ],
@@ -202,7 +202,7 @@ def test_placeholders_of_parameters_and_escaped_braces_are_accepted(
         {"samples": 10**400, "seconds": 1.0},
         {"attempt": 2**63},
         {"metrics": {"m" * 300: 1.0}},
-        {"metrics": {f"m{i}": 1.0 for i in range(100_000)}},
+        {"metrics": {f"m{i}": 1.0 for i in range(10_000)}},
     ],
 )
 def test_a_report_with_impossible_values_is_refused(
