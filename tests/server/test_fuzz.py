@@ -1,0 +1,247 @@
+"""Schemathesis against a real `gpumux serve`: every check, from the daemon's own /openapi.json.
+
+The daemon runs the commands of the sweeps it accepts. Where the suite has root, it runs as a
+Linux user made for this module (useradd), its data directory its own, and commands stay
+fuzzed; elsewhere it runs as the test's user and fuzz_hooks.py turns each command into
+/bin/true. Two runs, bounded in time: one with a fixed seed, one with a random seed that the
+failure message names (FUZZ_SEED=N replays it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from reliability.conftest import START_TIMEOUT_S, DaemonProcess
+
+import gpumux
+from gpumux.accounts import UserAccount
+from gpumux.tokenfile import daemon_token
+
+HOOKS = Path(__file__).with_name("fuzz_hooks.py")
+FIXED_SEED = 14
+# Each run's budget, spread by schemathesis over its phases (coverage, fuzzing, stateful): two
+# runs and a daemon's start stay under three minutes.
+RUN_S = 70
+SEED_VARIABLE = "FUZZ_SEED"
+# The CPU as the one device, two trials on it at a time; sweeps of at most 100 trials, so that
+# what the fuzzer gets accepted stays cheap to store and run on a small CI machine.
+DAEMON_ENV = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "GPUMUX_CPU_SPLIT": "2",
+    "GPUMUX_KILL_GRACE": "1",
+    "GPUMUX_POLL_INTERVAL": "0.2",
+    "GPUMUX_MAX_GRID": "100",
+}
+IMPORT_PATH = os.pathsep.join([str(Path(gpumux.__file__).parents[1]), *site.getsitepackages()])
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Who the daemon runs as: an account made for the test, or the test's user with hooks."""
+
+    account: UserAccount | None
+    python: str
+    why: str
+
+
+class ConfinedDaemon(DaemonProcess):
+    """`gpumux serve` as the confinement's account (when it has one), in `base`."""
+
+    def __init__(self, home: Path, confinement: Confinement) -> None:
+        env = dict(DAEMON_ENV)
+        if confinement.account is not None:
+            user = confinement.account.name
+            env |= {"HOME": str(home.parent), "USER": user, "LOGNAME": user}
+            env |= {"PYTHONPATH": IMPORT_PATH}
+        super().__init__(home, env=env)
+        self.confinement = confinement
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
+        """Start it as the account (uid, gid, no other groups); its /health once it answers."""
+        account = self.confinement.account
+        command = [self.confinement.python, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
+        command += ["--port", str(self.port)]
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                command,
+                env=self.env,
+                cwd=self.home.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                user=None if account is None else account.uid,
+                group=None if account is None else account.gid,
+                extra_groups=None if account is None else [],
+            )
+        assert self.popen.stdout is not None
+        line = self._read_line(self.popen.stdout, time.monotonic() + timeout)
+        if not line.startswith(f"gpumux: serving on {self.url} "):
+            self.wait()
+            raise AssertionError(f"daemon did not start: {line!r}\n{self.log_tail()}")
+        # Anything it prints later must not fill the pipe and block it.
+        self._drain = threading.Thread(
+            target=self._copy_to_log, args=(self.popen.stdout,), daemon=True
+        )
+        self._drain.start()
+        return self.health()
+
+
+def _python_for(account: UserAccount, cwd: Path) -> str | None:
+    """A Python that `account` may run and that imports gpumux and its dependencies."""
+    candidates = [sys.executable, os.path.realpath(sys.executable)]
+    candidates.append(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    for python in dict.fromkeys(candidates):
+        try:
+            done = subprocess.run(
+                [python, "-c", "import gpumux.main, gpumux.server.daemon"],
+                user=account.uid,
+                group=account.gid,
+                extra_groups=[],
+                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": IMPORT_PATH},
+                cwd=cwd,
+                capture_output=True,
+                timeout=60,
+            )
+        except (PermissionError, FileNotFoundError):
+            continue
+        if done.returncode == 0:
+            return python
+    return None
+
+
+def _make_account(base: Path) -> UserAccount | str:
+    """A system user made for the test, or why none could be made."""
+    if os.geteuid() != 0:
+        return "not root: the daemon runs as the test's user, each command made /bin/true"
+    if missing := [tool for tool in ("useradd", "userdel") if not shutil.which(tool)]:
+        return f"no {', '.join(missing)}: the daemon runs as root, each command made /bin/true"
+    name = f"gmx_fuzz_{secrets.token_hex(3)}"
+    command = ["useradd", "--system", "--no-create-home", "--home-dir", str(base)]
+    subprocess.run([*command, "--shell", "/bin/sh", name], check=True, capture_output=True)
+    return UserAccount.from_name(name)
+
+
+@pytest.fixture(scope="module")
+def confinement() -> Iterator[tuple[Confinement, Path]]:
+    """Who the daemon runs as, and a directory it may enter (0755) for its data."""
+    base = Path(tempfile.mkdtemp(prefix="gpumux-fuzz-"))
+    base.chmod(0o755)
+    made = _make_account(base)
+    try:
+        if isinstance(made, str):
+            yield Confinement(account=None, python=sys.executable, why=made), base
+            return
+        python = _python_for(made, base)
+        if python is None:
+            why = f"no Python that {made.name} may run imports gpumux: commands made /bin/true"
+            yield Confinement(account=None, python=sys.executable, why=why), base
+        else:
+            why = f"the daemon runs as {made.name} (uid {made.uid}), commands fuzzed"
+            yield Confinement(account=made, python=python, why=why), base
+    finally:
+        if not isinstance(made, str):
+            subprocess.run(["userdel", made.name], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def daemon(confinement: tuple[Confinement, Path]) -> Iterator[ConfinedDaemon]:
+    """The daemon both runs fuzz, its data directory (0700) its own."""
+    who, base = confinement
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    if who.account is not None:
+        os.chown(home, who.account.uid, who.account.gid)
+    served = ConfinedDaemon(home, who)
+    served.start()
+    yield served
+    served.close()
+
+
+def _config(daemon: ConfinedDaemon, directory: Path) -> Path:
+    """A schemathesis.toml (0600) with the daemon's token, and the hooks where commands run."""
+    lines = [
+        f"headers = {{ Authorization = {json.dumps('Bearer ' + str(daemon_token(daemon.home)))} }}"
+    ]
+    if daemon.confinement.account is None:
+        lines.append(f"hooks = {json.dumps(str(HOOKS))}")
+    path = directory / "schemathesis.toml"
+    path.touch(mode=0o600)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _failures(output: str) -> str:
+    """Schemathesis's failures (each with its curl reproduction) and summary, else its tail."""
+    found = re.search(r"^=+ FAILURES =+$", output, re.MULTILINE)
+    return output[found.start() :] if found else "\n".join(output.splitlines()[-80:])
+
+
+def _random_seed(environ: Mapping[str, str]) -> int:
+    return int(environ[SEED_VARIABLE]) if environ.get(SEED_VARIABLE) else secrets.randbelow(2**31)
+
+
+@pytest.mark.parametrize("seeded", ["fixed-seed", "random-seed"])
+def test_the_api_keeps_its_schema_under_fuzzing(
+    seeded: str, daemon: ConfinedDaemon, tmp_path: Path
+) -> None:
+    seed = FIXED_SEED if seeded == "fixed-seed" else _random_seed(os.environ)
+    print(f"fuzzing with seed {seed}: {daemon.confinement.why}")
+    command = [sys.executable, "-m", "schemathesis.cli", "--config-file"]
+    command += [str(_config(daemon, tmp_path)), "--no-color", "run", f"{daemon.url}/openapi.json"]
+    command += ["--checks", "all", "--seed", str(seed), "--max-time", str(RUN_S)]
+    command += ["--workers", "1", "--request-timeout", "10", "--generation-database", "none"]
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "120"},
+        capture_output=True,
+        text=True,
+        timeout=RUN_S + 120,
+    )
+    again = f"pytest tests/server/test_fuzz.py -k {seeded}"
+    replay = again if seeded == "fixed-seed" else f"{SEED_VARIABLE}={seed} {again}"
+    found = done.returncode  # named, so that pytest does not print the whole output twice
+    assert found == 0, (
+        f"schemathesis found failures with seed {seed} (replay: {replay}); "
+        f"{daemon.confinement.why}\n"
+        f"{_failures(done.stdout)}\n{done.stderr[-2000:]}\ndaemon:\n{daemon.log_tail()}"
+    )
+    assert daemon.running, f"the daemon exited under fuzzing\n{daemon.log_tail()}"
+    daemon.health()
+
+
+def test_the_fuzzed_commands_ran_confined(daemon: ConfinedDaemon) -> None:
+    account = daemon.confinement.account
+    if account is not None:
+        status = Path(f"/proc/{daemon.pid}/status").read_text()
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        assert set(uids) == {str(account.uid)}, status
+        return
+    commands: set[tuple[str, ...]] = set()
+    offset = 0
+    with daemon.client() as client:
+        while True:
+            page = client.get("/sweeps", params={"offset": offset, "limit": 500})
+            assert page.status_code == 200, page.text
+            sweeps = page.json()["data"]
+            commands |= {tuple(sweep["command"]) for sweep in sweeps}
+            offset += len(sweeps)
+            if not sweeps or offset >= page.json()["count"]:
+                break
+    assert commands <= {("/bin/true",)}, commands  # what fuzz_hooks.py sends
