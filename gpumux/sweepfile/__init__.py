@@ -73,7 +73,9 @@ def resolve(
         size = sweepspec.grid_size(sweepspec.parse_params(list(params.values())))
         if size > budget:
             fix = "raise or remove run_cap, or use method: random"
-            raise SweepFileError(file, "run_cap", f"the grid has {size:,} points; {fix}")
+            raise SweepFileError(
+                file, "run_cap", f"the grid has {sweepspec.describe_count(size)} points; {fix}"
+            )
         budget = None  # the cap holds: the whole grid fits in it
     if method in BUDGETED and budget is None:
         fix = "add run_cap: K to the file, or --trials K"
