@@ -130,6 +130,8 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
         # A serve that accepts its arguments runs until stopped; kept apart from the daemon's.
         home = tmp_path / "serve-home"
     env["GPUMUX_HOME"] = str(home)
+    # `token create` writes the user's token file: here, not in the real home.
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     if against == "no daemon":
         env["GPUMUX_URL"] = f"unix:{tmp_path / 'nobody.sock'}"
     study = tmp_path / "study.db"
