@@ -6,11 +6,14 @@ or the storage (an import-linter contract); it is given this runner instead.
 
 from __future__ import annotations
 
+import os
+import tempfile
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from gpumux.cli.app import main as run_cli
-from gpumux.cli.state import EmbeddedDaemon
+from gpumux.cli.state import EmbeddedDaemon, print_error
 from gpumux.config import Settings
 
 
@@ -31,6 +34,28 @@ class ServerDaemons:
             yield running
 
 
+def write_traceback(error: BaseException) -> str:
+    """The traceback of `error` in an owner-only file of its own; the file's path."""
+    descriptor, path = tempfile.mkstemp(prefix="gpumux-traceback-", suffix=".txt")
+    with os.fdopen(descriptor, "w", errors="backslashreplace") as file:
+        file.write("".join(traceback.format_exception(error)))
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`gpumux ...`."""
-    run_cli(argv, daemons=ServerDaemons())
+    """`gpumux ...`; a failure no command foresaw ends in one line and exit 1, not a traceback."""
+    try:
+        run_cli(argv, daemons=ServerDaemons())
+    except Exception as error:
+        # Usage errors, user errors, exits and Ctrl-C (KeyboardInterrupt is no Exception) took
+        # their own paths already; what is left is a bug, and its traceback is for a report.
+        summary = (str(error).splitlines() or [""])[0]
+        try:
+            where = f"its traceback is in {write_traceback(error)}"
+        except OSError as unwritten:
+            where = f"its traceback could not be written ({unwritten.strerror})"
+        print_error(
+            f"gpumux failed unexpectedly ({type(error).__name__}: {summary}); {where}: please "
+            "report it with the command you ran"
+        )
+        raise SystemExit(1) from None

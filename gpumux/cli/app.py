@@ -18,6 +18,7 @@ from gpumux.cli.state import (
     CliState,
     DaemonRunner,
     get_state,
+    not_utf8,
     print_error,
 )
 from gpumux.cli.sweep import SWEEP_HELP, sweep
@@ -119,9 +120,24 @@ def split_command(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return args, None
 
 
+def require_utf8_arguments(args: Sequence[str]) -> None:
+    """Exit 2 with one line naming the first argument that is not valid UTF-8."""
+    for number, arg in enumerate(args, start=1):
+        shown = not_utf8(arg)
+        if shown is not None:
+            print_error(
+                f"argument {number} ({shown}) is not valid UTF-8; gpumux takes its arguments, "
+                "and the command it runs, as UTF-8 text"
+            )
+            raise SystemExit(EXIT_USAGE)
+
+
 def main(argv: Sequence[str] | None = None, *, daemons: DaemonRunner | None = None) -> None:
     """Run the command line on `argv`, able to start the `daemons` given (gpumux.main)."""
-    args, command = split_command(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    # Checked before click parses them: every argument ends up in a JSON request or a message.
+    require_utf8_arguments(given)
+    args, command = split_command(given)
     # A closed terminal (SIGHUP) or a kill (SIGTERM) takes Ctrl-C's path: an embedded daemon
     # then stops and requeues its trials instead of leaving them running unsupervised.
     for signum in (signal.SIGTERM, signal.SIGHUP):

@@ -15,7 +15,14 @@ import typer
 from gpumux import sweepspec
 from gpumux.cli import follow, render
 from gpumux.cli.connect import connect
-from gpumux.cli.state import EXIT_INTERRUPTED, CliError, CliState, build_settings, get_state
+from gpumux.cli.state import (
+    EXIT_INTERRUPTED,
+    MAX_ID,
+    CliError,
+    CliState,
+    build_settings,
+    get_state,
+)
 from gpumux.client import Client
 from gpumux.lockfile import DaemonError
 from gpumux.schemas import parse_objective
@@ -26,9 +33,15 @@ FAILURES_SHOWN = 3
 LS_PAGE = 500
 POLL_S = 0.5
 
-SweepId = Annotated[int, typer.Argument(help="the sweep's id (gpumux ls)", show_default=False)]
+SweepId = Annotated[
+    int,
+    typer.Argument(help="the sweep's id (gpumux ls)", min=1, max=MAX_ID, show_default=False),
+]
 TrialId = Annotated[
-    int, typer.Argument(help="the trial's id (gpumux show SWEEP)", show_default=False)
+    int,
+    typer.Argument(
+        help="the trial's id (gpumux show SWEEP)", min=1, max=MAX_ID, show_default=False
+    ),
 ]
 Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -17,6 +18,8 @@ from gpumux.config import Settings
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# The largest id the daemon stores (a signed 64-bit integer): a larger one names nothing.
+MAX_ID = 2**63 - 1
 
 
 class CliError(Exception):
@@ -123,3 +126,21 @@ def get_state(ctx: typer.Context) -> CliState:
     if not isinstance(root.obj, CliState):
         root.obj = CliState()
     return root.obj
+
+
+def finite(value: float | None) -> float | None:
+    """A float option's callback: infinity and NaN are refused as a usage error."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter("expected a finite number")
+    return value
+
+
+def not_utf8(text: str) -> str | None:
+    """`text` as it can be shown (bad bytes as \\xNN) when it is not valid UTF-8, else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Python hands undecodable bytes of argv and the environment over as lone surrogates.
+        raw = text.encode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "backslashreplace")
+    return None

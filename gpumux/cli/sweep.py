@@ -18,7 +18,9 @@ from gpumux.cli.state import (
     EXIT_USAGE,
     CliError,
     CliState,
+    finite,
     get_state,
+    not_utf8,
     validation_message,
 )
 from gpumux.client import Client, DaemonUnreachable
@@ -75,6 +77,26 @@ def command_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
 
 
+def require_utf8(env: dict[str, str], workdir: str) -> None:
+    """CliError (exit 2) when the trials' environment or directory is not valid UTF-8: the
+    daemon takes them as JSON text, and bytes changed on the way would run another command."""
+    for name, value in env.items():
+        shown = not_utf8(name) or (not_utf8(value) and name)
+        if shown:
+            raise CliError(
+                f"the environment variable {shown} is not valid UTF-8; gpumux hands the "
+                "environment to trials as UTF-8 text: unset it or give it a UTF-8 value",
+                EXIT_USAGE,
+            )
+    shown = not_utf8(workdir)
+    if shown is not None:
+        raise CliError(
+            f"this directory's path {shown} is not valid UTF-8; run gpumux sweep from a "
+            "directory whose path is",
+            EXIT_USAGE,
+        )
+
+
 def from_sweep_file(state: CliState, path: Path, given: sweepfile.Resolved) -> sweepfile.Resolved:
     """The sweep file at `path` with the command line over it; its notes printed on stderr."""
     try:
@@ -128,14 +150,16 @@ def build_sweep(
             raise CliError(
                 f"--split {split}: expected a number of trials per device or 'auto'", EXIT_USAGE
             ) from None
+    env, workdir = command_env(), os.getcwd()
+    require_utf8(env, workdir)
     try:
         return SweepCreate.model_validate(
             dict(
                 name=what.name,
                 params=what.params,
                 command=command,
-                workdir=os.getcwd(),
-                env=command_env(),
+                workdir=workdir,
+                env=env,
                 trials=what.trials,
                 search=what.search,
                 prune=what.prune,
@@ -247,7 +271,8 @@ def sweep(
     ] = None,
     name: Annotated[str | None, typer.Option(help="a name to find the sweep by")] = None,
     time_limit: Annotated[
-        float | None, typer.Option("--time-limit", help="seconds each trial may run")
+        float | None,
+        typer.Option("--time-limit", callback=finite, help="seconds each trial may run"),
     ] = None,
     retries: Annotated[
         int,

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from gpumux.cli import render
 from gpumux.cli.connect import connect
-from gpumux.cli.state import get_state
+from gpumux.cli.state import finite, get_state
 from gpumux.client import Client
 from gpumux.schemas import DevicePublic, DeviceTrial, Health, SweepPublic, TrialPublic
 
@@ -173,7 +173,9 @@ def frame(client: Client, details: Details) -> Group:
 
 def top(
     ctx: typer.Context,
-    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes")] = 2.0,
+    interval: Annotated[
+        float, typer.Option(min=0.1, callback=finite, help="seconds between refreshes")
+    ] = 2.0,
     once: Annotated[
         bool, typer.Option("--once", help="print one frame and exit (so does a pipe)")
     ] = False,

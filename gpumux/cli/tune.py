@@ -35,6 +35,7 @@ from gpumux.cli.state import (
     CliError,
     CliState,
     build_settings,
+    finite,
     get_state,
     validation_message,
 )
@@ -260,7 +261,8 @@ def tune(
         typer.Option(help="index or UUID of the GPU (default the first; without GPUs the CPU)"),
     ] = None,
     time_limit: Annotated[
-        float | None, typer.Option("--time-limit", help="seconds each trial may run")
+        float | None,
+        typer.Option("--time-limit", callback=finite, help="seconds each trial may run"),
     ] = None,
     png: Annotated[
         Path | None, typer.Option(help="also draw the curve into this PNG file (needs matplotlib)")

@@ -33,12 +33,18 @@ def alembic_config(engine: Engine) -> Config:
 
 
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest revision; refuse a database from a newer gpumux."""
+    """Bring the schema to the newest revision; refuse a damaged database, or one from a
+    newer gpumux."""
     dialect = dialect_for(engine.url)
     config = alembic_config(engine)
     scripts = ScriptDirectory.from_config(config)
     try:
         with engine.connect() as connection:
+            # Before anything reads or migrates it: a damaged page found later would fail
+            # requests one by one, with the daemon reporting itself healthy.
+            problems = dialect.check_integrity(connection)
+            if problems:
+                raise DatabaseError(dialect.damage_failure(problems))
             current = MigrationContext.configure(connection).get_current_revision()
     except exc.DatabaseError as error:
         raise DatabaseError(dialect.open_failure(error)) from error

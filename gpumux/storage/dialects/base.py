@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,6 +63,14 @@ class Dialect(ABC):
         """One transaction around a run of migrations, on a connection not yet in one."""
         with connection.begin():
             yield
+
+    @abstractmethod
+    def check_integrity(self, connection: Connection) -> list[str]:
+        """What the database's own check finds damaged, a few lines at most; empty if intact."""
+
+    @abstractmethod
+    def damage_failure(self, problems: Sequence[str]) -> str:
+        """Why a damaged database is refused, and how to get a working one back."""
 
     @abstractmethod
     def open_failure(self, error: exc.DatabaseError) -> str:

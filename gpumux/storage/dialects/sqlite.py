@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,12 @@ SECONDS_PER_DAY = 86_400.0
 # Primary result codes (the low byte of an extended one), from sqlite3.h.
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
+SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 # SQLITE_IOERR_SHMSIZE: no room to create the WAL index (the -shm file) when opening.
 SQLITE_IOERR_SHMSIZE = 4874
+# How many of quick_check's findings a refusal quotes: enough to say what, short enough to read.
+DAMAGE_LINES = 3
 
 
 class SqliteDialect(Dialect):
@@ -104,8 +108,36 @@ class SqliteDialect(Dialect):
         finally:
             driver.execute("PRAGMA foreign_keys=ON")
 
+    def check_integrity(self, connection: Connection) -> list[str]:
+        """PRAGMA quick_check: every page and record readable (indexes not compared to tables)."""
+        try:
+            found = connection.exec_driver_sql(f"PRAGMA quick_check({DAMAGE_LINES})").scalars()
+            rows = [str(row) for row in found]
+        except exc.DatabaseError as error:
+            # A page too damaged to walk stops the check itself with SQLITE_CORRUPT.
+            if _primary_code(error) == SQLITE_CORRUPT:
+                return [str(error.orig)]
+            raise
+        if rows == ["ok"]:
+            return []
+        lines = (line for row in rows for line in row.splitlines())
+        return [line for line in lines if not line.startswith("***")][:DAMAGE_LINES]
+
+    def damage_failure(self, problems: Sequence[str]) -> str:
+        """The file's path, what quick_check found, and the two ways back: a backup or .recover."""
+        found = "; ".join(problems[:DAMAGE_LINES])
+        recovered = self.file.with_suffix(".recovered" + self.file.suffix)
+        return (
+            f"{self.file} is damaged (quick_check: {found}); gpumux will not start on it. "
+            "Restore it from a backup, or copy what can still be read into a new file with "
+            f"`sqlite3 {shlex.quote(str(self.file))} .recover | "
+            f"sqlite3 {shlex.quote(str(recovered))}` (.dump in place of .recover where that "
+            f"fails) and start with GPUMUX_DB={recovered}"
+        )
+
     def open_failure(self, error: exc.DatabaseError) -> str:
-        """A full disk (the file is intact) told apart from a file that is not a database."""
+        """A full disk (the file is intact) told apart from a damaged file and from one that
+        is not a database."""
         code = getattr(error.orig, "sqlite_errorcode", None)
         folder = self.file.parent
         try:
@@ -117,9 +149,12 @@ class SqliteDialect(Dialect):
                 f"{self.file} cannot be opened: the disk is full ({error.orig}); free space in "
                 f"{folder} and start again (the database itself is intact)"
             )
+        if _primary_code(error) == SQLITE_CORRUPT:
+            return self.damage_failure([str(error.orig)])
         return (
-            f"{self.file} cannot be opened as a database ({error.orig}); move it aside or pass "
-            "another --db"
+            f"{self.file} cannot be opened as a database ({error.orig}); check that --db or "
+            "GPUMUX_DB names gpumux's database, then restore it from a backup or move it aside "
+            "to start with an empty one"
         )
 
     def is_full(self, error: BaseException) -> bool:

@@ -1,0 +1,143 @@
+"""Every command of the real CLI, given hostile arguments, ends in a message, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+
+from gpumux.cli.app import app
+from gpumux.config import Settings
+from gpumux.server.daemon import embedded
+
+# Bytes that are not UTF-8, an id beyond any column, a negative one, nothing, control
+# characters, a value longer than any field, numbers that are not finite, an unknown option.
+NOT_UTF8 = b"x\xff\xfe"
+HOSTILE: tuple[str | bytes, ...] = (
+    NOT_UTF8,
+    str(10**100),
+    "-5",
+    "",
+    "\x01\x07\x1b[31m\x7f",
+    "y" * 50_000,
+    "inf",
+    "nan",
+    "1e400",
+    "--no-such-option",
+)
+# Refused by every command, whatever the parameter.
+ALWAYS_REFUSED = (NOT_UTF8, "--no-such-option")
+RUN_TIMEOUT_S = 60
+WORKERS = 4
+
+
+def commands() -> Iterator[tuple[list[str], Any]]:
+    """Every command of the typer app as its words (`token create`) and its click command."""
+
+    def walk(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield path, command
+
+    yield from walk(typer.main.get_command(app), [])
+
+
+def with_value(path: list[str], value: str | bytes, study: Path) -> list[str | bytes]:
+    """`path` with `value` as its positional argument, and what else it needs to get that far."""
+    command = " ".join(path)
+    if command == "sweep":
+        return [*path, "--detach", value, "--", "true"]
+    if command == "tune":
+        return [*path, "--splits", "1", "--time-limit", "5", "--", value]
+    if command == "export":
+        return [*path, value, "--optuna", f"sqlite:///{study}"]
+    return [*path, value]
+
+
+def cases(path: list[str], command: Any, study: Path) -> list[tuple[list[str | bytes], bool]]:
+    """(argv, whether it must be refused) for hostile values in each of the command's slots."""
+    found = [(with_value(path, value, study), value in ALWAYS_REFUSED) for value in HOSTILE]
+    plain = with_value(path, "1", study)
+    options = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
+    for number, option in enumerate(options):
+        # Each option: bytes that are not UTF-8, and one of the others in turn (an option's
+        # value that looks like an option is a value, so it may be accepted).
+        for value in (NOT_UTF8, HOSTILE[1 + number % (len(HOSTILE) - 2)]):
+            argv = [plain[0], option.opts[0], value, *plain[1:]]
+            found.append((argv, value == NOT_UTF8))
+    for value in (NOT_UTF8, str(10**100), "\x01\x07\x1b[31m\x7f"):
+        found.append((["--url", value, *plain], value == NOT_UTF8))
+    return found
+
+
+def run(
+    argv: list[str | bytes], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [os.fsencode(sys.executable), b"-m", b"gpumux", *map(os.fsencode, argv)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+
+
+def verdict(
+    argv: list[str | bytes], must_refuse: bool, env: dict[str, str], cwd: Path
+) -> str | None:
+    """What is wrong with how the CLI ended on `argv`, or None."""
+    shown = [os.fsencode(word)[:40] for word in argv]
+    try:
+        done = run(argv, env, cwd)
+    except subprocess.TimeoutExpired:
+        return f"{shown}: still running after {RUN_TIMEOUT_S} s"
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    if "Traceback" in output:
+        return f"{shown}: a traceback\n{output[-3000:]}"
+    if must_refuse and done.returncode == 0:
+        return f"{shown}: accepted"
+    if done.returncode != 0 and not done.stderr.strip():
+        return f"{shown}: exit {done.returncode} with no message"
+    return None
+
+
+@pytest.fixture(scope="module")
+def daemon_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("daemon") / "home"
+    with embedded(Settings(home=home)):
+        yield home
+
+
+@pytest.mark.parametrize("against", ["a daemon", "no daemon"])
+@pytest.mark.parametrize(
+    ("path", "command"), list(commands()), ids=[" ".join(p) for p, _ in commands()]
+)
+def test_hostile_arguments_end_in_a_message_and_an_exit_code(
+    tmp_path: Path, daemon_home: Path, path: list[str], command: Any, against: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")}
+    home = daemon_home if against == "a daemon" else tmp_path / "home"
+    if path == ["serve"]:
+        # A serve that accepts its arguments runs until stopped; kept apart from the daemon's.
+        home = tmp_path / "serve-home"
+    env["GPUMUX_HOME"] = str(home)
+    # `token create` writes the user's token file: here, not in the real home.
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    if against == "no daemon":
+        env["GPUMUX_URL"] = f"unix:{tmp_path / 'nobody.sock'}"
+    study = tmp_path / "study.db"
+    with ThreadPoolExecutor(WORKERS) as pool:
+        verdicts = pool.map(
+            lambda case: verdict(case[0], case[1], env, tmp_path), cases(path, command, study)
+        )
+        wrong = [v for v in verdicts if v is not None]
+    assert not wrong, "\n".join(wrong)
