@@ -10,10 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from builders import bearer, served
 
-from gpumux.config import MAX_BODY_BYTES
+from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings
 from gpumux.schemas import Problem
+from gpumux.server.api import create_app
 from gpumux.server.api.deps import INT64_MAX
+from gpumux.storage.engine import Sessions
 
 FIFTY_MB = 50 * 1024 * 1024
 CHUNK = 64 * 1024
@@ -247,3 +250,14 @@ def test_every_integer_in_a_path_or_query_is_bounded_in_the_schema(api: httpx.Cl
                     )
                 if kind.get("type") == "string" and parameter["in"] == "path":
                     assert "maxLength" in kind, (method, path, parameter["name"])
+
+
+def test_the_limit_is_the_settings_own(settings: Settings, sessions: Sessions) -> None:
+    app = create_app(
+        settings=settings.model_copy(update={"max_body_bytes": MIN_BODY_BYTES}), sessions=sessions
+    )
+    with served(app, bearer(sessions)) as client:
+        refused = client.post("/sweeps", content=b" " * (MIN_BODY_BYTES + 1))
+        assert f"limit of {MIN_BODY_BYTES:,} bytes" in problem(refused, 413).detail
+        at_the_limit = client.post("/sweeps", content=b" " * MIN_BODY_BYTES)
+        assert at_the_limit.status_code == 422, at_the_limit.text
