@@ -167,7 +167,7 @@ class LastResort:
                 raise
             response = problem_response(
                 status.HTTP_500_INTERNAL_SERVER_ERROR,
-                f"the daemon failed to answer {where(scope)}: a bug, not your request's fault; "
-                "its log has the details",
+                f"the daemon failed to answer {where(scope)}: its log has the traceback; try "
+                "again, and report it if it happens again",
             )
             await response(scope, receive, send)
