@@ -15,8 +15,10 @@ from gpumux import tokenfile
 from gpumux.config import default_home
 from gpumux.schemas import (
     DevicePublic,
+    FieldProblem,
     Health,
     LogChunk,
+    Problem,
     ProfilePublic,
     ProfilesPublic,
     ReportPublic,
@@ -66,25 +68,22 @@ class DaemonUnreachable(ConnectionError):
 
 
 def error_detail(response: httpx.Response) -> str:
-    """The daemon's explanation of an error response, one line per problem."""
+    """The daemon's explanation of an error response (a Problem): one line per refused field,
+    else its one-line detail."""
     try:
-        detail = response.json()["detail"]
-    except (ValueError, KeyError, TypeError):
+        problem = Problem.model_validate_json(response.content)
+    except ValueError:
         return response.text.strip() or f"HTTP {response.status_code} {response.reason_phrase}"
-    if isinstance(detail, list):
-        return "\n".join(_validation_line(item) for item in detail)
-    return str(detail)
+    if problem.errors:
+        return "\n".join(_field_line(field) for field in problem.errors)
+    return problem.detail
 
 
-def _validation_line(item: Any) -> str:
-    """One FastAPI validation error as "field: message"."""
-    if not isinstance(item, dict):
-        return str(item)
+def _field_line(field: FieldProblem) -> str:
+    """One refused field as "field: message"."""
     # loc starts with where the field came from (body, query, path): the field is the rest.
-    where = [str(part) for part in item.get("loc", [])[1:]]
-    message = str(item.get("msg", item))
-    message = message.removeprefix("Value error, ")
-    return f"{'.'.join(where)}: {message}" if where else message
+    where = ".".join(str(part) for part in field.loc[1:])
+    return f"{where}: {field.msg}" if where else field.msg
 
 
 class Client:

@@ -15,6 +15,11 @@ SOCKET_NAME = "gpumux.sock"
 DATABASE_NAME = "gpumux.db"
 # Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
 SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
+# The API reads at most this much of a request's body by default (GPUMUX_MAX_BODY_BYTES): a
+# sweep's parameters, command and environment fit in far less.
+MAX_BODY_BYTES = 1024 * 1024
+# Below this even an ordinary sweep with its user's environment would be refused.
+MIN_BODY_BYTES = 64 * 1024
 
 
 class SharesError(ValueError):
@@ -134,6 +139,11 @@ class Settings(BaseSettings):
     )
     max_queued_per_user: int | None = Field(
         default=None, ge=1, description="trials one user may have waiting"
+    )
+    max_body_bytes: int = Field(
+        default=MAX_BODY_BYTES,
+        ge=MIN_BODY_BYTES,
+        description="largest request body the API reads; a larger one is refused (413) unread",
     )
 
     @field_validator("shares")

@@ -16,7 +16,7 @@ from gpumux import client as client_module
 from gpumux import tokenfile
 from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
 from gpumux.config import Settings
-from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.schemas import FieldProblem, Problem, SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
 
@@ -147,3 +147,29 @@ def test_error_detail_of_responses_that_are_not_fastapis() -> None:
     assert error_detail(httpx.Response(502, text="bad gateway\n")) == "bad gateway"
     assert error_detail(httpx.Response(500)) == "HTTP 500 Internal Server Error"
     assert error_detail(httpx.Response(409, json={"detail": "busy"})) == "busy"
+
+
+def test_error_detail_of_a_problem_is_one_line_per_refused_field() -> None:
+    refused = Problem(
+        detail="2 fields refused: body.name: too long; query.limit: too small",
+        errors=[
+            FieldProblem(loc=["body", "params", 0], msg="Input should be a string", type="x"),
+            FieldProblem(loc=["query", "limit"], msg="Input should be at least 1", type="y"),
+        ],
+    )
+    response = httpx.Response(422, content=refused.model_dump_json())
+    assert error_detail(response) == (
+        "params.0: Input should be a string\nlimit: Input should be at least 1"
+    )
+    not_json = Problem(
+        detail="1 field refused: body: not valid JSON: it is not UTF-8 text",
+        errors=[FieldProblem(loc=["body"], msg="not valid JSON: it is not UTF-8 text", type="z")],
+    )
+    response = httpx.Response(422, content=not_json.model_dump_json())
+    assert error_detail(response) == "not valid JSON: it is not UTF-8 text"
+
+
+def test_error_detail_of_a_problem_without_fields_is_its_detail() -> None:
+    too_large = Problem(detail="the request's body is over the daemon's limit")
+    response = httpx.Response(413, content=too_large.model_dump_json())
+    assert error_detail(response) == "the request's body is over the daemon's limit"

@@ -1,4 +1,4 @@
-"""Settings: the fair-share weights they parse from GPUMUX_SHARES."""
+"""Settings: the fair-share weights they parse from GPUMUX_SHARES, the database, limits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url
 
-from gpumux.config import Settings, SharesError, parse_shares
+from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings, SharesError, parse_shares
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,14 @@ def test_a_database_file_of_any_name_is_the_file_the_daemon_and_the_cli_both_see
     assert settings.database_file == tmp_path / name
     # The daemon's dialect reads the URL with SQLAlchemy: the same file.
     assert make_url(settings.database_url).database == str(tmp_path / name)
+
+
+def test_the_body_limit_is_a_mebibyte_unless_set_and_never_below_its_minimum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().max_body_bytes == MAX_BODY_BYTES == 1024 * 1024
+    monkeypatch.setenv("GPUMUX_MAX_BODY_BYTES", "4194304")
+    assert Settings().max_body_bytes == 4 * 1024 * 1024
+    monkeypatch.setenv("GPUMUX_MAX_BODY_BYTES", str(MIN_BODY_BYTES - 1))
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        Settings()

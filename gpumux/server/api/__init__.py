@@ -11,7 +11,10 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.server.api import devices, errors, health, profiles, reports, sweeps, tokens, trials, ui
 from gpumux.server.api import metrics as metrics_route
+from gpumux.server.api.allow import Methods
 from gpumux.server.api.deps import AppState
+from gpumux.server.api.limits import BodyLimit
+from gpumux.server.api.responses import EVERY_ROUTE, problems
 from gpumux.server.metrics import Metrics
 from gpumux.storage.engine import Sessions
 
@@ -41,6 +44,10 @@ def create_app(
     app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)
     modules = (sweeps, trials, reports, devices, profiles, tokens, health, metrics_route, ui)
     for module in modules:
-        app.include_router(module.router)
+        app.include_router(module.router, responses=problems(*EVERY_ROUTE))
+    # Each middleware added wraps those added before it: the body's size is held before OPTIONS,
+    # HEAD and the routes see the request.
+    app.add_middleware(Methods, router=app.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
     return app

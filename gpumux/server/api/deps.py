@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,17 @@ from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 
 log = logging.getLogger(__name__)
+
+# SQLite's INTEGER holds 64 bits: a larger id or offset names nothing and must reach no query.
+INT64_MAX = 2**63 - 1
+# The longest user name the database stores (owners.name).
+USER_NAME_MAX = 64
+
+SweepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the sweep's id")]
+TrialId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the trial's id")]
+ProfileId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the profile's id")]
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX, description="how many to skip")]
+UserName = Annotated[str, Path(min_length=1, max_length=USER_NAME_MAX, description="a user")]
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ from fastapi import APIRouter, Depends
 
 from gpumux.schemas import DevicePublic, DeviceTrial
 from gpumux.server.api.deps import ReadSessionDep, StateDep, get_caller
+from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.storage import store
 
 # Any user the daemon accepts may look; over TCP that takes a token.
-router = APIRouter(tags=["devices"], dependencies=[Depends(get_caller)])
+router = APIRouter(
+    tags=["devices"], dependencies=[Depends(get_caller)], responses=problems(*AUTHENTICATED)
+)
 
 
 @router.get("/devices")

@@ -7,17 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from gpumux.schemas import ProfilePublic, ProfilesPublic
-from gpumux.server.api.deps import ReadSessionDep, get_caller
+from gpumux.server.api.deps import Offset, ProfileId, ReadSessionDep, get_caller
+from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.storage import profiles as profile_store
 
 # Any user the daemon accepts may look; over TCP that takes a token.
-router = APIRouter(tags=["profiles"], dependencies=[Depends(get_caller)])
+router = APIRouter(
+    tags=["profiles"],
+    dependencies=[Depends(get_caller)],
+    responses=problems(*AUTHENTICATED, 422),
+)
 
 
 @router.get("/profiles")
 def list_profiles(
     session: ReadSessionDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> ProfilesPublic:
     """Stored profiles, the most recently updated first."""
@@ -27,8 +32,8 @@ def list_profiles(
     )
 
 
-@router.get("/profiles/{profile_id}")
-def get_profile(profile_id: int, session: ReadSessionDep) -> ProfilePublic:
+@router.get("/profiles/{profile_id}", responses=problems(404))
+def get_profile(profile_id: ProfileId, session: ReadSessionDep) -> ProfilePublic:
     """One profile: aggregate throughput, time and memory per trial at each N, and the best N."""
     profile = profile_store.get_profile_by_id(session=session, profile_id=profile_id)
     if profile is None:

@@ -8,13 +8,18 @@ from fastapi import APIRouter, Header, HTTPException, Response, status
 
 from gpumux.schemas import ReportIn
 from gpumux.server.api.deps import StateDep
+from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
 
 router = APIRouter(tags=["reports"])
 
 
-@router.post("/reports", status_code=status.HTTP_204_NO_CONTENT)
+@router.post(
+    "/reports",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problems(*AUTHENTICATED, 404, 409, 422, *WRITES),
+)
 def post_report(
     report_in: ReportIn,
     state: StateDep,

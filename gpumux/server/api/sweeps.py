@@ -21,13 +21,17 @@ from gpumux.schemas import (
 )
 from gpumux.search import methods
 from gpumux.server.api.deps import (
+    USER_NAME_MAX,
     AppState,
     Caller,
     CallerDep,
+    Offset,
     ReadSessionDep,
     StateDep,
+    SweepId,
     refuse_unless_owner,
 )
+from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import profiles as profile_store
@@ -36,7 +40,7 @@ from gpumux.storage.models import Sweep
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["sweeps"])
+router = APIRouter(tags=["sweeps"], responses=problems(*AUTHENTICATED, 422))
 
 
 def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
@@ -118,7 +122,7 @@ def check_quota(session: Session, state: AppState, caller: Caller, trials: int) 
             )
 
 
-@router.post("/sweeps", status_code=status.HTTP_201_CREATED)
+@router.post("/sweeps", status_code=status.HTTP_201_CREATED, responses=problems(429, *WRITES))
 def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> SweepDetail:
     """Submit a sweep as the caller; its trials are queued and committed before this answers."""
     seed = sweep_in.seed if sweep_in.seed is not None else secrets.randbits(31)
@@ -168,8 +172,10 @@ def list_sweeps(
     session: ReadSessionDep,
     caller: CallerDep,
     status_: Annotated[SweepStatus | None, Query(alias="status")] = None,
-    owner: Annotated[str | None, Query(description="whose (admins: anyone's)")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    owner: Annotated[
+        str | None, Query(max_length=USER_NAME_MAX, description="whose (admins: anyone's)")
+    ] = None,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SweepsPublic:
     """The caller's sweeps (an admin's: everyone's), newest first, with counts by status."""
@@ -186,14 +192,18 @@ def list_sweeps(
     )
 
 
-@router.get("/sweeps/{sweep_id}")
-def get_sweep(sweep_id: int, session: ReadSessionDep, caller: CallerDep) -> SweepDetail:
+@router.get("/sweeps/{sweep_id}", responses=problems(404))
+def get_sweep(sweep_id: SweepId, session: ReadSessionDep, caller: CallerDep) -> SweepDetail:
     """One sweep with its counts by status and its best trial by the objective."""
     return sweep_detail(session, sweep_or_404(session, sweep_id, caller))
 
 
-@router.post("/sweeps/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
-def cancel_sweep(sweep_id: int, state: StateDep, caller: CallerDep) -> SweepDetail:
+@router.post(
+    "/sweeps/{sweep_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=problems(404, *WRITES),
+)
+def cancel_sweep(sweep_id: SweepId, state: StateDep, caller: CallerDep) -> SweepDetail:
     """Ask for a sweep to stop: queued trials are dropped, running ones terminated."""
     with state.sessions.write.begin() as session:
         sweep = sweep_or_404(session, sweep_id, caller)
@@ -204,13 +214,13 @@ def cancel_sweep(sweep_id: int, state: StateDep, caller: CallerDep) -> SweepDeta
     return detail
 
 
-@router.get("/sweeps/{sweep_id}/trials")
+@router.get("/sweeps/{sweep_id}/trials", responses=problems(404))
 def list_sweep_trials(
-    sweep_id: int,
+    sweep_id: SweepId,
     session: ReadSessionDep,
     caller: CallerDep,
     status_: Annotated[TrialStatus | None, Query(alias="status")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> TrialsPublic:
     """A sweep's trials in order, paginated."""

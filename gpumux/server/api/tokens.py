@@ -9,15 +9,16 @@ from fastapi import APIRouter, HTTPException, Request, status
 from gpumux import accounts
 from gpumux.schemas import TokenCreate, TokenCreated, TokensRevoked
 from gpumux.server import identity
-from gpumux.server.api.deps import CallerDep, StateDep, refuse_unless_owner
+from gpumux.server.api.deps import CallerDep, StateDep, UserName, refuse_unless_owner
+from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.storage import tokens
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["tokens"])
+router = APIRouter(tags=["tokens"], responses=problems(*AUTHENTICATED, 422, *WRITES))
 
 
-@router.post("/tokens", status_code=status.HTTP_201_CREATED)
+@router.post("/tokens", status_code=status.HTTP_201_CREATED, responses=problems(404))
 def create_token(
     token_in: TokenCreate, request: Request, state: StateDep, caller: CallerDep
 ) -> TokenCreated:
@@ -50,7 +51,7 @@ def create_token(
 
 
 @router.delete("/tokens/{user}")
-def revoke_tokens(user: str, state: StateDep, caller: CallerDep) -> TokensRevoked:
+def revoke_tokens(user: UserName, state: StateDep, caller: CallerDep) -> TokensRevoked:
     """Revoke every token of a user (their own, or anyone's for an admin)."""
     refuse_unless_owner(caller, user, f"the tokens of {user}")
     with state.sessions.write.begin() as session:

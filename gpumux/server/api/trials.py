@@ -10,12 +10,21 @@ from sqlalchemy.orm import Session
 
 from gpumux.processes.logfiles import read_log
 from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
-from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, refuse_unless_owner
+from gpumux.server.api.deps import (
+    INT64_MAX,
+    Caller,
+    CallerDep,
+    Offset,
+    ReadSessionDep,
+    TrialId,
+    refuse_unless_owner,
+)
+from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.models import Trial
 
-router = APIRouter(tags=["trials"])
+router = APIRouter(tags=["trials"], responses=problems(*AUTHENTICATED, 404, 422))
 
 LOG_CHUNK_MAX = 1024 * 1024
 
@@ -30,17 +39,19 @@ def trial_or_404(session: Session, trial_id: int, caller: Caller) -> Trial:
 
 
 @router.get("/trials/{trial_id}")
-def get_trial(trial_id: int, session: ReadSessionDep, caller: CallerDep) -> TrialPublic:
+def get_trial(trial_id: TrialId, session: ReadSessionDep, caller: CallerDep) -> TrialPublic:
     """One trial; a failed one carries its exit status and the last lines of its log."""
     return TrialPublic.model_validate(trial_or_404(session, trial_id, caller))
 
 
 @router.get("/trials/{trial_id}/log")
 def get_trial_log(
-    trial_id: int,
+    trial_id: TrialId,
     session: ReadSessionDep,
     caller: CallerDep,
-    offset: Annotated[int | None, Query(ge=0, description="byte offset; omit for the tail")] = None,
+    offset: Annotated[
+        int | None, Query(ge=0, le=INT64_MAX, description="byte offset; omit for the tail")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = 256 * 1024,
 ) -> LogChunk:
     """The trial's log from `offset`, or its tail; follow it with `next_offset`."""
@@ -72,10 +83,10 @@ def get_trial_log(
 
 @router.get("/trials/{trial_id}/reports")
 def list_trial_reports(
-    trial_id: int,
+    trial_id: TrialId,
     session: ReadSessionDep,
     caller: CallerDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> ReportsPublic:
     """What the trial reported over time: samples/s and metrics."""

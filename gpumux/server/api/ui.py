@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from importlib import resources
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 from fastapi.responses import RedirectResponse
 
 router = APIRouter(tags=["ui"], include_in_schema=False)
@@ -23,6 +24,7 @@ ASSETS = {
     "trial.js": JAVASCRIPT,
     "profiles.js": JAVASCRIPT,
 }
+NAME_MAX = max(len(name) for name in ASSETS)
 # The page loads only its own files and talks only to this daemon; the data it shows (logs,
 # parameters) is put into the DOM as text, and this keeps even a mistake from running code.
 CSP = (
@@ -69,9 +71,11 @@ def index() -> Response:
 
 
 @router.get("/ui/static/{name}")
-def asset(name: str) -> Response:
+def asset(name: Annotated[str, Path(max_length=NAME_MAX)]) -> Response:
     """The dashboard's scripts and style sheet."""
     media_type = ASSETS.get(name)
     if media_type is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dashboard file {name!r}")
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, "no such dashboard file: /ui/ is the dashboard"
+        )
     return Response(web_file(name), media_type=media_type, headers=HEADERS)

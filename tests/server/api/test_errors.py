@@ -14,6 +14,7 @@ from builders import bearer, served
 from sqlalchemy import event, text
 
 from gpumux.config import Settings
+from gpumux.schemas import FieldProblem, Problem
 from gpumux.server.api import create_app, errors
 from gpumux.storage.dialects.sqlite import BUSY_TIMEOUT_MS
 from gpumux.storage.engine import Sessions
@@ -62,6 +63,13 @@ def body(tmp_path: Path, *params: str) -> dict[str, Any]:
     }
 
 
+def problem(response: httpx.Response, status_code: int) -> Problem:
+    """The response's Problem body, once its status is checked."""
+    assert response.status_code == status_code, response.text
+    assert set(response.json()) == {"detail", "errors"}
+    return Problem.model_validate(response.json())
+
+
 def stored(api: httpx.Client) -> dict[int, list[dict[str, Any]]]:
     """Every stored sweep's trials' params, by sweep id."""
     sweeps = api.get("/sweeps").json()["data"]
@@ -93,8 +101,7 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
 
     full = api.post("/sweeps", json=body(tmp_path, "x=1..1000"))
 
-    assert full.status_code == 507, full.text
-    detail = full.json()["detail"]
+    detail = problem(full, 507).detail
     assert f"the database {database} is full" in detail
     assert "nothing of this request was stored" in detail and "Free space" in detail
     assert f"db {database}: full; POST /sweeps refused" in caplog.text
@@ -117,9 +124,8 @@ def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
     try:
         blocker.execute("BEGIN IMMEDIATE")
         locked = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
-        assert locked.status_code == 503, locked.text
         assert locked.headers["retry-after"] == str(errors.RETRY_AFTER_S)
-        detail = locked.json()["detail"]
+        detail = problem(locked, 503).detail
         assert f"the database {database} is locked by another writer" in detail
         assert "nothing of this request was stored" in detail
         # WAL: readers go on while the writer holds the lock.
@@ -143,8 +149,7 @@ def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_
 
     failed = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
 
-    assert failed.status_code == 500, failed.text
-    assert failed.json()["detail"] == (
+    assert problem(failed, 500).detail == (
         "database error in POST /sweeps: IntegrityError: refused by the test "
         "(the daemon's log has the details)"
     )
@@ -152,3 +157,82 @@ def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_
     assert record.levelno == logging.ERROR and record.exc_info is not None
     assert "Traceback" in caplog.text and "refused by the test" in caplog.text
     assert api.get("/health").json()["status"] == "ok"
+
+
+def test_a_refused_field_is_named_in_the_problem_shape_and_its_value_never_echoed(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    secret = "NEVER-ECHOED-" * 40
+    sent = {**body(tmp_path), "name": secret, "command": [], "trials": 0}
+
+    refused = problem(api.post("/sweeps", json=sent), 422)
+
+    assert refused.detail.startswith("3 fields refused: body.name: String should have at most ")
+    assert {tuple(field.loc) for field in refused.errors} == {
+        ("body", "name"),
+        ("body", "command"),
+        ("body", "trials"),
+    }
+    assert {field.type for field in refused.errors} == {
+        "string_too_long",
+        "too_short",
+        "greater_than_equal",
+    }
+    assert "NEVER-ECHOED" not in api.post("/sweeps", json=sent).text
+    assert stored(api) == {}
+
+
+def test_a_body_with_a_mistake_in_every_item_gets_a_bounded_answer(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    sent = {**body(tmp_path), "params": list(range(5000))}
+
+    refused = problem(api.post("/sweeps", json=sent), 422)
+
+    assert len(refused.errors) == errors.LISTED
+    assert refused.detail.startswith("5000 fields refused: body.params.0: Input should be a valid")
+    assert refused.detail.endswith("; and 4997 more")
+    assert len(refused.detail.split("; ")) == errors.NAMED_IN_DETAIL + 1
+
+
+@pytest.mark.parametrize(
+    ("content", "msg"),
+    [
+        (b'{"command": ["x"], "workdir": ', "not valid JSON: Expecting value at character 30"),
+        (b'{"command": ["\xff"], "workdir": "/"}', "not valid JSON: it is not UTF-8 text"),
+        (b"[" * 100_000, "not valid JSON: it is nested too deeply"),
+    ],
+)
+def test_a_body_that_is_not_json_is_a_422_in_the_problem_shape(
+    api: httpx.Client, content: bytes, msg: str
+) -> None:
+    sent = api.post("/sweeps", content=content, headers={"content-type": "application/json"})
+    refused = problem(sent, 422)
+    assert refused.errors == [FieldProblem(loc=["body"], msg=msg, type="json_invalid")]
+    assert refused.detail == f"1 field refused: body: {msg}"
+
+
+def test_a_refusal_of_a_route_is_a_problem_without_fields(api: httpx.Client) -> None:
+    assert problem(api.get("/sweeps/999"), 404) == Problem(detail="sweep 999 not found")
+    anonymous = api.get("/sweeps", headers={"authorization": ""})
+    assert problem(anonymous, 401).detail.startswith("over TCP every request needs a token")
+
+
+def test_a_bug_answers_500_in_the_problem_shape_and_its_traceback_goes_to_the_log(
+    settings: Settings, sessions: Sessions, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(settings=settings, sessions=sessions)
+
+    @app.get("/sweeps/{sweep_id}/boom")
+    def boom(sweep_id: int) -> None:
+        raise RuntimeError("internals: /secret/path")
+
+    with served(app) as client:
+        failed = problem(client.get("/sweeps/7/boom"), 500)
+        assert client.get("/health").json()["status"] == "ok"
+
+    assert failed.detail.startswith("the daemon failed to answer GET /sweeps/{sweep_id}/boom")
+    assert "secret" not in failed.model_dump_json()
+    (record,) = [r for r in caplog.records if r.name == "gpumux.server.api.errors"]
+    assert record.getMessage() == "api: GET /sweeps/7/boom failed"
+    assert record.exc_info is not None and "internals: /secret/path" in caplog.text

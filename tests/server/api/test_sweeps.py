@@ -105,7 +105,7 @@ def test_malformed_json_names_the_problem(api: httpx.Client) -> None:
     assert "json" in response.text.lower()
     missing = api.post("/sweeps", json={"command": ["x"]})
     assert missing.status_code == 422
-    assert any(error["loc"] == ["body", "workdir"] for error in missing.json()["detail"])
+    assert any(error["loc"] == ["body", "workdir"] for error in missing.json()["errors"])
 
 
 @pytest.mark.parametrize(
