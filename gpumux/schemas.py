@@ -6,7 +6,14 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gpumux import sweepspec
@@ -18,7 +25,9 @@ Objective = str  # "metric:min" or "metric:max"
 
 # Limits of what a request may hold, part of the schema: each is checked before work is done.
 # Command and environment together stay well under the daemon's default body limit (1 MiB).
-MAX_ID = 2**63 - 1  # an id column (SQLite's INTEGER)
+# Ids, offsets and seeds: what a JSON client holds exactly (JavaScript's Number.MAX_SAFE_INTEGER;
+# schema-driven clients compare bounds as doubles), and well inside SQLite's 64-bit INTEGER.
+MAX_ID = 2**53 - 1
 MAX_COUNT = 2**31 - 1  # attempts, trials, steps
 MAX_NAME_CHARS = 200  # a sweep's name, a metric's name, a pruner (their columns)
 MAX_USER_CHARS = 64  # an owner's name (its column)
@@ -63,6 +72,25 @@ def _os_text(text: str) -> str:
             "string_nul", "holds a NUL character, which cannot be passed to a process"
         )
     return text
+
+
+def _json_integer(value: object) -> object:
+    """An integer as JSON Schema counts one: 3 or 3.0, never true or "3" (pydantic's lax mode
+    would take those, its strict mode would refuse 3.0); "auto" passes, for `split`."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _json_number(value: object) -> object:
+    """A number as JSON Schema counts one: never true or "0.5"."""
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
 
 
 _OS = (AfterValidator(_os_text), Field(json_schema_extra={"pattern": NUL_FREE}))
@@ -166,7 +194,7 @@ class SweepCreate(BaseModel):
         "Optuna's options after a colon (asha:min_resource=2,reduction_factor=3); needs "
         "`objective`",
     )
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, le=MAX_ID)
     split: (
         Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_SPLIT})]
         | Literal["auto"]
@@ -189,6 +217,11 @@ class SweepCreate(BaseModel):
     priority: int = Field(
         default=0, ge=-1000, le=1000, description="among your sweeps, higher runs first"
     )
+
+    _integers = field_validator("trials", "seed", "split", "retries", "priority", mode="before")(
+        _json_integer
+    )
+    _numbers = field_validator("time_limit_s", mode="before")(_json_number)
 
     @field_validator("params")
     @classmethod
@@ -362,7 +395,6 @@ class ReportIn(BaseModel):
         default=None,
         ge=0,
         le=2**31 - 1,
-        strict=True,
         description="the epoch or iteration (from 0) the metrics belong to",
     )
     samples: float | None = Field(
@@ -384,6 +416,17 @@ class ReportIn(BaseModel):
         max_length=MAX_METRICS,
         description="metrics by name; values that are not finite numbers are dropped",
     )
+
+    _integers = field_validator("trial_id", "attempt", "step", mode="before")(_json_integer)
+    _numbers = field_validator("samples", "seconds", mode="before")(_json_number)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _numbers_only(cls, metrics: object) -> object:
+        if isinstance(metrics, dict):
+            for value in metrics.values():
+                _json_number(value)
+        return metrics
 
     @field_validator("metrics")
     @classmethod

@@ -17,7 +17,6 @@ from gpumux.cli import follow, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
-    MAX_ID,
     CliError,
     CliState,
     build_settings,
@@ -25,7 +24,7 @@ from gpumux.cli.state import (
 )
 from gpumux.client import Client
 from gpumux.lockfile import DaemonError
-from gpumux.schemas import parse_objective
+from gpumux.schemas import MAX_ID, parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 
 SHOW_ROWS = 100

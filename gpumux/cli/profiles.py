@@ -16,7 +16,7 @@ from gpumux.cli.connect import connect
 from gpumux.cli.render import NONE, local_time
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
 from gpumux.client import Client
-from gpumux.schemas import ProfilePublic
+from gpumux.schemas import MAX_ID, ProfilePublic
 
 PAGE = 500
 
@@ -109,7 +109,9 @@ def profiles(
     ctx: typer.Context,
     profile_id: Annotated[
         int | None,
-        typer.Argument(help="show this profile's curve (ids from `gpumux profiles`)"),
+        typer.Argument(
+            help="show this profile's curve (ids from `gpumux profiles`)", min=1, max=MAX_ID
+        ),
     ] = None,
     png: Annotated[
         Path | None,

@@ -18,8 +18,6 @@ from gpumux.config import Settings
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-# The largest id the daemon stores (a signed 64-bit integer): a larger one names nothing.
-MAX_ID = 2**63 - 1
 
 
 class CliError(Exception):

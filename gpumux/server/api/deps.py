@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.schemas import MAX_ID, MAX_USER_CHARS
 from gpumux.server import identity
 from gpumux.storage import tokens
 from gpumux.storage.engine import Sessions
@@ -22,16 +23,11 @@ from gpumux.storage.models import utcnow
 
 log = logging.getLogger(__name__)
 
-# SQLite's INTEGER holds 64 bits: a larger id or offset names nothing and must reach no query.
-INT64_MAX = 2**63 - 1
-# The longest user name the database stores (owners.name).
-USER_NAME_MAX = 64
-
-SweepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the sweep's id")]
-TrialId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the trial's id")]
-ProfileId = Annotated[int, Path(ge=1, le=INT64_MAX, description="the profile's id")]
-Offset = Annotated[int, Query(ge=0, le=INT64_MAX, description="how many to skip")]
-UserName = Annotated[str, Path(min_length=1, max_length=USER_NAME_MAX, description="a user")]
+SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="the sweep's id")]
+TrialId = Annotated[int, Path(ge=1, le=MAX_ID, description="the trial's id")]
+ProfileId = Annotated[int, Path(ge=1, le=MAX_ID, description="the profile's id")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="how many to skip")]
+UserName = Annotated[str, Path(min_length=1, max_length=MAX_USER_CHARS, description="a user")]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
 from gpumux.schemas import (
+    MAX_USER_CHARS,
     ProfilePublic,
     SweepCreate,
     SweepDetail,
@@ -21,7 +22,6 @@ from gpumux.schemas import (
 )
 from gpumux.search import methods
 from gpumux.server.api.deps import (
-    USER_NAME_MAX,
     AppState,
     Caller,
     CallerDep,
@@ -173,7 +173,7 @@ def list_sweeps(
     caller: CallerDep,
     status_: Annotated[SweepStatus | None, Query(alias="status")] = None,
     owner: Annotated[
-        str | None, Query(max_length=USER_NAME_MAX, description="whose (admins: anyone's)")
+        str | None, Query(max_length=MAX_USER_CHARS, description="whose (admins: anyone's)")
     ] = None,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,

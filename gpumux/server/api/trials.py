@@ -9,9 +9,8 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from gpumux.processes.logfiles import read_log
-from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
+from gpumux.schemas import MAX_ID, LogChunk, ReportPublic, ReportsPublic, TrialPublic
 from gpumux.server.api.deps import (
-    INT64_MAX,
     Caller,
     CallerDep,
     Offset,
@@ -50,7 +49,7 @@ def get_trial_log(
     session: ReadSessionDep,
     caller: CallerDep,
     offset: Annotated[
-        int | None, Query(ge=0, le=INT64_MAX, description="byte offset; omit for the tail")
+        int | None, Query(ge=0, le=MAX_ID, description="byte offset; omit for the tail")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = 256 * 1024,
 ) -> LogChunk:

@@ -13,9 +13,8 @@ import pytest
 from builders import bearer, served
 
 from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings
-from gpumux.schemas import Problem
+from gpumux.schemas import MAX_ID, Problem
 from gpumux.server.api import create_app
-from gpumux.server.api.deps import INT64_MAX
 from gpumux.storage.engine import Sessions
 
 FIFTY_MB = 50 * 1024 * 1024
@@ -141,7 +140,7 @@ def test_integers_beyond_64_bits_in_paths_and_queries_are_refused_422(
 
 
 def test_the_largest_id_sqlite_holds_is_a_plain_404(api: httpx.Client) -> None:
-    assert problem(api.get(f"/sweeps/{INT64_MAX}"), 404).detail == f"sweep {INT64_MAX} not found"
+    assert problem(api.get(f"/sweeps/{MAX_ID}"), 404).detail == f"sweep {MAX_ID} not found"
 
 
 def test_a_user_name_longer_than_any_stored_is_refused_422(api: httpx.Client) -> None:
@@ -243,7 +242,7 @@ def test_every_integer_in_a_path_or_query_is_bounded_in_the_schema(api: httpx.Cl
             types = [parameter["schema"], *parameter["schema"].get("anyOf", [])]
             for kind in types:
                 if kind.get("type") == "integer":
-                    assert "minimum" in kind and kind.get("maximum", 2**64) <= INT64_MAX, (
+                    assert "minimum" in kind and kind.get("maximum", 2**64) <= MAX_ID, (
                         method,
                         path,
                         parameter["name"],
