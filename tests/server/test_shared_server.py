@@ -439,7 +439,7 @@ def test_an_owner_in_the_body_is_refused_and_a_forged_environment_is_overridden(
     forged = bob.sweep(WHO_AM_I, owner=alice.name)
     refused = bob.ask(daemon.socket, "POST", "/sweeps", forged)
     assert refused.status == 422, refused.body
-    assert ["body", "owner"] in [error["loc"] for error in refused.body["detail"]]
+    assert ["body", "owner"] in [error["loc"] for error in refused.body["errors"]]
     # Claiming to be alice through the environment changes nothing either.
     claims = {"USER": alice.name, "LOGNAME": alice.name, "HOME": str(alice.account.home)}
     body = bob.sweep(WHO_AM_I)

@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc
 
 from gpumux import __version__
-from gpumux.schemas import Health, Problem
+from gpumux.schemas import Health
 from gpumux.server.api.deps import ReadSessionDep, StateDep
+from gpumux.server.api.responses import problem_response, problems
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import stats
 
@@ -18,17 +19,11 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["health"])
 
-UNREADABLE = {
-    "model": Problem,
-    "description": "The database cannot be read (damaged, gone, a disk error): the reason, "
-    "and what to do",
-}
-
 
 @router.get(
     "/health",
     response_model=Health,
-    responses={status.HTTP_503_SERVICE_UNAVAILABLE: UNREADABLE},
+    responses=problems(status.HTTP_503_SERVICE_UNAVAILABLE),
 )
 def health(state: StateDep, session: ReadSessionDep) -> Health | JSONResponse:
     """Version, database, devices, and how much work is queued or running; 503 when the
@@ -52,8 +47,8 @@ def health(state: StateDep, session: ReadSessionDep) -> Health | JSONResponse:
 def unreadable(database: str, error: exc.DBAPIError) -> JSONResponse:
     """503: the database cannot be read, why, and what to do."""
     reason = (str(error.orig).splitlines() or [type(error.orig).__name__])[0]
-    problem = Problem(
-        detail=f"the database {database} cannot be read ({reason}); stop the daemon and start "
-        "it again: a damaged database is then refused with the way to recover it"
+    return problem_response(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"the database {database} cannot be read ({reason}); stop the daemon and start it "
+        "again: a damaged database is then refused with the way to recover it",
     )
-    return JSONResponse(problem.model_dump(), status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
