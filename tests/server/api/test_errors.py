@@ -185,13 +185,14 @@ def test_a_refused_field_is_named_in_the_problem_shape_and_its_value_never_echoe
 def test_a_body_with_a_mistake_in_every_item_gets_a_bounded_answer(
     api: httpx.Client, tmp_path: Path
 ) -> None:
-    sent = {**body(tmp_path), "params": list(range(5000))}
+    # Under the count of parameters a sweep may have, each of the wrong type.
+    sent = {**body(tmp_path), "params": list(range(200))}
 
     refused = problem(api.post("/sweeps", json=sent), 422)
 
     assert len(refused.errors) == errors.LISTED
-    assert refused.detail.startswith("5000 fields refused: body.params.0: Input should be a valid")
-    assert refused.detail.endswith("; and 4997 more")
+    assert refused.detail.startswith("200 fields refused: body.params.0: Input should be a valid")
+    assert refused.detail.endswith("; and 197 more")
     assert len(refused.detail.split("; ")) == errors.NAMED_IN_DETAIL + 1
 
 
