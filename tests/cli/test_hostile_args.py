@@ -63,12 +63,17 @@ def with_value(path: list[str], value: str | bytes, study: Path) -> list[str | b
     return [*path, value]
 
 
-def cases(path: list[str], command: Any, study: Path) -> list[tuple[list[str | bytes], bool]]:
-    """(argv, whether it must be refused) for hostile values in each of the command's slots."""
+def cases(
+    path: list[str], command: Any, study: Path, *, options: bool
+) -> list[tuple[list[str | bytes], bool]]:
+    """(argv, whether it must be refused) for hostile values in the command's argument, and
+    with `options` in each of its options too."""
     found = [(with_value(path, value, study), value in ALWAYS_REFUSED) for value in HOSTILE]
+    if not options:
+        return found
     plain = with_value(path, "1", study)
-    options = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
-    for number, option in enumerate(options):
+    named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
+    for number, option in enumerate(named):
         # Each option: bytes that are not UTF-8, and one of the others in turn (an option's
         # value that looks like an option is a value, so it may be accepted).
         for value in (NOT_UTF8, HOSTILE[1 + number % (len(HOSTILE) - 2)]):
@@ -137,7 +142,9 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     study = tmp_path / "study.db"
     with ThreadPoolExecutor(WORKERS) as pool:
         verdicts = pool.map(
-            lambda case: verdict(case[0], case[1], env, tmp_path), cases(path, command, study)
+            lambda case: verdict(case[0], case[1], env, tmp_path),
+            # Options are parsed before any daemon is looked for: once is enough.
+            cases(path, command, study, options=against == "a daemon"),
         )
         wrong = [v for v in verdicts if v is not None]
     assert not wrong, "\n".join(wrong)
