@@ -4,10 +4,11 @@ Starts its own `gpumux serve` on a free port with a fresh database in a temporar
 then sends, interleaved, round after round: (a) a body far over the size limit, (b) the largest
 request the limits allow, crafted to be as expensive to validate as they let it be (a grid over
 the limit: every parameter with the most grid points, the longest command and environment),
-(c) a 100-digit integer in a path and in a body, and (d) a cheap valid GET as a baseline. The
-daemon's CPU time is read from /proc/PID/stat (utime + stime, in clock ticks) before and after
-each sample; cheap variants are sent several times per sample so that a tick is small beside
-what is measured. Prints the medians per variant and the goal. Writes nothing but stdout.
+(b2) the most parameters, each a choice of as many values as fit, (c) a 100-digit integer in a
+path and in a body, and (d) a cheap valid GET as a baseline. The daemon's CPU time is read from
+/proc/PID/stat (utime + stime, in clock ticks) before and after each sample; cheap variants are
+sent several times per sample so that a tick is small beside what is measured. Prints the
+medians per variant and the goal. Writes nothing but stdout.
 """
 
 from __future__ import annotations
@@ -31,22 +32,16 @@ from typing import Any
 import httpx
 from sweep_makespan import free_port
 
-from gpumux import __version__, sweepspec
+from gpumux import __version__, schemas, sweepspec
 from gpumux.config import Settings
 from gpumux.tokenfile import daemon_token
 
 GOAL_CPU_MS = 100.0
 STARTUP_DEADLINE_S = 60.0
-# Today a refusal may take minutes of CPU: the point is to measure it, not to give up on it.
+# Before the limits a refusal took a minute of CPU: one that regresses is measured, not dropped.
 REQUEST_TIMEOUT_S = 600.0
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 BIG_INT = "1" * 100
-DEFAULT_BODY_BYTES = 1024 * 1024
-# The limits the daemon may not have yet: each has its option; these defaults are today's
-# figures where one exists, else the issue's (300 parameters of 100,000 grid points, 7 KB).
-DEFAULT_PARAMS = 300
-DEFAULT_COMMAND_BYTES = 64 * 1024
-DEFAULT_ENV_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -83,18 +78,28 @@ def expensive_sweep(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     the command and the environment, each up to its own limit.
     """
     params = [f"p{index}=1e-9..1.0:log:{args.points}" for index in range(args.params)]
-    sweep: dict[str, Any] = {"params": params, "command": ["true", ""], "workdir": workdir}
-    sweep["env"] = {"PAD": ""}
-    room = args.body_bytes - body_size(sweep)
-    if room < 0:
+    # Words and variables as long as one may be, as many as the totals allow.
+    word = "x" * (schemas.MAX_ARG_BYTES - 1)
+    command = ["true", *[word] * (args.command_bytes // schemas.MAX_ARG_BYTES - 1)]
+    value = "x" * (schemas.MAX_ARG_BYTES - len("PAD00=") - 1)
+    env = {f"PAD{index:02}": value for index in range(args.env_bytes // schemas.MAX_ARG_BYTES)}
+    sweep = {"params": params, "command": command, "workdir": workdir, "env": env}
+    if body_size(sweep) > args.body_bytes:
         raise SystemExit(
-            f"{args.params} parameters of {args.points:,} points take {-room:,} bytes more than "
-            f"--body-bytes {args.body_bytes:,}: lower --params"
+            f"the sweep takes {body_size(sweep):,} bytes, over --body-bytes {args.body_bytes:,}: "
+            "lower --params, --command-bytes or --env-bytes"
         )
-    command_pad = min(args.command_bytes - len("true"), room // 2)
-    sweep["command"][1] = "x" * command_pad
-    sweep["env"]["PAD"] = "x" * min(args.env_bytes - len("PAD"), room - command_pad)
     return sweep
+
+
+def choices_sweep(workdir: str) -> dict[str, Any]:
+    """The most parameters allowed, each a choice of as many values as the total length lets
+    it hold: a grid far over any limit, to be counted, not expanded."""
+    per_token = sweepspec.MAX_PARAMS_CHARS // sweepspec.MAX_PARAMS
+    values = ",".join(str(value) for value in range(sweepspec.MAX_CHOICES))
+    values = values[: per_token - len("p000=")].rpartition(",")[0]
+    params = [f"p{index:03}={values}" for index in range(sweepspec.MAX_PARAMS)]
+    return {"params": params, "command": ["true"], "workdir": workdir}
 
 
 def body_size(body: dict[str, Any]) -> int:
@@ -107,6 +112,7 @@ def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
     huge = b'{"name": "' + b"x" * (args.huge_mb * 1024 * 1024) + b'"}'
     expensive = expensive_sweep(args, workdir)
     size = body_size(expensive)
+    choices = choices_sweep(workdir)
     report = f'{{"trial_id": {BIG_INT}, "attempt": 1, "kind": "manual"}}'.encode()
     json_headers = {"Content-Type": "application/json"}
     return [
@@ -121,6 +127,12 @@ def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
             f"POST /sweeps, {args.params} params x {args.points:,} points, {size:,} bytes",
             "422",
             lambda http: http.post("/sweeps", json=expensive),
+        ),
+        Variant(
+            "b2",
+            f"POST /sweeps, {sweepspec.MAX_PARAMS} choices, {body_size(choices):,} bytes",
+            "422",
+            lambda http: http.post("/sweeps", json=choices),
         ),
         Variant(
             "c1",
@@ -176,12 +188,11 @@ def report(measured: list[tuple[Variant, Samples]]) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    body_limit = getattr(Settings(), "max_body_bytes", DEFAULT_BODY_BYTES)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=5, help="samples of each variant")
     parser.add_argument("--huge-mb", type=int, default=50, help="(a): the body's size in MB")
     parser.add_argument(
-        "--params", type=int, default=DEFAULT_PARAMS, help="(b): the most parameters allowed"
+        "--params", type=int, default=sweepspec.MAX_PARAMS, help="(b): how many parameters"
     )
     parser.add_argument(
         "--points",
@@ -190,15 +201,21 @@ def parse_args() -> argparse.Namespace:
         help="(b): the most grid points a parameter may have (default sweepspec.MAX_POINTS)",
     )
     parser.add_argument(
-        "--command-bytes", type=int, default=DEFAULT_COMMAND_BYTES, help="(b): longest command"
+        "--command-bytes",
+        type=int,
+        default=schemas.MAX_COMMAND_BYTES,
+        help="(b): the command's bytes (default schemas.MAX_COMMAND_BYTES)",
     )
     parser.add_argument(
-        "--env-bytes", type=int, default=DEFAULT_ENV_BYTES, help="(b): largest environment"
+        "--env-bytes",
+        type=int,
+        default=schemas.MAX_ENV_BYTES,
+        help="(b): the environment's bytes (default schemas.MAX_ENV_BYTES)",
     )
     parser.add_argument(
         "--body-bytes",
         type=int,
-        default=body_limit,
+        default=Settings().max_body_bytes,
         help="the body size limit, which (b) stays under (default Settings().max_body_bytes)",
     )
     parser.add_argument("--repeat-cheap", type=int, default=20, help="(c): requests per sample")
