@@ -34,6 +34,7 @@ from gpumux.fields import (
     Workdir,
     json_integer,
     json_number,
+    quoted,
 )
 
 # Still imported from here by the API and the CLI, until their imports name gpumux.fields.
@@ -50,7 +51,7 @@ def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
     metric, _, mode = objective.rpartition(":")
     if not metric or mode not in ("min", "max"):
         raise ValueError(
-            f"objective {objective!r} must be METRIC:min or METRIC:max, e.g. val_loss:min"
+            f"objective {quoted(objective)} must be METRIC:min or METRIC:max, e.g. val_loss:min"
         )
     return metric, "min" if mode == "min" else "max"
 
@@ -174,13 +175,13 @@ class SweepCreate(BaseModel):
         for name, value in env.items():
             if "=" in name:
                 raise ValueError(
-                    f"environment variable {name[:40]!r} cannot be passed to a process "
+                    f"environment variable {quoted(name)} cannot be passed to a process "
                     "('=' in its name)"
                 )
             entry = len(name.encode()) + len(value.encode()) + 2
             if entry > MAX_ARG_BYTES:
                 raise ValueError(
-                    f"environment variable {name[:40]!r} takes {entry:,} bytes, over the "
+                    f"environment variable {quoted(name)} takes {entry:,} bytes, over the "
                     f"{MAX_ARG_BYTES:,} a process accepts; pass large data in a file"
                 )
             total += entry
@@ -202,7 +203,7 @@ class SweepCreate(BaseModel):
     @classmethod
     def _split_in_range(cls, split: int | Literal["auto"]) -> int | Literal["auto"]:
         if split != "auto" and not 1 <= split <= MAX_SPLIT:
-            raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto', got {split}")
+            raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto'")
         return split
 
     @field_validator("objective")

@@ -13,6 +13,7 @@ from gpumux import sweepspec
 from gpumux.fields import (
     ABSOLUTE_PATH,
     ENV_NAME,
+    MAX_ARG_BYTES,
     MAX_COMMAND_WORDS,
     MAX_COUNT,
     MAX_ENV_ENTRIES,
@@ -26,8 +27,10 @@ from gpumux.fields import (
     OBJECTIVE,
     PARAM_TOKEN,
     PATH_MAX,
+    QUOTE_CHARS,
+    quoted,
 )
-from gpumux.schemas import ReportIn, SweepCreate, TokenCreate
+from gpumux.schemas import ReportIn, SweepCreate, TokenCreate, parse_objective
 
 SURROGATE = "\ud800"
 
@@ -214,3 +217,32 @@ def test_a_metric_that_is_not_a_number_is_refused() -> None:
         ReportIn.model_validate(
             {"trial_id": 1, "attempt": 1, "kind": "manual", "metrics": {"loss": "0.5"}}
         )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"objective": "x" * MAX_NAME_CHARS + ":avg"},
+        {"env": {"A" * 1000 + "=": "1"}},
+        {"env": {"B" * 1000: "v" * MAX_ARG_BYTES}},
+        {"split": 10**100},
+    ],
+)
+def test_a_refusal_quotes_at_most_a_cut_of_what_was_sent(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        SweepCreate.model_validate(sweep(**fields))
+    (error,) = refused.value.errors()
+    assert len(error["msg"]) < 200, error["msg"]
+    assert not re.search(rf"(.)\1{{{QUOTE_CHARS}}}", error["msg"]), error["msg"]
+
+
+def test_a_long_objective_is_quoted_cut() -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_objective("y" * 16_000)
+    assert f"'{'y' * QUOTE_CHARS}…'" in str(refused.value) and len(str(refused.value)) < 200
+
+
+def test_quoted_cuts_only_what_is_too_long() -> None:
+    assert quoted("a\nb") == repr("a\nb")
+    assert quoted("z" * QUOTE_CHARS) == repr("z" * QUOTE_CHARS)
+    assert quoted("z" * (QUOTE_CHARS + 1)) == repr("z" * QUOTE_CHARS + "…")
