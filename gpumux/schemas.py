@@ -6,121 +6,44 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumux import sweepspec
+from gpumux.fields import (
+    ENV_NAME,
+    MAX_ARG_BYTES,
+    MAX_COMMAND_BYTES,
+    MAX_COMMAND_WORDS,
+    MAX_COUNT,
+    MAX_ENV_BYTES,
+    MAX_ENV_ENTRIES,
+    MAX_ID,
+    MAX_METRICS,
+    MAX_REPORT_SECONDS,
+    MAX_SAMPLES,
+    MAX_SPLIT,
+    MAX_TIME_LIMIT_S,
+    CommandWord,
+    EnvName,
+    EnvValue,
+    MetricName,
+    ObjectiveText,
+    ParamToken,
+    ShortText,
+    UserName,
+    Workdir,
+    json_integer,
+    json_number,
+    quoted,
+)
+
+# Still imported from here by the API and the CLI, until their imports name gpumux.fields.
+from gpumux.fields import MAX_NAME_CHARS as MAX_NAME_CHARS
+from gpumux.fields import MAX_USER_CHARS as MAX_USER_CHARS
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 
-MAX_SPLIT = 64
 Objective = str  # "metric:min" or "metric:max"
-
-# Limits of what a request may hold, part of the schema: each is checked before work is done.
-# Command and environment together stay well under the daemon's default body limit (1 MiB).
-# Ids, offsets and seeds: what a JSON client holds exactly (JavaScript's Number.MAX_SAFE_INTEGER;
-# schema-driven clients compare bounds as doubles), and well inside SQLite's 64-bit INTEGER.
-MAX_ID = 2**53 - 1
-MAX_COUNT = 2**31 - 1  # attempts, trials, steps
-MAX_NAME_CHARS = 200  # a sweep's name, a metric's name, a pruner (their columns)
-MAX_USER_CHARS = 64  # an owner's name (its column)
-PATH_MAX = 4096  # Linux's, with the terminating NUL
-# Linux's MAX_ARG_STRLEN: the longest single argument or NAME=value an exec accepts.
-MAX_ARG_BYTES = 128 * 1024
-MAX_COMMAND_WORDS = 1024
-MAX_COMMAND_BYTES = 256 * 1024
-MAX_ENV_ENTRIES = 4096
-MAX_ENV_BYTES = 512 * 1024
-MAX_TIME_LIMIT_S = 366 * 86400.0
-MAX_SAMPLES = 1e12  # one report's samples
-MAX_REPORT_SECONDS = 1e7  # one report's interval (about 116 days)
-MAX_METRICS = 256  # metrics in one report
-
-# The schema's patterns; each is checked by a validator that says what is wrong in words.
-NUL_FREE = r"^[^\x00]*$"
-PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00]*$"
-ABSOLUTE_PATH = r"^/[^\x00]*$"
-ENV_NAME = r"^[^=\x00]+$"
-OBJECTIVE = r"^.+:(min|max)$"
-
-
-def _valid_unicode(text: str) -> str:
-    """Refuse a lone UTF-16 surrogate (a JSON \\ud800 escape without its pair): it is no text,
-    and no answer holding it could be written."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PydanticCustomError(
-            "string_unicode",
-            "not valid Unicode: it holds a lone surrogate (\\ud800-\\udfff without its pair); "
-            "send UTF-8 text",
-        ) from None
-    return text
-
-
-def _os_text(text: str) -> str:
-    """Valid Unicode without NUL, as what reaches a process's arguments, environment or path."""
-    if "\0" in _valid_unicode(text):
-        raise PydanticCustomError(
-            "string_nul", "holds a NUL character, which cannot be passed to a process"
-        )
-    return text
-
-
-def _json_integer(value: object) -> object:
-    """An integer as JSON Schema counts one: 3 or 3.0, never true or "3" (pydantic's lax mode
-    would take those, its strict mode would refuse 3.0); "auto" passes, for `split`."""
-    if value == "auto":
-        return value
-    if isinstance(value, bool | str | bytes):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _json_number(value: object) -> object:
-    """A number as JSON Schema counts one: never true or "0.5"."""
-    if isinstance(value, bool | str | bytes):
-        raise PydanticCustomError("float_type", "Input should be a valid number")
-    return value
-
-
-_OS = (AfterValidator(_os_text), Field(json_schema_extra={"pattern": NUL_FREE}))
-# Lengths come first in each type, so that a value too long is refused before it is read.
-ParamToken = Annotated[
-    str,
-    Field(min_length=2, max_length=sweepspec.MAX_TOKEN_CHARS),
-    AfterValidator(_os_text),
-    Field(json_schema_extra={"pattern": PARAM_TOKEN}),
-]
-CommandWord = Annotated[str, Field(max_length=MAX_ARG_BYTES - 1), *_OS]
-Workdir = Annotated[
-    str,
-    Field(min_length=1, max_length=PATH_MAX - 1),
-    AfterValidator(_os_text),
-    Field(json_schema_extra={"pattern": ABSOLUTE_PATH}),
-]
-EnvName = Annotated[str, Field(min_length=1, max_length=MAX_ARG_BYTES - 2), *_OS]
-EnvValue = Annotated[str, Field(max_length=MAX_ARG_BYTES - 3), *_OS]
-UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_CHARS), *_OS]
-ShortText = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)]
-MetricName = Annotated[
-    str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)
-]
-ObjectiveText = Annotated[
-    str,
-    Field(max_length=MAX_NAME_CHARS + 4),
-    AfterValidator(_valid_unicode),
-    Field(json_schema_extra={"pattern": OBJECTIVE}),
-]
 
 
 def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
@@ -128,7 +51,7 @@ def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
     metric, _, mode = objective.rpartition(":")
     if not metric or mode not in ("min", "max"):
         raise ValueError(
-            f"objective {objective!r} must be METRIC:min or METRIC:max, e.g. val_loss:min"
+            f"objective {quoted(objective)} must be METRIC:min or METRIC:max, e.g. val_loss:min"
         )
     return metric, "min" if mode == "min" else "max"
 
@@ -219,9 +142,9 @@ class SweepCreate(BaseModel):
     )
 
     _integers = field_validator("trials", "seed", "split", "retries", "priority", mode="before")(
-        _json_integer
+        json_integer
     )
-    _numbers = field_validator("time_limit_s", mode="before")(_json_number)
+    _numbers = field_validator("time_limit_s", mode="before")(json_number)
 
     @field_validator("params")
     @classmethod
@@ -252,13 +175,13 @@ class SweepCreate(BaseModel):
         for name, value in env.items():
             if "=" in name:
                 raise ValueError(
-                    f"environment variable {name[:40]!r} cannot be passed to a process "
+                    f"environment variable {quoted(name)} cannot be passed to a process "
                     "('=' in its name)"
                 )
             entry = len(name.encode()) + len(value.encode()) + 2
             if entry > MAX_ARG_BYTES:
                 raise ValueError(
-                    f"environment variable {name[:40]!r} takes {entry:,} bytes, over the "
+                    f"environment variable {quoted(name)} takes {entry:,} bytes, over the "
                     f"{MAX_ARG_BYTES:,} a process accepts; pass large data in a file"
                 )
             total += entry
@@ -280,7 +203,7 @@ class SweepCreate(BaseModel):
     @classmethod
     def _split_in_range(cls, split: int | Literal["auto"]) -> int | Literal["auto"]:
         if split != "auto" and not 1 <= split <= MAX_SPLIT:
-            raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto', got {split}")
+            raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto'")
         return split
 
     @field_validator("objective")
@@ -417,15 +340,15 @@ class ReportIn(BaseModel):
         description="metrics by name; values that are not finite numbers are dropped",
     )
 
-    _integers = field_validator("trial_id", "attempt", "step", mode="before")(_json_integer)
-    _numbers = field_validator("samples", "seconds", mode="before")(_json_number)
+    _integers = field_validator("trial_id", "attempt", "step", mode="before")(json_integer)
+    _numbers = field_validator("samples", "seconds", mode="before")(json_number)
 
     @field_validator("metrics", mode="before")
     @classmethod
     def _numbers_only(cls, metrics: object) -> object:
         if isinstance(metrics, dict):
             for value in metrics.values():
-                _json_number(value)
+                json_number(value)
         return metrics
 
     @field_validator("metrics")

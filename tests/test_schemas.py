@@ -9,8 +9,28 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpumux import schemas, sweepspec
-from gpumux.schemas import ReportIn, SweepCreate, TokenCreate
+from gpumux import sweepspec
+from gpumux.fields import (
+    ABSOLUTE_PATH,
+    ENV_NAME,
+    MAX_ARG_BYTES,
+    MAX_COMMAND_WORDS,
+    MAX_COUNT,
+    MAX_ENV_ENTRIES,
+    MAX_ID,
+    MAX_METRICS,
+    MAX_NAME_CHARS,
+    MAX_REPORT_SECONDS,
+    MAX_SAMPLES,
+    MAX_TIME_LIMIT_S,
+    NUL_FREE,
+    OBJECTIVE,
+    PARAM_TOKEN,
+    PATH_MAX,
+    QUOTE_CHARS,
+    quoted,
+)
+from gpumux.schemas import ReportIn, SweepCreate, TokenCreate, parse_objective
 
 SURROGATE = "\ud800"
 
@@ -53,11 +73,11 @@ def test_a_lone_surrogate_in_a_token_request_or_a_metric_name_is_refused() -> No
     [
         {"time_limit_s": math.nan},
         {"time_limit_s": math.inf},
-        {"time_limit_s": schemas.MAX_TIME_LIMIT_S * 2},
+        {"time_limit_s": MAX_TIME_LIMIT_S * 2},
         {"trials": 2**63},
         {"seed": 2**64},
         {"env": {"A": "x\0y"}},
-        {"workdir": "/" + "d" * schemas.PATH_MAX},
+        {"workdir": "/" + "d" * PATH_MAX},
         {"command": ["python", "{lrr}"]},
     ],
 )
@@ -73,11 +93,11 @@ def test_values_no_column_or_process_can_hold_are_refused(fields: dict[str, Any]
         {"trial_id": 0},
         {"attempt": 2**31},
         {"samples": math.inf},
-        {"samples": schemas.MAX_SAMPLES * 10},
+        {"samples": MAX_SAMPLES * 10},
         {"seconds": math.nan},
-        {"seconds": schemas.MAX_REPORT_SECONDS * 10},
-        {"metrics": {f"m{i}": 1.0 for i in range(schemas.MAX_METRICS + 1)}},
-        {"metrics": {"m" * (schemas.MAX_NAME_CHARS + 1): 1.0}},
+        {"seconds": MAX_REPORT_SECONDS * 10},
+        {"metrics": {f"m{i}": 1.0 for i in range(MAX_METRICS + 1)}},
+        {"metrics": {"m" * (MAX_NAME_CHARS + 1): 1.0}},
     ],
 )
 def test_reports_with_impossible_values_are_refused(fields: dict[str, Any]) -> None:
@@ -88,15 +108,15 @@ def test_reports_with_impossible_values_are_refused(fields: dict[str, Any]) -> N
 def test_a_report_at_the_limits_is_accepted() -> None:
     report = ReportIn.model_validate(
         {
-            "trial_id": schemas.MAX_ID,
-            "attempt": schemas.MAX_COUNT,
+            "trial_id": MAX_ID,
+            "attempt": MAX_COUNT,
             "kind": "manual",
-            "samples": schemas.MAX_SAMPLES,
-            "seconds": schemas.MAX_REPORT_SECONDS,
-            "metrics": {f"m{i}": 1.0 for i in range(schemas.MAX_METRICS - 1)} | {"bad": math.inf},
+            "samples": MAX_SAMPLES,
+            "seconds": MAX_REPORT_SECONDS,
+            "metrics": {f"m{i}": 1.0 for i in range(MAX_METRICS - 1)} | {"bad": math.inf},
         }
     )
-    assert len(report.metrics) == schemas.MAX_METRICS - 1 and "bad" not in report.metrics
+    assert len(report.metrics) == MAX_METRICS - 1 and "bad" not in report.metrics
 
 
 def test_a_placeholder_message_names_it_the_parameters_and_the_escape() -> None:
@@ -111,27 +131,27 @@ def test_the_schema_states_the_bounds() -> None:
     fields = schema["properties"]
     assert fields["params"]["maxItems"] == sweepspec.MAX_PARAMS
     assert fields["params"]["items"]["maxLength"] == sweepspec.MAX_TOKEN_CHARS
-    assert fields["params"]["items"]["pattern"] == schemas.PARAM_TOKEN
-    assert fields["command"]["maxItems"] == schemas.MAX_COMMAND_WORDS
-    assert fields["command"]["items"]["pattern"] == schemas.NUL_FREE
-    assert fields["workdir"]["maxLength"] == schemas.PATH_MAX - 1
-    assert fields["workdir"]["pattern"] == schemas.ABSOLUTE_PATH
-    assert fields["env"]["maxProperties"] == schemas.MAX_ENV_ENTRIES
-    assert fields["env"]["propertyNames"]["pattern"] == schemas.ENV_NAME
+    assert fields["params"]["items"]["pattern"] == PARAM_TOKEN
+    assert fields["command"]["maxItems"] == MAX_COMMAND_WORDS
+    assert fields["command"]["items"]["pattern"] == NUL_FREE
+    assert fields["workdir"]["maxLength"] == PATH_MAX - 1
+    assert fields["workdir"]["pattern"] == ABSOLUTE_PATH
+    assert fields["env"]["maxProperties"] == MAX_ENV_ENTRIES
+    assert fields["env"]["propertyNames"]["pattern"] == ENV_NAME
     limit = next(s for s in fields["time_limit_s"]["anyOf"] if s.get("type") == "number")
-    assert limit["maximum"] == schemas.MAX_TIME_LIMIT_S
+    assert limit["maximum"] == MAX_TIME_LIMIT_S
     report = ReportIn.model_json_schema()["properties"]
-    assert report["trial_id"]["maximum"] == schemas.MAX_ID
-    assert report["metrics"]["maxProperties"] == schemas.MAX_METRICS
+    assert report["trial_id"]["maximum"] == MAX_ID
+    assert report["metrics"]["maxProperties"] == MAX_METRICS
 
 
 def test_the_schema_patterns_agree_with_the_validators() -> None:
-    assert re.fullmatch(schemas.PARAM_TOKEN, "lr=1e-3..1e-1")
-    assert not re.fullmatch(schemas.PARAM_TOKEN, "--lr=1")
-    assert not re.fullmatch(schemas.NUL_FREE, "a\0b")
-    assert not re.fullmatch(schemas.ABSOLUTE_PATH, "relative")
-    assert not re.fullmatch(schemas.ENV_NAME, "A=B")
-    assert re.fullmatch(schemas.OBJECTIVE, "val_loss:min")
+    assert re.fullmatch(PARAM_TOKEN, "lr=1e-3..1e-1")
+    assert not re.fullmatch(PARAM_TOKEN, "--lr=1")
+    assert not re.fullmatch(NUL_FREE, "a\0b")
+    assert not re.fullmatch(ABSOLUTE_PATH, "relative")
+    assert not re.fullmatch(ENV_NAME, "A=B")
+    assert re.fullmatch(OBJECTIVE, "val_loss:min")
 
 
 def test_the_largest_grid_the_limits_allow_is_counted_not_expanded() -> None:
@@ -197,3 +217,32 @@ def test_a_metric_that_is_not_a_number_is_refused() -> None:
         ReportIn.model_validate(
             {"trial_id": 1, "attempt": 1, "kind": "manual", "metrics": {"loss": "0.5"}}
         )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"objective": "x" * MAX_NAME_CHARS + ":avg"},
+        {"env": {"A" * 1000 + "=": "1"}},
+        {"env": {"B" * 1000: "v" * MAX_ARG_BYTES}},
+        {"split": 10**100},
+    ],
+)
+def test_a_refusal_quotes_at_most_a_cut_of_what_was_sent(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        SweepCreate.model_validate(sweep(**fields))
+    (error,) = refused.value.errors()
+    assert len(error["msg"]) < 200, error["msg"]
+    assert not re.search(rf"(.)\1{{{QUOTE_CHARS}}}", error["msg"]), error["msg"]
+
+
+def test_a_long_objective_is_quoted_cut() -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_objective("y" * 16_000)
+    assert f"'{'y' * QUOTE_CHARS}…'" in str(refused.value) and len(str(refused.value)) < 200
+
+
+def test_quoted_cuts_only_what_is_too_long() -> None:
+    assert quoted("a\nb") == repr("a\nb")
+    assert quoted("z" * QUOTE_CHARS) == repr("z" * QUOTE_CHARS)
+    assert quoted("z" * (QUOTE_CHARS + 1)) == repr("z" * QUOTE_CHARS + "…")

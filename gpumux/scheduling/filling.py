@@ -10,11 +10,11 @@ from dataclasses import replace
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
-from gpumux.schemas import MAX_SPLIT
 from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.splits.searches import Searches
 from gpumux.storage import store

@@ -21,6 +21,7 @@ from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.probes import DeviceProbe, NvmlUnavailable
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.processes.rundir import TrialEnd
 from gpumux.scheduling import outcomes
@@ -31,7 +32,6 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile
 from gpumux.scheduling.watched import Running, Watched
-from gpumux.schemas import MAX_SPLIT
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus

@@ -7,7 +7,8 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import MAX_SAMPLES, ReportIn
+from gpumux.fields import MAX_SAMPLES
+from gpumux.schemas import ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.store import token_hash

@@ -13,7 +13,9 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import pytest
 from reliability.conftest import START_TIMEOUT_S, DaemonProcess
 
 import gpumux
-from gpumux.accounts import UserAccount
+from gpumux.accounts import UnknownUser, UserAccount
 from gpumux.tokenfile import daemon_token
 
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")
@@ -47,6 +49,10 @@ DAEMON_ENV = {
     "GPUMUX_MAX_GRID": "100",
 }
 IMPORT_PATH = os.pathsep.join([str(Path(gpumux.__file__).parents[1]), *site.getsitepackages()])
+# Ending the account's processes: rounds of SIGKILL (one may fork while the others die), and how
+# long one killed process may take to exit.
+KILL_ROUNDS = 5
+EXIT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,58 @@ def _make_account(base: Path) -> UserAccount | str:
     return UserAccount.from_name(name)
 
 
+def _runs_as(pid: int, uid: int) -> bool:
+    """Whether process `pid` lives with `uid` as its real, effective or saved uid (as userdel
+    counts it); a zombie has exited and holds no account."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    return not fields["State"].startswith("Z") and str(uid) in fields["Uid"].split()[:3]
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The processes that run as `uid`, by pid."""
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _runs_as(int(p.name), uid)
+    ]
+
+
+def _end_processes_of(uid: int) -> list[int]:
+    """SIGKILL each process that runs as `uid` and wait until it has exited; what is left."""
+    for _ in range(KILL_ROUNDS):
+        if not (pids := _processes_of(uid)):
+            return []
+        for pid in pids:
+            try:
+                process = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                # The pid is checked again through its pidfd: it may name another process now.
+                if _runs_as(pid, uid):
+                    signal.pidfd_send_signal(process, signal.SIGKILL)
+                    select.select([process], [], [], EXIT_WAIT_S)  # readable once it exited
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(process)
+    return _processes_of(uid)
+
+
+def _remove_account(account: UserAccount) -> None:
+    """Delete the account made for the test, once nothing runs as it; AssertionError if it stays."""
+    left = _end_processes_of(account.uid)
+    assert not left, f"processes {left} of {account.name} outlive SIGKILL: {account.name} is left"
+    done = subprocess.run(["userdel", account.name], capture_output=True, text=True)
+    assert done.returncode == 0, (
+        f"userdel {account.name} failed (exit {done.returncode}): {done.stderr.strip()}"
+    )
+
+
 @pytest.fixture(scope="module")
 def confinement() -> Iterator[tuple[Confinement, Path]]:
     """Who the daemon runs as, and a directory it may enter (0755) for its data."""
@@ -154,9 +212,11 @@ def confinement() -> Iterator[tuple[Confinement, Path]]:
             why = f"the daemon runs as {made.name} (uid {made.uid}), commands fuzzed"
             yield Confinement(account=made, python=python, why=why), base
     finally:
-        if not isinstance(made, str):
-            subprocess.run(["userdel", made.name], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            if not isinstance(made, str):
+                _remove_account(made)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +314,25 @@ def test_the_fuzzed_commands_ran_confined(daemon: ConfinedDaemon) -> None:
             if not sweeps or offset >= page.json()["count"]:
                 break
     assert commands <= {("/bin/true",)}, commands  # what fuzz_hooks.py sends
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("useradd") and shutil.which("userdel")),
+    reason="making an account needs root, useradd and userdel",
+)
+def test_the_account_goes_with_what_still_runs_as_it(tmp_path: Path) -> None:
+    made = _make_account(tmp_path)
+    assert isinstance(made, UserAccount), made
+    left = subprocess.Popen(
+        ["sleep", "600"], user=made.uid, group=made.gid, extra_groups=[], cwd="/"
+    )
+    try:
+        _remove_account(made)
+        assert left.wait(timeout=EXIT_WAIT_S) == -signal.SIGKILL
+        with pytest.raises(UnknownUser):
+            UserAccount.from_name(made.name)
+    finally:
+        left.kill()
+        left.wait()
+        if subprocess.run(["id", made.name], capture_output=True).returncode == 0:
+            subprocess.run(["userdel", made.name], check=True)  # the test failed: clean up
