@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumux.config import Settings
 from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
 from gpumux.server.daemon import Daemon, embedded
-from gpumux.server.listening import listen_where_clients_look
+from gpumux.server.listening import bind_tcp, listen_where_clients_look
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -207,3 +208,27 @@ def test_a_socket_that_cannot_be_made_is_refused_with_the_way_out(tmp_path: Path
         Daemon(settings).start()
     with embedded(Settings(home=tmp_path / "home", url=f"http://127.0.0.1:{free_port()}")):
         pass  # the refused daemon released its locks
+
+
+def test_tcp_connections_send_small_answers_without_waiting_for_an_ack(tmp_path: Path) -> None:
+    """TCP_NODELAY on each accepted connection: an answer written in two pieces (head, body)
+    must not wait for the client's delayed ACK (40 ms a request)."""
+    listener, _ = bind_tcp(
+        Settings(home=tmp_path / "home", host="127.0.0.1", port=0), fallback_port=False
+    )
+
+    async def nodelay_of_an_accepted_connection() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def handle(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connection = writer.get_extra_info("socket")
+            accepted.set_result(connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        async with await asyncio.start_server(handle, sock=listener):
+            _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            nodelay = await asyncio.wait_for(accepted, timeout=30)
+            writer.close()
+        return nodelay
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
