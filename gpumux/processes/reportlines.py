@@ -3,8 +3,9 @@
 A script that imports nothing reports by printing one line to its output (flushed):
 ``GPUMUX_REPORT {"step": 3, "samples": 512, "val_loss": 0.41}``: `step` (an int from 0, optional),
 `samples` (a finite number >= 0, processed since the previous report, optional), and every other
-key a metric (finite numbers; other values are dropped). The log holds stdout and stderr alike;
-the line must start with the prefix (a progress bar redrawn with \\r on the same line hides it).
+key a metric (named by 1 to 200 characters, no NUL; finite numbers, other values are dropped).
+The log holds stdout and stderr alike; the line must start with the prefix (a progress bar
+redrawn with \\r on the same line hides it).
 The scheduler feeds each running trial's log to a `ReportLines` as the log grows; this module
 only parses (standard library, no I/O).
 """
@@ -142,10 +143,27 @@ def parse(line: bytes) -> LineReport | RejectedLine:
             return _rejected(line, f'"samples" must be a finite number from 0 to {MAX_SAMPLES:g}')
     if len(value) > MAX_METRICS:
         return _rejected(line, f"{len(value):,} metrics, over the limit of {MAX_METRICS}")
-    if any(len(name) > MAX_METRIC_CHARS for name in value):
-        return _rejected(line, f"a metric's name is over {MAX_METRIC_CHARS} characters")
+    for name in value:
+        if (fault := _name_fault(name)) is not None:
+            return _rejected(line, fault)
     metrics = {name: number for name, raw in value.items() if (number := _finite(raw)) is not None}
     return LineReport(step=step, samples=samples, metrics=metrics)
+
+
+def _name_fault(name: str) -> str | None:
+    """Why a metric's name is unfit to store, as a report's metric names are checked; None: fit."""
+    if not name:
+        return "a metric's name is empty"
+    if len(name) > MAX_METRIC_CHARS:
+        return f"a metric's name is over {MAX_METRIC_CHARS} characters"
+    if "\0" in name:
+        return "a metric's name holds a NUL character"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # A JSON \ud800 escape without its pair: no text, and nothing could store or show it.
+        return "a metric's name holds a lone surrogate (\\ud800-\\udfff without its pair)"
+    return None
 
 
 def _finite(value: object) -> float | None:

@@ -2,6 +2,8 @@
 
 Training never waits on HTTP: reports go into a bounded queue that one daemon thread drains. A
 daemon that does not answer costs one warning line; the reports meanwhile are dropped and counted.
+A report is cut to what the daemon accepts before it is sent; one the daemon refuses all the same
+(a 4xx answer) is dropped alone, with one warning that quotes the daemon's reason.
 """
 
 from __future__ import annotations
@@ -29,10 +31,22 @@ REQUEST_TIMEOUT_S = 5.0
 EXIT_FLUSH_TIMEOUT_S = 2.0
 # After a failed delivery, reports are dropped for this long rather than sent to a dead daemon.
 RETRY_AFTER_S = 5.0
+# What POST /reports accepts (gpumux.schemas), mirrored: the runtime imports nothing else from
+# gpumux, and the daemon refuses a report beyond them whole (tests check that the two agree).
+MAX_METRICS = 256
+MAX_METRIC_CHARS = 200
+MAX_SAMPLES = 1e12
+MAX_REPORT_SECONDS = 1e7
+# The most of the daemon's reason for a refusal that a warning quotes.
+MAX_REASON_CHARS = 300
 
 
 class ReportRejected(Exception):
-    """The daemon answered a report with an error status."""
+    """The daemon answered a report with an error status: it failed, or it is not the daemon."""
+
+
+class ReportRefused(Exception):
+    """The daemon refused this report (a 4xx answer); the message is its reason."""
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -62,18 +76,50 @@ def finite_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
             continue
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         if math.isfinite(number):
             numbers[str(name)] = number
     return numbers
 
 
-def _finite_or_none(value: float | None) -> float | None:
+def report_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], str | None]:
+    """The finite metrics a report may carry, and why some were left out (None: none was)."""
+    numbers = finite_metrics(metrics)
+    kept = {name: number for name, number in numbers.items() if _storable(name)}
+    why = []
+    if len(kept) < len(numbers):
+        why.append(
+            f"a metric whose name is empty, over {MAX_METRIC_CHARS} characters, or holds a NUL "
+            "or a lone surrogate is not reported"
+        )
+    if len(kept) > MAX_METRICS:
+        why.append(f"{len(kept):,} metrics in one report: only the first {MAX_METRICS} are sent")
+        kept = dict(list(kept.items())[:MAX_METRICS])
+    return kept, "; ".join(why) or None
+
+
+def _storable(name: str) -> bool:
+    """Whether the daemon stores a metric of this name: 1 to MAX_METRIC_CHARS characters of
+    valid Unicode, no NUL."""
+    if not 0 < len(name) <= MAX_METRIC_CHARS or "\0" in name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bounded(value: float | None, bound: float) -> float | None:
+    """The value as a float from 0 to `bound`; None for anything else."""
     if value is None:
         return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if 0 <= number <= bound else None
 
 
 class Reporter:
@@ -91,7 +137,7 @@ class Reporter:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        self._warned = False
+        self._warned: set[str] = set()
         self._retry_at = 0.0
 
     def submit(
@@ -104,14 +150,25 @@ class Reporter:
         metrics: Mapping[str, object],
     ) -> None:
         """Queue one report: metrics at `step`, samples processed in the interval of `seconds`."""
+        numbers, left_out = report_metrics(metrics)
+        if left_out is not None:
+            self._warn_once("metrics", f"WARNING: {left_out}")
+        sent_samples = _bounded(samples, MAX_SAMPLES)
+        if samples is not None and sent_samples is None:
+            self._warn_once(
+                "samples",
+                f"WARNING: samples must be a finite number from 0 to {MAX_SAMPLES:g}: "
+                "reports go without them",
+            )
         body = {
             "trial_id": self.trial_id,
             "attempt": self.attempt,
             "kind": kind,
             "step": step,
-            "samples": _finite_or_none(samples),
-            "seconds": _finite_or_none(seconds),
-            "metrics": finite_metrics(metrics),
+            "samples": sent_samples,
+            # Measured here: only an interval of months is beyond the bound.
+            "seconds": _bounded(seconds, MAX_REPORT_SECONDS),
+            "metrics": numbers,
         }
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
@@ -161,16 +218,29 @@ class Reporter:
             return False
         try:
             self._post(data)
+        except ReportRefused as refusal:
+            # This report, not the daemon: the next one is sent as usual.
+            self._warn_once(
+                "refused",
+                f"WARNING: the gpumux daemon refused a report ({refusal}); training goes on, "
+                "reports it refuses are dropped",
+            )
+            return False
         except (OSError, http.client.HTTPException, ValueError, ReportRejected) as err:
             self._retry_at = time.monotonic() + RETRY_AFTER_S
-            if not self._warned:
-                self._warned = True
-                say(
-                    f"WARNING: cannot report to the gpumux daemon at {self.url} ({err}); "
-                    "training goes on, reports are dropped while the daemon does not answer"
-                )
+            self._warn_once(
+                "unreachable",
+                f"WARNING: cannot report to the gpumux daemon at {self.url} ({err}); "
+                "training goes on, reports are dropped while the daemon does not answer",
+            )
             return False
         return True
+
+    def _warn_once(self, what: str, message: str) -> None:
+        """Say `message` the first time something of kind `what` happens to this reporter."""
+        if what not in self._warned:
+            self._warned.add(what)
+            say(message)
 
     def _post(self, data: bytes) -> None:
         connection, path = self._connect()
@@ -180,11 +250,14 @@ class Reporter:
         try:
             connection.request("POST", path, body=data, headers=headers)
             response = connection.getresponse()
-            response.read()
+            answer = response.read()
         finally:
             connection.close()
+        status = f"HTTP {response.status} {response.reason}"
+        if 400 <= response.status < 500:
+            raise ReportRefused(f"{status}: {_reason(answer)}")
         if not 200 <= response.status < 300:
-            raise ReportRejected(f"HTTP {response.status} {response.reason}")
+            raise ReportRejected(status)
 
     def _connect(self) -> tuple[http.client.HTTPConnection, str]:
         url = self.url or ""
@@ -197,6 +270,16 @@ class Reporter:
             parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S
         )
         return connection, parts.path.rstrip("/") + "/reports"
+
+
+def _reason(answer: bytes) -> str:
+    """The daemon's one-line reason in an error answer ({"detail": ...}), shortened."""
+    try:
+        detail = json.loads(answer)["detail"]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return "no reason given"
+    text = " ".join(str(detail).split())
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
 
 
 _lock = threading.Lock()

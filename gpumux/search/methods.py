@@ -8,6 +8,7 @@ wrong and what to write instead.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import warnings
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from optuna.pruners import (
 )
 from optuna.samplers import BaseSampler
 
+from gpumux.schemas import MAX_COUNT
 from gpumux.search.space import distributions_of
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import Param
@@ -86,20 +88,19 @@ def parse_prune(text: str) -> PruneSpec | None:
 
 
 def make_pruner(spec: PruneSpec | None) -> BasePruner:
-    """The Optuna pruner the spec names, or one that never prunes."""
+    """The Optuna pruner the spec names, or one that never prunes; SearchError for options it
+    would refuse, now or at its first step."""
     if spec is None:
         return NopPruner()
     cls = PRUNERS[spec.name]
-    names = _option_names(cls)
-    unknown = [key for key in spec.options if key not in names]
-    if unknown:
-        raise SearchError(
-            f"{spec.name} has no option {unknown[0]!r}; its options: {', '.join(names)}"
-        )
+    options = _checked_options(spec, cls)
     try:
-        return cls(**spec.options)
+        pruner = cls(**spec.options)
     except (TypeError, ValueError) as error:
         raise SearchError(f"{spec.text}: {error}") from error
+    # Optuna checks the rest only when it first prunes, in the scheduler's tick.
+    _check_rungs(spec.name, options)
+    return pruner
 
 
 def make_sampler(method: SearchMethod, *, seed: int) -> BaseSampler:
@@ -191,14 +192,82 @@ def _check_adaptive(method: SearchMethod, objective: str | None, params: Sequenc
             ) from error
 
 
+def _option_defaults(cls: type[BasePruner]) -> dict[str, object]:
+    parameters = inspect.signature(cls.__init__).parameters
+    return {name: p.default for name, p in parameters.items() if name != "self"}
+
+
 def _option_names(cls: type[BasePruner]) -> list[str]:
-    return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+    return list(_option_defaults(cls))
+
+
+def _checked_options(spec: PruneSpec, cls: type[BasePruner]) -> dict[str, int | str]:
+    """Every option of the pruner, given or default: each counts steps or trials, so each is a
+    whole number a step can be, or 'auto' where that is its default."""
+    defaults = _option_defaults(cls)
+    unknown = [key for key in spec.options if key not in defaults]
+    if unknown:
+        raise SearchError(
+            f"{spec.name} has no option {unknown[0]!r}; its options: {', '.join(defaults)}"
+        )
+    options: dict[str, int | str] = {}
+    for key, default in defaults.items():
+        value = spec.options.get(key, default)
+        auto = default == "auto"
+        if not (value == "auto" and auto) and (
+            not isinstance(value, int) or not 0 <= value <= MAX_COUNT
+        ):
+            raise SearchError(
+                f"{spec.name}:{key} takes a whole number from 0 to {MAX_COUNT:,}"
+                + (" or auto" if auto else "")
+                + f"; e.g. {spec.name}:{key}=2"
+            )
+        assert isinstance(value, int | str)
+        options[key] = value
+    return options
+
+
+def _check_rungs(name: str, options: dict[str, int | str]) -> None:
+    """Refuse resources that make the pruner fail at its first step, or never prune."""
+    if "min_resource" not in options:
+        # The median pruner's options are counts that Optuna checks when it is made.
+        return
+    low = options["min_resource"]
+    low = 1 if low == "auto" else int(low)
+    factor = int(options["reduction_factor"])
+    if name == "hyperband":
+        high = options["max_resource"]
+        if low < 1 or factor < 2:
+            raise SearchError(
+                "hyperband needs min_resource of at least 1 and reduction_factor of at least 2; "
+                "e.g. hyperband:min_resource=1,reduction_factor=3"
+            )
+        if high != "auto" and int(high) < low:
+            raise SearchError(
+                f"hyperband:max_resource (the last step) must be at least min_resource ({low}); "
+                "raise it, or leave it out (auto: the longest finished trial's steps)"
+            )
+    if name == "asha":
+        rate = int(options["min_early_stopping_rate"])
+        # Its first rung is at step low * factor ** rate: computed as a logarithm, since the
+        # power itself may have billions of digits.
+        if math.log(low) + rate * math.log(factor) > math.log(MAX_COUNT):
+            raise SearchError(
+                "asha would never prune: its first rung (min_resource × reduction_factor ** "
+                f"min_early_stopping_rate steps) lies beyond the last step a trial can report "
+                f"({MAX_COUNT:,}); lower min_early_stopping_rate"
+            )
 
 
 def _number_or_text(text: str) -> int | float | str:
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            continue
-    return text
+    """An option's value: an int for a whole number (1e3 too), a float, else the text."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    # Neither NaN nor infinity is whole: both stay floats, and are refused as such.
+    return int(number) if number.is_integer() else number

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
@@ -93,18 +95,7 @@ class Searches:
         the memory each measured trial holds. Returns the searches whose curve or decision
         changed: their profiles need saving.
         """
-        running: Counter[tuple[str, str | None]] = Counter()
-        sweep_of: dict[tuple[str, str | None], int] = {}
-        groups: defaultdict[tuple[str, str | None], list[int]] = defaultdict(list)
-        for trial in store.active_trials(session=session):
-            if trial.device is not None:
-                # Fixed-split trials count too: they share the device as much as any.
-                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
-                running[(trial.device, fingerprint)] += 1
-                sweep_of[(trial.device, fingerprint)] = trial.sweep_id
-                if trial.pid is not None:
-                    # The trial's leader started its process group: its pid is the group's id.
-                    groups[(trial.device, fingerprint)].append(trial.pid)
+        on = Running.now(session=session)
         head = sweep_fingerprint(waiting[0]) if waiting and waiting[0].split is None else None
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         by_key = {device.key: device for device in devices}
@@ -112,30 +103,29 @@ class Searches:
         for (_, fingerprint), search in self._searches.items():
             if search.decision.settled:
                 continue
-            device = search.device_key
-            others = sum(n for (d, f), n in running.items() if d == device and f != fingerprint)
-            if others or (
-                waiting and head != fingerprint and running[(device, fingerprint)] < search.split
-            ):
+            device, here = search.device_key, (search.device_key, fingerprint)
+            others = sum(n for (d, f), n in on.trials.items() if d == device and f != fingerprint)
+            if others or (waiting and head != fingerprint and on.trials[here] < search.split):
                 # Another sweep shares the device, or holds the head of the queue so that this
                 # workload cannot fill N: neither measures this workload, nor its memory.
                 search.phase_start = search.filling_since = None
                 continue
             before = (search.decision, len(search.curve), search.ceiling)
             try:
-                snapshot = by_key.get(device)
-                if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
-                    # The overhead measured since the search began leaves room for fewer trials.
-                    why = f"memory leaves room for at most {bound} trials"
-                    search.lower_ceiling(bound, why=why)
-                search.observe(
+                self._look(
+                    search,
                     session=session,
                     now=now,
-                    running=running[(device, fingerprint)],
+                    running=on.trials[here],
                     queued=queued[fingerprint],
-                    sweep_id=sweep_of.get((device, fingerprint), search.sweep_id or 0),
-                    held=trial_memory(by_key.get(device), groups[(device, fingerprint)], group_of),
+                    sweep_id=on.sweep_of.get(here, search.sweep_id or 0),
+                    held=trial_memory(by_key.get(device), on.groups[here], group_of),
+                    snapshot=by_key.get(device),
                 )
+            except SQLAlchemyError:
+                # The database failed, not the search: the session is spent, and the tick
+                # that shares it fails and says so.
+                raise
             except Exception:
                 # One workload's search, whatever it read, must not stop the others or the tick:
                 # it starts its phase again at the next tick.
@@ -145,6 +135,31 @@ class Searches:
             if (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)
         return changed
+
+    def _look(
+        self,
+        search: SplitSearch,
+        *,
+        session: Session,
+        now: datetime,
+        running: int,
+        queued: int,
+        sweep_id: int,
+        held: list[int],
+        snapshot: DeviceSnapshot | None,
+    ) -> None:
+        """One search sees its device: the ceiling memory now allows, then its trials."""
+        if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
+            # The overhead measured since the search began leaves room for fewer trials.
+            search.lower_ceiling(bound, why=f"memory leaves room for at most {bound} trials")
+        search.observe(
+            session=session,
+            now=now,
+            running=running,
+            queued=queued,
+            sweep_id=sweep_id,
+            held=held,
+        )
 
     def out_of_memory(self, *, session: Session, trial: Trial) -> None:
         """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
@@ -163,6 +178,34 @@ class Searches:
             cpu_trial_mb=self.settings.cpu_trial_mb,
         )
         return min(MAX_SPLIT, bound)
+
+
+@dataclass
+class Running:
+    """The active trials on each device, per workload (None: a fixed-split sweep's)."""
+
+    trials: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    # A sweep of each workload running there, and the process groups of its trials.
+    sweep_of: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    groups: defaultdict[tuple[str, str | None], list[int]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    @classmethod
+    def now(cls, *, session: Session) -> Running:
+        """What runs where, as the database says."""
+        on = cls()
+        for trial in store.active_trials(session=session):
+            if trial.device is not None:
+                # Fixed-split trials count too: they share the device as much as any.
+                fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
+                key = (trial.device, fingerprint)
+                on.trials[key] += 1
+                on.sweep_of[key] = trial.sweep_id
+                if trial.pid is not None:
+                    # The trial's leader started its process group: its pid is the group's id.
+                    on.groups[key].append(trial.pid)
+        return on
 
 
 def trial_memory(

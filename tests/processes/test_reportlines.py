@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from pydantic import ValidationError
 
 from gpumux import schemas
 from gpumux.processes import reportlines
@@ -163,6 +166,10 @@ def test_a_line_that_does_not_start_with_the_prefix_is_output_only(line: bytes) 
             "300 metrics, over the limit of 256",
         ),
         (b'GPUMUX_REPORT {"' + b"m" * 201 + b'": 1}', "a metric's name is over 200 characters"),
+        (b'GPUMUX_REPORT {"": 1}', "a metric's name is empty"),
+        (b'GPUMUX_REPORT {"loss\\u0000": 1}', "a metric's name holds a NUL character"),
+        (b'GPUMUX_REPORT {"loss\\ud800": 1}', "a metric's name holds a lone surrogate"),
+        (b'GPUMUX_REPORT {"ok": 1, "\\udfff": "x"}', "a metric's name holds a lone surrogate"),
     ],
 )
 def test_a_malformed_report_line_is_rejected_with_its_reason(line: bytes, why: str) -> None:
@@ -210,3 +217,12 @@ def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
     assert reportlines.MAX_SAMPLES == schemas.MAX_SAMPLES
     assert reportlines.MAX_METRICS == schemas.MAX_METRICS
     assert reportlines.MAX_METRIC_CHARS == schemas.MAX_NAME_CHARS
+
+
+@pytest.mark.parametrize("name", ["", "m" * 201, "loss\ud800", "\udc00"])
+def test_a_metric_name_a_report_may_not_hold_rejects_the_line(name: str) -> None:
+    with pytest.raises(ValidationError):
+        schemas.ReportIn(trial_id=1, attempt=1, kind="line", metrics={name: 1.0})
+    line = b"GPUMUX_REPORT " + json.dumps({name: 1.0}).encode()
+
+    assert isinstance(reportlines.parse(line), RejectedLine)

@@ -108,6 +108,18 @@ def run_python(
     )
 
 
+def samples_by_epoch(reports: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """Each epoch's step and its samples, those of the heartbeats sent during it included: a
+    slow epoch (a loaded machine) sends a heartbeat with part of its samples."""
+    epochs, during = [], 0.0
+    for report in reports:
+        during += report["samples"] or 0.0
+        if report["kind"] == "epoch":
+            epochs.append((report["step"], during))
+            during = 0.0
+    return epochs
+
+
 def gpumux_lines(output: str) -> list[str]:
     """The lines gpumux itself wrote."""
     return [line for line in output.splitlines() if line.startswith("gpumux:")]

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from .support import EXAMPLES, TIMEOUT_S, ReportServer, gpumux_lines, run_python, trial_env
+from .support import (
+    EXAMPLES,
+    TIMEOUT_S,
+    ReportServer,
+    gpumux_lines,
+    run_python,
+    samples_by_epoch,
+    trial_env,
+)
 
 
 @pytest.mark.slow
@@ -25,7 +33,7 @@ def test_digits_keras_is_measured_without_knowing_gpumux(
     assert result.returncode == 0, result.stdout
     assert result.stdout.splitlines()[-1].startswith("final val_loss=")
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 1437.0), (1, 1437.0)]
+    assert samples_by_epoch(report_server.reports) == [(0, 1437.0), (1, 1437.0)]
     assert epochs[-1]["metrics"]["val_accuracy"] > 0.5
 
 
@@ -37,7 +45,7 @@ def test_cifar_cnn_is_measured(report_server: ReportServer, tmp_path: Path) -> N
 
     assert result.returncode == 0, result.stdout
     epochs = [r for r in report_server.reports if r["kind"] == "epoch"]
-    assert [(r["step"], r["samples"]) for r in epochs] == [(0, 256.0)]
+    assert samples_by_epoch(report_server.reports) == [(0, 256.0)]
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= epochs[0]["metrics"].keys()
 
 

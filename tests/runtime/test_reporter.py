@@ -6,10 +6,16 @@ import math
 import socket
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
+from builders import stored_running_trial
 
-from gpumux.runtime.reporter import Reporter, finite_metrics
+import gpumux.runtime
+from gpumux import schemas
+from gpumux.runtime import reporter as runtime_reporter
+from gpumux.runtime.reporter import Reporter, finite_metrics, report_metrics
+from gpumux.storage.engine import Sessions
 
 from .support import FIXTURES, TOKEN, ReportServer, run_python, trial_env
 
@@ -125,3 +131,78 @@ def test_trial_survives_a_failing_daemon(
     warning = f"gpumux: WARNING: cannot report to the gpumux daemon at {url}"
     assert result.stdout.count("gpumux: WARNING") == 1, result.stdout
     assert warning in result.stdout
+
+
+def test_the_runtime_knows_the_bounds_of_a_report() -> None:
+    step = schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]
+    assert gpumux.runtime.MAX_STEP == step["maximum"]
+    assert runtime_reporter.MAX_METRICS == schemas.MAX_METRICS
+    assert runtime_reporter.MAX_METRIC_CHARS == schemas.MAX_NAME_CHARS
+    assert runtime_reporter.MAX_SAMPLES == schemas.MAX_SAMPLES
+    assert runtime_reporter.MAX_REPORT_SECONDS == schemas.MAX_REPORT_SECONDS
+
+
+def test_metrics_are_cut_to_what_a_report_holds_and_the_cut_is_said() -> None:
+    many = {f"m{i}": i for i in range(300)}
+    bad_names = ["", "x" * 201, "bad\ud800", "nul\x00"]
+
+    assert report_metrics({"loss": 1, "acc": 2}) == ({"loss": 1.0, "acc": 2.0}, None)
+    kept, why = report_metrics(many)
+    assert list(kept) == [f"m{i}" for i in range(256)]
+    assert why == "300 metrics in one report: only the first 256 are sent"
+    kept, why = report_metrics({"loss": 1} | dict.fromkeys(bad_names, 2.0))
+    assert kept == {"loss": 1.0}
+    assert why is not None and "over 200 characters, or holds a NUL or a lone surrogate" in why
+
+
+def test_a_report_beyond_the_daemons_bounds_is_cut_and_taken(
+    api: httpx.Client,
+    sessions: Sessions,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with sessions.write.begin() as session:
+        trial_id = stored_running_trial(session, tmp_path)
+    reporter = Reporter(url=str(api.base_url), token="secret", trial_id=trial_id, attempt=1)
+    metrics = {f"m{i}": float(i) for i in range(300)} | {"m" * 201: 1.0, "val_\ud800": 2.0}
+
+    reporter.submit(kind="manual", step=3, samples=1e13, seconds=0.5, metrics=metrics)
+    reporter.submit(kind="manual", step=4, samples=-1, seconds=2e7, metrics={"val_loss": 0.5})
+
+    assert reporter.flush(timeout=30)
+    assert (reporter.delivered, reporter.dropped) == (2, 0)
+    stored = api.get(f"/trials/{trial_id}/reports").json()["data"]
+    assert [(r["step"], r["samples"], r["seconds"]) for r in stored] == [
+        (3, None, 0.5),
+        (4, None, None),
+    ]
+    assert list(stored[0]["metrics"]) == [f"m{i}" for i in range(256)]
+    assert capsys.readouterr().err.splitlines() == [
+        "gpumux: WARNING: a metric whose name is empty, over 200 characters, or holds a NUL or a "
+        "lone surrogate is not reported; 300 metrics in one report: only the first 256 are sent",
+        "gpumux: WARNING: samples must be a finite number from 0 to 1e+12: reports go without them",
+    ]
+
+
+def test_a_refused_report_is_dropped_alone_with_the_daemons_reason(
+    api: httpx.Client,
+    sessions: Sessions,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with sessions.write.begin() as session:
+        trial_id = stored_running_trial(session, tmp_path)
+    # Attempt 2 of a trial on its first: the daemon refuses each report of it.
+    stale = Reporter(url=str(api.base_url), token="secret", trial_id=trial_id, attempt=2)
+    for step in range(3):
+        stale.submit(kind="manual", step=step, samples=1, seconds=1, metrics={"val_loss": 1})
+    current = Reporter(url=str(api.base_url), token="secret", trial_id=trial_id, attempt=1)
+    current.submit(kind="manual", step=0, samples=1, seconds=1, metrics={"val_loss": 1})
+
+    assert stale.flush(timeout=30) and current.flush(timeout=30)
+    assert (stale.delivered, stale.dropped) == (0, 3)
+    assert (current.delivered, current.dropped) == (1, 0)
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.startswith("gpumux: WARNING: the gpumux daemon refused a report (HTTP 409")
+    assert warning.endswith("); training goes on, reports it refuses are dropped")
+    assert "does not answer" not in warning

@@ -3,6 +3,7 @@ under, and the memory of the trials they measure."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from builders import sweep_in
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
@@ -308,3 +310,22 @@ def test_a_search_that_fails_leaves_the_others_searching(
         observe(searches, session, now=utcnow(), devices=[cpu, gpu], group_of={})
     assert healthy.phase_start is not None
     assert broken.phase_start is None
+
+
+def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_as_its_defect(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    cpu = device()
+    search = search_for(searches, sessions, auto_id, cpu)
+    run_first_trial(sessions, auto_id, device="cpu", pgid=1)
+    now = utcnow()
+    with sessions.read() as session:
+        observe(searches, session, now=now, devices=[cpu], group_of={})
+    assert search.phase_start is not None
+    # The next look reads the reports: a database that cannot answer fails that read.
+    with sqlite3.connect(settings.database_file or "") as broken:
+        broken.execute("DROP TABLE trial_reports")
+    with sessions.read() as session, pytest.raises(OperationalError, match="trial_reports"):
+        observe(searches, session, now=now + timedelta(seconds=1), devices=[cpu], group_of={})

@@ -61,6 +61,11 @@ def test_grid_and_random_keep_their_defaults(api: httpx.Client, tmp_path: Path) 
         ({"prune": "asha:speed=3"}, "asha has no option 'speed'; its options: min_resource"),
         ({"prune": "asha:min_resource"}, "pruner option 'min_resource' is not NAME=VALUE"),
         (
+            {"prune": "hyperband:max_resource=0"},
+            "hyperband:max_resource (the last step) must be at least min_resource (1)",
+        ),
+        ({"prune": "asha:min_resource=1e400"}, "asha:min_resource takes a whole number from 0"),
+        (
             {"search": "cmaes", "trials": 4, "params": ["lr=1e-4..1e-1", "bs=32,64"]},
             "--search cmaes takes only numeric ranges, and bs is a choice of values",
         ),
