@@ -106,9 +106,8 @@ EnvName = Annotated[str, Field(min_length=1, max_length=MAX_ARG_BYTES - 2), *_OS
 EnvValue = Annotated[str, Field(max_length=MAX_ARG_BYTES - 3), *_OS]
 UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_CHARS), *_OS]
 ShortText = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(valid_unicode)]
-MetricName = Annotated[
-    str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(valid_unicode)
-]
+# NUL-free as the report lines and the runtime keep them: one name, whichever way it came.
+MetricName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), *_OS]
 ObjectiveText = Annotated[
     str,
     Field(max_length=MAX_NAME_CHARS + 4),

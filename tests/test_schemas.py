@@ -98,6 +98,7 @@ def test_values_no_column_or_process_can_hold_are_refused(fields: dict[str, Any]
         {"seconds": MAX_REPORT_SECONDS * 10},
         {"metrics": {f"m{i}": 1.0 for i in range(MAX_METRICS + 1)}},
         {"metrics": {"m" * (MAX_NAME_CHARS + 1): 1.0}},
+        {"metrics": {"val\0loss": 1.0}},
     ],
 )
 def test_reports_with_impossible_values_are_refused(fields: dict[str, Any]) -> None:
