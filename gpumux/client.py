@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.parse
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,6 +41,9 @@ UNIX_PREFIX = "unix:"
 TRIALS_PAGE = 1000
 # The API's largest page of a trial's reports (GET /trials/{id}/reports?limit=).
 REPORTS_PAGE = 10_000
+# How much of a refused URL, or of the reason, an error message quotes: either may hold
+# anything the user typed, of any length.
+SHOWN_CHARS = 80
 
 _devices = TypeAdapter(list[DevicePublic])
 
@@ -65,6 +69,27 @@ class DaemonUnreachable(ConnectionError):
         super().__init__(f"no gpumux daemon answers at {url}" + (f" ({reason})" if reason else ""))
         self.url = url
         self.reason = reason
+
+
+class InvalidDaemonUrl(ValueError):
+    """`url` cannot be the address of a daemon; str() says why and what to give instead."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"the daemon's address {_cut(repr(url))} is not a URL ({_cut(reason)}): give --url "
+            "or GPUMUX_URL as http://HOST:PORT or unix:/path/to.sock"
+        )
+        self.url = url
+
+
+class InvalidToken(ValueError):
+    """The API token found (GPUMUX_TOKEN or a token file) cannot go in a request's header."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the API token in GPUMUX_TOKEN or your token file holds characters no gpumux token "
+            "has (it was mangled): make a new one with `gpumux token create`"
+        )
 
 
 def error_detail(response: httpx.Response) -> str:
@@ -93,7 +118,8 @@ class Client:
         self, url: str, *, timeout: float = DEFAULT_TIMEOUT, token: str | None = None
     ) -> None:
         """Over a Unix socket the kernel tells the daemon who we are; over TCP `token` does
-        (default: the one tokenfile.discover_token finds)."""
+        (default: the one tokenfile.discover_token finds). InvalidDaemonUrl when `url` is
+        not a URL at all, InvalidToken when the token cannot be sent."""
         self.url = url
         self._uds: str | None = None
         if url.startswith(UNIX_PREFIX):
@@ -102,10 +128,16 @@ class Client:
             self._http = httpx.Client(
                 transport=transport, base_url="http://gpumux", timeout=timeout
             )
-        else:
-            token = token or tokenfile.discover_token(data_home())
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return
+        token = token or tokenfile.discover_token(data_home())
+        if token is not None and not (token.isascii() and token.isprintable()):
+            # httpx would fail on it in the header, or send a line break into the request.
+            raise InvalidToken()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
             self._http = httpx.Client(base_url=url, timeout=timeout, headers=headers)
+        except httpx.InvalidURL as error:
+            raise InvalidDaemonUrl(url, str(error).rstrip(".")) from None
 
     def __enter__(self) -> Client:
         return self
@@ -139,7 +171,7 @@ class Client:
 
     def revoke_tokens(self, user: str) -> TokensRevoked:
         """Revoke every token of `user`."""
-        return TokensRevoked.model_validate(self._request("DELETE", f"/tokens/{user}"))
+        return TokensRevoked.model_validate(self._request("DELETE", f"/tokens/{_segment(user)}"))
 
     def health(self) -> Health:
         """The daemon's version, database and queue."""
@@ -243,6 +275,17 @@ def _check_unix_socket(url: str, path: str) -> None:
             probe.connect(path)
         except OSError as error:
             raise DaemonUnreachable(url, error.strerror or str(error)) from error
+
+
+def _cut(text: str) -> str:
+    """`text`, or its first SHOWN_CHARS characters and an ellipsis."""
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+
+
+def _segment(text: str) -> str:
+    """`text` as one segment of a URL's path, whatever its characters."""
+    # Dots too: httpx would resolve a segment of "." or ".." as a directory, as a browser does.
+    return urllib.parse.quote(text, safe="").replace(".", "%2E")
 
 
 def _query(**values: Any) -> dict[str, Any]:

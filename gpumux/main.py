@@ -16,6 +16,9 @@ from gpumux.cli.app import main as run_cli
 from gpumux.cli.state import EmbeddedDaemon, print_error
 from gpumux.config import Settings
 
+# How much of an unforeseen exception's message the one line quotes.
+SUMMARY_CHARS = 200
+
 
 class ServerDaemons:
     """The server's daemons, imported on first use: uvicorn and FastAPI take a while to import
@@ -42,6 +45,15 @@ def write_traceback(error: BaseException) -> str:
     return path
 
 
+def summary(error: BaseException) -> str:
+    """The exception's type and the start of its message's first line, as one short line."""
+    # The message may quote an argument of any length and of any characters (escapes for the
+    # terminal among them): the traceback file has all of it.
+    first = (str(error).splitlines() or [""])[0]
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in first[:SUMMARY_CHARS])
+    return f"{type(error).__name__}: {shown}" + ("…" if len(first) > SUMMARY_CHARS else "")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`gpumux ...`; a failure no command foresaw ends in one line and exit 1, not a traceback."""
     try:
@@ -49,13 +61,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as error:
         # Usage errors, user errors, exits and Ctrl-C (KeyboardInterrupt is no Exception) took
         # their own paths already; what is left is a bug, and its traceback is for a report.
-        summary = (str(error).splitlines() or [""])[0]
         try:
             where = f"its traceback is in {write_traceback(error)}"
         except OSError as unwritten:
             where = f"its traceback could not be written ({unwritten.strerror})"
         print_error(
-            f"gpumux failed unexpectedly ({type(error).__name__}: {summary}); {where}: please "
+            f"gpumux failed unexpectedly ({summary(error)}); {where}: please "
             "report it with the command you ran"
         )
         raise SystemExit(1) from None

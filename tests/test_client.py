@@ -14,7 +14,14 @@ import pytest
 
 from gpumux import client as client_module
 from gpumux import tokenfile
-from gpumux.client import ApiError, Client, DaemonUnreachable, error_detail
+from gpumux.client import (
+    ApiError,
+    Client,
+    DaemonUnreachable,
+    InvalidDaemonUrl,
+    InvalidToken,
+    error_detail,
+)
 from gpumux.config import Settings
 from gpumux.schemas import FieldProblem, Problem, SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
@@ -131,6 +138,32 @@ def test_no_daemon_on_a_port_is_daemon_unreachable() -> None:
         api.health()
     assert raised.value.url == url
     assert str(raised.value).startswith(f"no gpumux daemon answers at {url}")
+
+
+@pytest.mark.parametrize(
+    "url", ["\x01x", "http://[::1", "http://256.0.0.1:1", "::", "http://x:" + "9" * 50_000]
+)
+def test_an_address_that_is_no_url_is_refused_with_the_fix(url: str) -> None:
+    with pytest.raises(InvalidDaemonUrl) as raised:
+        Client(url, token="gmx_t")
+    message = str(raised.value)
+    assert message.endswith("give --url or GPUMUX_URL as http://HOST:PORT or unix:/path/to.sock")
+    assert "\x01" not in message
+    assert len(message) < 400
+
+
+@pytest.mark.parametrize("token", ["gmx_é", "gmx_a\r\nX-Forged: 1", "gmx_\x01"])
+def test_a_token_no_header_can_carry_is_refused_before_any_request(token: str) -> None:
+    with pytest.raises(InvalidToken):
+        Client(f"http://127.0.0.1:{free_port()}", token=token)
+
+
+@pytest.mark.parametrize("user", ["a?b=1", "a#b", "..", ".", "%2e%2e", "a b", "a\x01"])
+def test_a_user_name_is_one_segment_of_the_path_whatever_it_holds(
+    client: Client, user: str
+) -> None:
+    revoked = client.revoke_tokens(user)
+    assert (revoked.user, revoked.revoked) == (user, 0)
 
 
 def test_a_daemon_on_a_unix_socket(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from gpumux.cli.state import (
     print_error,
 )
 from gpumux.cli.sweep import SWEEP_HELP, sweep
-from gpumux.client import ApiError, DaemonUnreachable
+from gpumux.client import ApiError, DaemonUnreachable, InvalidDaemonUrl, InvalidToken
 from gpumux.sweepspec import SpecError
 from gpumux.tokenfile import TokenFileError
 
@@ -41,7 +41,7 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             return
         except CliError as error:
             message, code = str(error), error.exit_code
-        except SpecError as error:
+        except (SpecError, InvalidDaemonUrl, InvalidToken) as error:
             message, code = str(error), EXIT_USAGE
         except ApiError as error:
             message = str(error)

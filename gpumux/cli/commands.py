@@ -31,6 +31,8 @@ SHOW_ROWS = 100
 FAILURES_SHOWN = 3
 LS_PAGE = 500
 POLL_S = 0.5
+# The largest TCP port: bind() overflows past it.
+MAX_PORT = 65535
 
 SweepId = Annotated[
     int,
@@ -48,7 +50,9 @@ Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="address to listen on (TCP)")] = None,
-    port: Annotated[int | None, typer.Option(help="port to listen on (TCP)")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=MAX_PORT, help="port to listen on (TCP)")
+    ] = None,
     uds: Annotated[
         Path | None, typer.Option(help="listen on this Unix socket instead", resolve_path=True)
     ] = None,

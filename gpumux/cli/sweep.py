@@ -91,7 +91,7 @@ def require_utf8(env: dict[str, str], workdir: str) -> None:
     shown = not_utf8(workdir)
     if shown is not None:
         raise CliError(
-            f"this directory's path {shown} is not valid UTF-8; run gpumux sweep from a "
+            f"this directory's path {shown} is not valid UTF-8; run gpumux from a "
             "directory whose path is",
             EXIT_USAGE,
         )

@@ -7,14 +7,24 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from gpumux import tokenfile
 from gpumux.cli.connect import connect
-from gpumux.cli.state import CliError, get_state
+from gpumux.cli.state import EXIT_USAGE, CliError, get_state, validation_message
+from gpumux.schemas import TokenCreate
 
 Url = Annotated[
     str | None, typer.Option(help="the daemon's Unix socket, unix:/path (default GPUMUX_URL)")
 ]
+
+
+def check_user_name(user: str | None) -> None:
+    """CliError (exit 2) when the daemon would refuse `user` as a user's name."""
+    try:
+        TokenCreate(user=user)
+    except ValidationError as error:
+        raise CliError(validation_message(error), EXIT_USAGE) from error
 
 
 def create(
@@ -30,6 +40,7 @@ def create(
 ) -> None:
     """Make a token: yours is kept in a 0600 file the CLI finds; another user's is printed."""
     state = get_state(ctx)
+    check_user_name(user)
     with connect(state, url) as client:
         created = client.create_token(user)
     if created.user != getpass.getuser():
@@ -56,6 +67,9 @@ def revoke(
 ) -> None:
     """Revoke every token of a user: requests carrying them get 401 from now on."""
     state = get_state(ctx)
+    # An empty name is refused, not taken for the default: it would revoke the caller's own.
+    whose = getpass.getuser() if user is None else user
+    check_user_name(whose)
     with connect(state, url) as client:
-        revoked = client.revoke_tokens(user or getpass.getuser())
+        revoked = client.revoke_tokens(whose)
     state.note(f"revoked {revoked.revoked} tokens of {revoked.user}")

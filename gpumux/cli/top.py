@@ -22,6 +22,8 @@ from gpumux.client import Client
 from gpumux.schemas import DevicePublic, DeviceTrial, Health, SweepPublic, TrialPublic
 
 MEMORY_BAR_WIDTH = 24
+# time.sleep() overflows past time_t: an hour between frames is more than anyone waits.
+MAX_INTERVAL_S = 3600.0
 
 
 class DetailSource(Protocol):
@@ -174,7 +176,10 @@ def frame(client: Client, details: Details) -> Group:
 def top(
     ctx: typer.Context,
     interval: Annotated[
-        float, typer.Option(min=0.1, callback=finite, help="seconds between refreshes")
+        float,
+        typer.Option(
+            min=0.1, max=MAX_INTERVAL_S, callback=finite, help="seconds between refreshes"
+        ),
     ] = 2.0,
     once: Annotated[
         bool, typer.Option("--once", help="print one frame and exit (so does a pipe)")

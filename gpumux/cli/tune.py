@@ -39,7 +39,7 @@ from gpumux.cli.state import (
     get_state,
     validation_message,
 )
-from gpumux.cli.sweep import OPTION_NAMES, command_env
+from gpumux.cli.sweep import OPTION_NAMES, command_env, require_utf8
 from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
 from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
@@ -113,6 +113,8 @@ def build_rounds(
     """One sweep per N: R x N copies of the bare command, checked as the daemon would."""
     if not command:
         raise CliError(NO_COMMAND, EXIT_USAGE)
+    env, workdir = command_env(), os.getcwd()
+    require_utf8(env, workdir)
     sweeps = []
     for split in splits:
         try:
@@ -121,8 +123,8 @@ def build_rounds(
                     name=f"tune N={split}",
                     params=[],
                     command=command,
-                    workdir=os.getcwd(),
-                    env=command_env(),
+                    workdir=workdir,
+                    env=env,
                     trials=rounds * split,
                     split=split,
                     time_limit_s=time_limit,

@@ -181,6 +181,15 @@ def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str)
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_an_environment_variable_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
+    env = tune_env(tmp_path)
+    env["GARBLED"] = os.fsdecode(b"x\xff")
+    result = tune("--splits", "1", "--", "true", env=env)
+    assert result.returncode == 2
+    assert "the environment variable GARBLED is not valid UTF-8" in result.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_the_first_visible_gpu_is_measured_by_default() -> None:
     nvml = scripted_nvml("two_gpus")
     first, second = (gpu.uuid for gpu in nvml.gpus)
