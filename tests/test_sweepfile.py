@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from gpumux import sweepfile, sweepspec
 from gpumux.search import methods
 from gpumux.status import SearchMethod
 from gpumux.sweepfile import SweepFile, SweepFileError
+from gpumux.sweepfile.loading import MAX_FILE_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "sweeps"
@@ -627,3 +629,28 @@ def test_the_example_sweep_files_are_accepted_as_the_daemon_checks_them(example:
         params=sweepspec.parse_params(resolved.params),
     )
     assert search.method in (SearchMethod.tpe, SearchMethod.random)
+
+
+def test_a_device_or_an_endless_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    with pytest.raises(SweepFileError, match="not a regular file"):
+        sweepfile.read("/dev/zero", env={})
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * MAX_FILE_BYTES + "\n")
+    with pytest.raises(SweepFileError, match="over 1,024 KiB"):
+        sweepfile.read(huge, env={})
+
+
+def test_a_fifo_without_a_writer_reads_as_empty_rather_than_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "sweep.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SweepFileError, match="the file is empty"):
+        sweepfile.read(fifo, env={})
+
+
+def test_a_pipe_with_a_writer_is_read(tmp_path: Path) -> None:
+    reading, writing = os.pipe()
+    os.write(writing, b"program: train.py\nparameters:\n  lr:\n    values: [0.1, 0.2]\n")
+    os.close(writing)
+    with os.fdopen(reading):
+        sweep_file = sweepfile.read(f"/dev/fd/{reading}", env={})
+    assert sweep_file.params == {"lr": "lr=0.1,0.2"}

@@ -4,11 +4,15 @@ every refusal of a sweep file raises."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import Any
 
 import yaml
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# Far beyond any sweep file, and beyond what the daemon would take in one request.
+MAX_FILE_BYTES = 1024 * 1024
 
 
 class SweepFileError(ValueError):
@@ -52,3 +56,30 @@ def load(text: str, *, file: str, as_json: bool) -> Any:
         raise SweepFileError(file, where, f"malformed YAML: {error.problem}") from error
     except yaml.YAMLError as error:
         raise SweepFileError(file, "", f"malformed YAML: {error}") from error
+
+
+def read_text(file: str) -> str:
+    """The text of a sweep file: a regular file or a pipe (`--config <(...)`) of at most
+    MAX_FILE_BYTES of UTF-8; anything else (a device, a directory) refused before it is read."""
+    try:
+        # Non-blocking to open, so that a FIFO with no writer cannot hang the command.
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
+    with os.fdopen(descriptor, "rb") as opened:
+        mode = os.fstat(descriptor).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise SweepFileError(file, "", "cannot read it: not a regular file")
+        os.set_blocking(descriptor, True)
+        try:
+            data = opened.read(MAX_FILE_BYTES + 1)
+        except OSError as error:
+            raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
+    if len(data) > MAX_FILE_BYTES:
+        raise SweepFileError(
+            file, "", f"it is over {MAX_FILE_BYTES // 1024:,} KiB; a sweep file is a few lines"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SweepFileError(file, "", "cannot read it: not UTF-8 text") from error

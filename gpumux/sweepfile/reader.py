@@ -10,7 +10,7 @@ from typing import Any
 
 from gpumux import sweepspec
 from gpumux.status import SearchMethod
-from gpumux.sweepfile.loading import SweepFileError, load
+from gpumux.sweepfile.loading import SweepFileError, load, read_text
 from gpumux.sweepfile.parameters import CONTINUOUS, Parameter
 
 METHODS = {"grid": SearchMethod.grid, "random": SearchMethod.random, "bayes": SearchMethod.tpe}
@@ -84,13 +84,7 @@ class SweepFile:
 def read(path: str | Path, *, env: Mapping[str, str]) -> SweepFile:
     """Read the sweep file at `path` (JSON when it ends in .json, else YAML)."""
     file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
-    except UnicodeDecodeError as error:
-        raise SweepFileError(file, "", "cannot read it: not UTF-8 text") from error
-    return parse(text, file=file, env=env, as_json=file.endswith(".json"))
+    return parse(read_text(file), file=file, env=env, as_json=file.endswith(".json"))
 
 
 def parse(text: str, *, file: str, env: Mapping[str, str], as_json: bool = False) -> SweepFile:
