@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         "the data directory, which only its owner can open) or http://HOST:PORT",
     )
     host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="TCP port (0: any free)")
     uds: Path | None = None
     gpus: str | None = Field(
         default=None,

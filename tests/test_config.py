@@ -67,3 +67,10 @@ def test_the_body_limit_is_a_mebibyte_unless_set_and_never_below_its_minimum(
     monkeypatch.setenv("GPUMUX_MAX_BODY_BYTES", str(MIN_BODY_BYTES - 1))
     with pytest.raises(ValueError, match="max_body_bytes"):
         Settings()
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "99999"])
+def test_a_port_no_socket_can_have_is_refused(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    monkeypatch.setenv("GPUMUX_PORT", port)
+    with pytest.raises(ValueError, match="port"):
+        Settings()
