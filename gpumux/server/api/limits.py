@@ -9,6 +9,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpumux.server.api.responses import problem_response
+from gpumux.server.api.shown import shown, shown_path
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,10 @@ class BodyLimit:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             log.warning(
-                "api: %s %s refused: a body of %d bytes", scope["method"], scope["path"], declared
+                "api: %s %s refused: a body of %d bytes",
+                shown(scope["method"]),
+                shown_path(scope),
+                declared,
             )
             response = problem_response(
                 status.HTTP_413_CONTENT_TOO_LARGE, too_large_detail(self.max_bytes)
@@ -61,7 +65,9 @@ class BodyLimit:
                     # An HTTPException: FastAPI passes it on from its body reader to the error
                     # handlers, where any other exception would become a 400.
                     log.warning(
-                        "api: %s %s refused: a body past the limit", scope["method"], scope["path"]
+                        "api: %s %s refused: a body past the limit",
+                        shown(scope["method"]),
+                        shown_path(scope),
                     )
                     raise BodyTooLarge(self.max_bytes)
             return message

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -15,6 +17,7 @@ from builders import bearer, served
 from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings
 from gpumux.schemas import MAX_ID, Problem
 from gpumux.server.api import create_app
+from gpumux.server.api.shown import NAME_CHARS
 from gpumux.storage.engine import Sessions
 
 FIFTY_MB = 50 * 1024 * 1024
@@ -77,6 +80,24 @@ def test_a_50_mb_body_sent_whole_gets_413_quickly_and_the_daemon_serves_on(
     assert time.monotonic() - started < QUICKLY_S
     problem(refused, 413)
     assert api.get("/sweeps").json()["count"] == 0
+
+
+FORGED = "2026-01-01 00:00:00 CRITICAL gpumux: forged"
+
+
+def test_a_path_that_decodes_to_a_line_break_cannot_forge_a_log_line(
+    api: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    encoded = quote(f"\n{FORGED}")
+    head = f"POST /x{encoded} HTTP/1.1\r\nHost: gpumux\r\nContent-Length: {FIFTY_MB}\r\n\r\n"
+    problem(raw_answer(api.base_url, head.encode()), 413)
+    assert api.delete(f"/tokens/a{encoded}").status_code == 200
+
+    logged = [record.getMessage() for record in caplog.records]
+    assert f"api: POST /x\\n{FORGED} refused: a body of {FIFTY_MB} bytes" in logged
+    assert any(line.endswith(f"tokens of a\\n{FORGED}") for line in logged), logged
+    assert not [line for line in logged if "\n" in line]
 
 
 def chunks(size: int) -> Iterator[bytes]:
@@ -173,6 +194,12 @@ def test_options_and_405_carry_every_method_a_path_serves(
     problem(refused, 405)
     assert refused.headers["allow"] == allow
     assert allow in refused.json()["detail"]
+
+
+def test_a_405_names_a_method_of_any_length_in_a_few_characters(api: httpx.Client) -> None:
+    refused = problem(api.request("M" * 10_000, "/sweeps"), 405)
+    assert refused.detail.startswith(f"this path does not serve {'M' * NAME_CHARS}…; it serves")
+    assert len(refused.detail) < 200
 
 
 def test_options_on_no_route_is_a_404(api: httpx.Client) -> None:

@@ -224,16 +224,54 @@ def test_a_bug_answers_500_in_the_problem_shape_and_its_traceback_goes_to_the_lo
 ) -> None:
     app = create_app(settings=settings, sessions=sessions)
 
-    @app.get("/sweeps/{sweep_id}/boom")
-    def boom(sweep_id: int) -> None:
+    @app.get("/sweeps/{name}/boom")
+    def boom(name: str) -> None:
         raise RuntimeError("internals: /secret/path")
 
     with served(app) as client:
-        failed = problem(client.get("/sweeps/7/boom"), 500)
+        # The path as the server decodes it holds a line break: the log line shows it escaped.
+        failed = problem(client.get("/sweeps/7%0Aforged/boom"), 500)
         assert client.get("/health").json()["status"] == "ok"
 
-    assert failed.detail.startswith("the daemon failed to answer GET /sweeps/{sweep_id}/boom")
+    assert failed.detail.startswith("the daemon failed to answer GET /sweeps/{name}/boom")
     assert "secret" not in failed.model_dump_json()
     (record,) = [r for r in caplog.records if r.name == "gpumux.server.api.errors"]
-    assert record.getMessage() == "api: GET /sweeps/7/boom failed"
+    assert record.getMessage() == "api: GET /sweeps/7\\nforged/boom failed"
     assert record.exc_info is not None and "internals: /secret/path" in caplog.text
+
+
+HUGE = 300_000
+REPORT = {"trial_id": 1, "attempt": 1, "kind": "manual"}
+
+
+@pytest.mark.parametrize(
+    ("path", "sent", "loc"),
+    [
+        ("/sweeps", {"x" * HUGE: 1}, ["body", "x" * 64 + "…"]),
+        (
+            "/sweeps",
+            {"env": {"\x01" + "E" * HUGE: "1"}},
+            ["body", "env", "\\x01" + "E" * 63 + "…", "[key]"],
+        ),
+        ("/reports", {"metrics": {"m" * HUGE: 1.0}}, ["body", "metrics", "m" * 64 + "…", "[key]"]),
+    ],
+)
+def test_a_key_of_any_length_is_named_in_a_few_hundred_characters(
+    api: httpx.Client, tmp_path: Path, path: str, sent: dict[str, Any], loc: list[str]
+) -> None:
+    if path == "/sweeps":
+        answer = api.post(path, json={**body(tmp_path), **sent})
+    else:
+        # Refused before the token is looked at.
+        answer = api.post(path, json={**REPORT, **sent}, headers={"authorization": "Bearer no"})
+
+    refused = problem(answer, 422)
+    assert loc in [field.loc for field in refused.errors]
+    assert len(answer.content) < 2_000
+    assert "\x01" not in answer.text
+
+
+def test_a_validators_message_is_bounded_whatever_it_quotes() -> None:
+    quoted = "Value error, " + "q" * 100_000 + "\n"
+    field = errors.field_problem({"loc": ("body", "name"), "msg": quoted, "type": "value_error"})
+    assert field.msg == "q" * errors.MSG_CHARS + "…"
