@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from builders import bearer, served
+from builders import bearer, problem, served
 from sqlalchemy import event, text
 
 from gpumux.config import Settings
@@ -61,13 +61,6 @@ def body(tmp_path: Path, *params: str) -> dict[str, Any]:
         "workdir": str(tmp_path),
         "env": {"PATH": os.environ["PATH"]},
     }
-
-
-def problem(response: httpx.Response, status_code: int) -> Problem:
-    """The response's Problem body, once its status is checked."""
-    assert response.status_code == status_code, response.text
-    assert set(response.json()) == {"detail", "errors"}
-    return Problem.model_validate(response.json())
 
 
 def stored(api: httpx.Client) -> dict[int, list[dict[str, Any]]]:
