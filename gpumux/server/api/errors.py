@@ -138,12 +138,12 @@ async def database_error(request: Request, error: Exception) -> JSONResponse:
             "shortly",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+    # The driver's message goes to the log only: it is the daemon's internals (LastResort).
     log.error("db %s: %s failed", database, route, exc_info=error)
-    summary = (str(cause).splitlines() or [""])[0]
     return problem_response(
         status.HTTP_500_INTERNAL_SERVER_ERROR,
-        f"database error in {route}: {type(cause).__name__}: {summary} "
-        "(the daemon's log has the details)",
+        f"the database {database} failed to answer {route}: its error is in the daemon's log; "
+        "try again, and report it if it happens again",
     )
 
 
