@@ -18,7 +18,8 @@ def too_large_detail(max_bytes: int) -> str:
     """What a client sending more than `max_bytes` is told, and what to do."""
     return (
         f"the request's body is over the daemon's limit of {max_bytes:,} bytes "
-        "(GPUMUX_MAX_BODY_BYTES); nothing of it was read or stored: send a smaller request"
+        "(GPUMUX_MAX_BODY_BYTES); it was refused unparsed and nothing was stored: send a "
+        "smaller request"
     )
 
 
@@ -29,8 +30,11 @@ class BodyTooLarge(HTTPException):
         super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, too_large_detail(max_bytes))
 
 
+# Not FastAPI's own max_body_size: it holds a declared size only when something reads the body,
+# so on a route that reads none only as the answer starts, after the route (its token check
+# included) has run; and it answers in plain text, not in the Problem shape.
 class BodyLimit:
-    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, unread; a body
+    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, none of it read
     sent chunked (or longer than declared) is counted as it arrives and refused once past it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
