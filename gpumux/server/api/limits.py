@@ -34,8 +34,9 @@ class BodyTooLarge(HTTPException):
 # so on a route that reads none only as the answer starts, after the route (its token check
 # included) has run; and it answers in plain text, not in the Problem shape.
 class BodyLimit:
-    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, none of it read
-    sent chunked (or longer than declared) is counted as it arrives and refused once past it."""
+    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, none of it
+    read; a body sent chunked (or longer than declared) is counted as it arrives and refused
+    once past it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
