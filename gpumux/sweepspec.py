@@ -6,7 +6,7 @@ import itertools
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +22,8 @@ MAX_PARAMS_CHARS = 65_536
 SIGNIFICANT_DIGITS = 10
 # Log and :N spacing go through floats, which hold every integer exactly only up to 2**53.
 MAX_INT_END = 2**53
+# What an error quotes of the text it refuses (a token, a name, a fix made from them).
+MAX_QUOTED_CHARS = 60
 
 FORMS = "name=value, name=lo..hi[:log|:lin][:N] or name=a,b,c"
 _NAME_RULE = "use letters, digits, '_' and '-', starting with a letter or '_'"
@@ -120,17 +122,18 @@ def parse_param(token: str) -> Param:
     if not sep:
         before, colon, after = token.partition(":")
         if colon and after and _NAME.fullmatch(before):
-            raise _error(token, f"write '=' between name and value: {before}={after}")
+            raise _error(token, f"write '=' between name and value: {_cut(f'{before}={after}')}")
         where = "options go before the parameters" if token.startswith("-") else "no '='"
         command = "if this starts the command, put '--' before it"
         raise _error(token, f"{where}; expected {FORMS}; {command}")
     if not name:
-        raise _error(token, f"no parameter name; expected name=value, e.g. lr{token}")
+        raise _error(token, f"no parameter name; expected name=value, e.g. {_cut('lr' + token)}")
     if not _NAME.fullmatch(name):
         bare = name.lstrip("-")
         if bare != name and _NAME.fullmatch(bare):
-            raise _error(token, f"drop the leading dashes (gpumux adds them): {bare}={value}")
-        raise _error(token, f"{name!r} is not a parameter name; {_NAME_RULE}")
+            fix = _cut(f"{bare}={value}")
+            raise _error(token, f"drop the leading dashes (gpumux adds them): {fix}")
+        raise _error(token, f"{_cut(name)!r} is not a parameter name; {_NAME_RULE}")
     value = value.strip()
     if not value:
         raise _error(token, f"no value; expected {FORMS}")
@@ -139,7 +142,8 @@ def parse_param(token: str) -> Param:
         return _parse_range(token, name, value)
     if value[-4:].lower() in (":log", ":lin"):
         suffix = value[-4:]
-        raise _error(token, f"{suffix!r} applies only to a range, e.g. {name}=1e-3..1e-1{suffix}")
+        fix = _cut(f"{name}=1e-3..1e-1{suffix}")
+        raise _error(token, f"{suffix!r} applies only to a range, e.g. {fix}")
     if "," in value:
         return _parse_choice(token, name, value)
     return Param(name, "const", values=(_typed(value),))
@@ -153,17 +157,17 @@ def parse_params(tokens: Sequence[str]) -> list[Param]:
         # The shell splits `bs=32, 64` or `lr= 0.1` into two arguments; say so, not "empty item".
         split = token.endswith(("=", ",", "..")) or following.startswith((",", ".."))
         if split and "=" in token and "=" not in following:
-            joined = token + following
-            message = f"{token} {following}: a space splits this value in two; write {joined}"
-            raise SpecError(message, token=token)
+            fix = f"a space splits this value in two; write {_cut(token + following)}"
+            raise SpecError(f"{_cut(token)} {_cut(following)}: {fix}", token=token)
         param = parse_param(token)
         if param.name in params:
             earlier_token, earlier = params[param.name]
             hint = "keep one"
             if earlier.kind in ("choice", "const") and param.kind in ("choice", "const"):
                 merged = dict.fromkeys(format_value(v) for v in earlier.values + param.values)
-                hint = f"for several values write one choice: {param.name}={','.join(merged)}"
-            raise _error(token, f"{param.name} given twice (also {earlier_token}); {hint}")
+                hint = f"for several values write one choice: {_cut_choice(param.name, merged)}"
+            also = f"{_cut(param.name)} given twice (also {_cut(earlier_token)})"
+            raise _error(token, f"{also}; {hint}")
         params[param.name] = (token, param)
     return [param for _, param in params.values()]
 
@@ -177,7 +181,7 @@ def check_sizes(tokens: Sequence[str]) -> None:
         )
     for token in tokens:
         if len(token) > MAX_TOKEN_CHARS:
-            name = token.partition("=")[0][:40]
+            name = _cut(token.partition("=")[0])
             raise SpecError(
                 f"parameter {name!r}: {len(token):,} characters, over the limit of "
                 f"{MAX_TOKEN_CHARS:,} for one parameter; use a range (lo..hi:N) or fewer values"
@@ -249,10 +253,11 @@ def check_placeholders(command: Sequence[str], names: Sequence[str]) -> None:
         for match in _PLACEHOLDER.finditer(word):
             name = match.group(2)
             if name is not None and name not in known:
-                there = f"the parameters are {', '.join(names)}" if names else "there are none"
+                listed, shown = _cut(", ".join(names)), _cut(name)
+                there = f"the parameters are {listed}" if names else "there are none"
                 raise SpecError(
-                    f"command word {index}: {{{name}}} names no parameter ({there}); "
-                    f"write {{{{{name}}}}} for the literal text {{{name}}}",
+                    f"command word {index}: {{{shown}}} names no parameter ({there}); "
+                    f"write {{{{{shown}}}}} for the literal text {{{shown}}}",
                     token=f"{{{name}}}",
                 )
 
@@ -277,7 +282,16 @@ def render_command(command: Sequence[str], params: Mapping[str, Value]) -> list[
 
 
 def _error(token: str, problem: str) -> SpecError:
-    return SpecError(f"{token}: {problem}", token=token)
+    return SpecError(f"{_cut(token)}: {problem}", token=token)
+
+
+def _cut(text: str) -> str:
+    """`text` as an error quotes it: its first MAX_QUOTED_CHARS characters, then "…"."""
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS] + "…"
+
+
+def _cut_choice(name: str, items: Iterable[str]) -> str:
+    return _cut(f"{name}={','.join(items)}")
 
 
 def _int(text: str) -> int | None:
@@ -306,36 +320,35 @@ def _typed(text: str) -> Value:
 
 def _parse_range(token: str, name: str, value: str) -> Param:
     head, *suffixes = value.split(":")
-    example = f"e.g. {name}=1e-3..1e-1"
+    shown = _cut(name)
+    example = f"e.g. {shown}=1e-3..1e-1"
     if dots := _DOTS.search(head):
-        fixed = token.replace(dots.group(), "..", 1)
+        fixed = _cut(token.replace(dots.group(), "..", 1))
         raise _error(
-            token, f"{dots.group()!r} is not a range; write a range with two dots: {fixed}"
+            token, f"{_cut(dots.group())!r} is not a range; write a range with two dots: {fixed}"
         )
     if "," in head:
-        raise _error(token, f"write a range or a choice, not both: {name}=lo..hi or {name}=a,b,c")
+        raise _error(token, f"write a range or a choice, not both: {shown}=lo..hi or {shown}=a,b,c")
     if head.count("..") > 1:
-        raise _error(token, f"a range has two ends; for N grid points add :N, e.g. {name}=1..10:5")
+        raise _error(token, f"a range has two ends; for N grid points add :N, e.g. {shown}=1..10:5")
     lo_text, hi_text = (end.strip() for end in head.split(".."))
     if not lo_text or not hi_text:
         raise _error(token, f"a range needs both ends; expected name=lo..hi, {example}")
     lo, hi = _float(lo_text), _float(hi_text)
     if lo is None or hi is None:
-        got = f"got {lo_text!r} and {hi_text!r}"
+        got = f"got {_cut(lo_text)!r} and {_cut(hi_text)!r}"
         raise _error(token, f"range ends must be numbers ({got}); expected name=lo..hi, {example}")
     scale, points = _parse_suffixes(token, example, suffixes)
     if lo > hi:
         tail = "".join(f":{suffix}" for suffix in suffixes)
-        raise _error(
-            token, f"the low end is above the high end; write {name}={hi_text}..{lo_text}{tail}"
-        )
+        fix = _cut(f"{name}={hi_text}..{lo_text}{tail}")
+        raise _error(token, f"the low end is above the high end; write {fix}")
     if scale == "log" and lo <= 0:
-        fix = f"start the range above 0 or write {name}={lo_text}..{hi_text}:lin"
-        raise _error(token, f"':log' needs both ends above 0 (got {lo_text}); {fix}")
+        fix = f"start the range above 0 or write {_cut(f'{name}={lo_text}..{hi_text}:lin')}"
+        raise _error(token, f"':log' needs both ends above 0 (got {_cut(lo_text)}); {fix}")
     if points == 1 and lo < hi:
-        raise _error(
-            token, f"one grid point cannot span a range; use :2 or more, or {name}={lo_text}"
-        )
+        fix = _cut(f"{name}={lo_text}")
+        raise _error(token, f"one grid point cannot span a range; use :2 or more, or {fix}")
     if scale is None:
         scale = "log" if lo > 0 and hi / lo >= 10 else "lin"
     low_int, high_int = _int(lo_text), _int(hi_text)
@@ -361,12 +374,13 @@ def _parse_suffixes(
             count = _int(word)
             if count is None or not 1 <= count <= MAX_POINTS:
                 limits = f"a whole number from 1 to {MAX_POINTS:,}"
-                raise _error(token, f"grid points (:{suffix}) must be {limits}, {example}:5")
+                raise _error(token, f"grid points (:{_cut(suffix)}) must be {limits}, {example}:5")
             if points is not None:
-                raise _error(token, f"grid points given twice (:{points} and :{word}); keep one")
+                twice = f"(:{points} and :{_cut(word)})"
+                raise _error(token, f"grid points given twice {twice}; keep one")
             points = count
         else:
-            what = "an empty ':'" if not word else f"unknown suffix ':{suffix}'"
+            what = "an empty ':'" if not word else f"unknown suffix ':{_cut(suffix)}'"
             raise _error(token, f"{what}; after a range write :log, :lin or :N, {example}:log:5")
     return scale, points
 
@@ -374,16 +388,16 @@ def _parse_suffixes(
 def _parse_choice(token: str, name: str, value: str) -> Param:
     items = [item.strip() for item in value.split(",")]
     if len(items) > MAX_CHOICES:
-        fix = f"use a range, e.g. {name}=lo..hi:N, or fewer values"
+        fix = f"use a range, e.g. {_cut(name)}=lo..hi:N, or fewer values"
         raise _error(name, f"{len(items):,} values, over the limit of {MAX_CHOICES:,}; {fix}")
     kept = [item for item in items if item]
     if not kept:
         raise _error(token, f"no value; expected {FORMS}")
     if len(kept) < len(items):
-        raise _error(token, f"an empty item; remove the extra comma: {name}={','.join(kept)}")
+        raise _error(token, f"an empty item; remove the extra comma: {_cut_choice(name, kept)}")
     firsts = dict.fromkeys(format_value(_typed(item)) for item in kept)
     if len(firsts) < len(kept):
-        raise _error(token, f"an item is listed twice; write {name}={','.join(firsts)}")
+        raise _error(token, f"an item is listed twice; write {_cut_choice(name, firsts)}")
     return Param(name, "choice", values=tuple(_typed(item) for item in kept))
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
-from gpumux.schemas import SweepCreate, SweepPublic, TrialPublic
+from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
 from gpumux.storage.engine import Sessions
@@ -208,6 +208,13 @@ def served(app: FastAPI, headers: Mapping[str, str] | None = None) -> Iterator[h
         server.should_exit = True
         thread.join()
         sock.close()
+
+
+def problem(response: httpx.Response, status_code: int) -> Problem:
+    """The response's Problem body, once its status is checked."""
+    assert response.status_code == status_code, response.text
+    assert set(response.json()) == {"detail", "errors"}
+    return Problem.model_validate(response.json())
 
 
 def kill_processes_naming(path: Path) -> list[int]:

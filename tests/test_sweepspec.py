@@ -15,6 +15,7 @@ from gpumux.sweepspec import (
     Param,
     SpecError,
     Value,
+    check_placeholders,
     expand,
     format_param,
     format_value,
@@ -209,6 +210,56 @@ def test_parse_params_reports_the_bad_token() -> None:
         parse_params(["lr=0.1", "python", "train.py"])
     assert caught.value.token == "python"
     assert "put '--' before it" in str(caught.value)
+
+
+LONG = "a" * 8_000
+DIGITS = "0" * 8_000
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ["x" * 16_000],
+        ["=" + "1" * 16_000],
+        [f"{LONG}:1"],
+        [f"--{LONG}=1"],
+        ["a b" * 4_000 + "=1"],
+        [f"{LONG}=1:log"],
+        [f"{LONG}=", "1"],
+        [f"{LONG}=1", f"{LONG}=2"],
+        [f"a={LONG}", f"a={LONG}b"],
+        [f"x=1{'.' * 8_000}2"],
+        [f"{LONG}=1..2..3"],
+        [f"{LONG}=1,2..3"],
+        [f"{LONG}=..2"],
+        [f"x={LONG}..2"],
+        [f"x=2.{DIGITS}..1.{DIGITS}"],
+        [f"x=-0.{DIGITS}1..2:log"],
+        [f"x=0.{DIGITS}1..2:1"],
+        [f"{LONG}=1..2:log:lin"],
+        [f"x=1..2:{DIGITS}"],
+        [f"x=1..2:5:{DIGITS}5"],
+        [f"x=1..2:{LONG}"],
+        [f"{LONG}=0..99999999999999999999"],
+        [f"{LONG}=1,,2"],
+        [f"x={LONG},{LONG}"],
+        ["a" * 14_000 + "=" + ",".join(["1"] * 1_001)],
+        ["a" * 20_000 + "=1"],
+    ],
+)
+def test_an_error_quotes_a_long_token_cut_short(tokens: list[str]) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_params(tokens)
+    message = str(caught.value)
+    assert len(message) < 400, message[:400]
+    assert "…" in message
+
+
+def test_a_placeholder_error_quotes_names_cut_short() -> None:
+    names = [f"p{i}{LONG}" for i in range(3)]
+    with pytest.raises(SpecError) as caught:
+        check_placeholders(["run", "{" + LONG + "}"], names)
+    assert len(str(caught.value)) < 400
 
 
 # --- expansion ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import MAX_ID, MAX_USER_CHARS
 from gpumux.server import identity
+from gpumux.server.api.shown import shown
 from gpumux.storage import tokens
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
@@ -130,5 +131,5 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 def refuse_unless_owner(caller: Caller, owner: str, what: str) -> None:
     """403 (and a log line) when the caller may not touch another user's work."""
     if not caller.may_touch(owner):
-        log.warning("api: %s may not touch %s of %s", caller.name, what, owner)
+        log.warning("api: %s may not touch %s of %s", caller.name, shown(what), shown(owner))
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"{what} belongs to another user")

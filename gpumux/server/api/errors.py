@@ -18,6 +18,7 @@ from gpumux.schemas import FieldProblem
 from gpumux.server.api.allow import NO_ROUTE, allow_header
 from gpumux.server.api.deps import get_state
 from gpumux.server.api.responses import problem_response
+from gpumux.server.api.shown import shown, shown_path
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,9 @@ RETRY_AFTER_S = 5
 # one mistake per byte, and the answer must not grow with it.
 NAMED_IN_DETAIL = 3
 LISTED = 50
+# A field's message as an answer shows it: validators quote what they refuse, each bounded, and
+# this bounds whatever one may quote still.
+MSG_CHARS = 500
 
 
 def install(app: FastAPI) -> None:
@@ -40,7 +44,7 @@ def install(app: FastAPI) -> None:
 def where(scope: Scope) -> str:
     """The method and the route (its template, so no value of the request) a scope asked for."""
     route = scope.get("route")
-    return f"{scope['method']} {getattr(route, 'path', scope['path'])}"
+    return f"{shown(scope['method'])} {getattr(route, 'path', None) or shown_path(scope)}"
 
 
 async def http_error(request: Request, error: Exception) -> JSONResponse:
@@ -57,7 +61,9 @@ async def http_error(request: Request, error: Exception) -> JSONResponse:
     if error.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
         headers.update(allow_header(request.app.router, request.scope))
         if bare:
-            detail = f"this path does not serve {request.method}; it serves {headers['Allow']}"
+            detail = (
+                f"this path does not serve {shown(request.method)}; it serves {headers['Allow']}"
+            )
     elif error.status_code == status.HTTP_404_NOT_FOUND and bare:
         detail = NO_ROUTE
     return problem_response(error.status_code, detail, headers=headers)
@@ -79,9 +85,10 @@ def not_json(cause: ValueError | RecursionError) -> JSONResponse:
 
 
 def field_problem(error: dict[str, Any]) -> FieldProblem:
-    """One of pydantic's errors without its `input` and `ctx`, which may hold the value."""
-    loc = [part if isinstance(part, int) else str(part) for part in error["loc"]]
-    msg = str(error["msg"]).removeprefix("Value error, ")
+    """One of pydantic's errors without its `input` and `ctx`, which may hold the value; the
+    names in its `loc` (dict keys, unknown fields: the client's) and its message bounded."""
+    loc = [part if isinstance(part, int) else shown(str(part)) for part in error["loc"]]
+    msg = shown(str(error["msg"]).removeprefix("Value error, "), MSG_CHARS)
     if error["type"] == "json_invalid":
         # FastAPI's loc is ("body", character position); the reason is in ctx, value-free.
         position = f" at character {loc[1]}" if len(loc) > 1 else ""
@@ -131,12 +138,12 @@ async def database_error(request: Request, error: Exception) -> JSONResponse:
             "shortly",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+    # The driver's message goes to the log only: it is the daemon's internals (LastResort).
     log.error("db %s: %s failed", database, route, exc_info=error)
-    summary = (str(cause).splitlines() or [""])[0]
     return problem_response(
         status.HTTP_500_INTERNAL_SERVER_ERROR,
-        f"database error in {route}: {type(cause).__name__}: {summary} "
-        "(the daemon's log has the details)",
+        f"the database {database} failed to answer {route}: its error is in the daemon's log; "
+        "try again, and report it if it happens again",
     )
 
 
@@ -161,7 +168,7 @@ class LastResort:
         try:
             await self.app(scope, receive, watched)
         except Exception:
-            log.exception("api: %s %s failed", scope["method"], scope["path"])
+            log.exception("api: %s %s failed", shown(scope["method"]), shown_path(scope))
             if started:
                 # Half an answer is out: the server can only close the connection.
                 raise

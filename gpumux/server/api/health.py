@@ -11,9 +11,11 @@ from sqlalchemy import exc
 from gpumux import __version__
 from gpumux.schemas import Health
 from gpumux.server.api.deps import ReadSessionDep, StateDep
+from gpumux.server.api.errors import RETRY_AFTER_S
 from gpumux.server.api.responses import problem_response, problems
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import stats
+from gpumux.storage.dialects.base import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -27,28 +29,42 @@ router = APIRouter(tags=["health"])
 )
 def health(state: StateDep, session: ReadSessionDep) -> Health | JSONResponse:
     """Version, database, devices, and how much work is queued or running; 503 when the
-    database cannot be read."""
-    database = state.sessions.dialect.label
+    database cannot be read (locked by another process, or damaged)."""
+    dialect = state.sessions.dialect
     try:
         trials = stats.trials_by_status(session=session)
     except exc.DBAPIError as error:
-        log.error("db %s: health: cannot be read: %s", database, error.orig)
-        return unreadable(database, error)
+        if dialect.is_busy(error):
+            log.warning("db %s: health: locked: %s", dialect.label, error.orig)
+            return locked(dialect)
+        log.error("db %s: health: cannot be read: %s", dialect.label, error.orig)
+        return unreadable(dialect, error)
     return Health(
         status="ok",
         version=__version__,
-        database=database,
+        database=dialect.label,
         devices=len(state.devices_view()),
         queued_trials=trials[TrialStatus.queued],
         active_trials=sum(trials[active] for active in ACTIVE_TRIAL_STATUSES),
     )
 
 
-def unreadable(database: str, error: exc.DBAPIError) -> JSONResponse:
+def locked(dialect: Dialect) -> JSONResponse:
+    """503 with Retry-After: another process holds the database past the busy timeout."""
+    return problem_response(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"the database {dialect.label} is locked by another process (waited up to "
+        f"{dialect.busy_timeout_s:g} s); try again shortly, and if it lasts, end the process "
+        "that holds it",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def unreadable(dialect: Dialect, error: exc.DBAPIError) -> JSONResponse:
     """503: the database cannot be read, why, and what to do."""
     reason = (str(error.orig).splitlines() or [type(error.orig).__name__])[0]
     return problem_response(
         status.HTTP_503_SERVICE_UNAVAILABLE,
-        f"the database {database} cannot be read ({reason}); stop the daemon and start it "
+        f"the database {dialect.label} cannot be read ({reason}); stop the daemon and start it "
         "again: a damaged database is then refused with the way to recover it",
     )

@@ -9,6 +9,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpumux.server.api.responses import problem_response
+from gpumux.server.api.shown import shown, shown_path
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +18,8 @@ def too_large_detail(max_bytes: int) -> str:
     """What a client sending more than `max_bytes` is told, and what to do."""
     return (
         f"the request's body is over the daemon's limit of {max_bytes:,} bytes "
-        "(GPUMUX_MAX_BODY_BYTES); nothing of it was read or stored: send a smaller request"
+        "(GPUMUX_MAX_BODY_BYTES); it was refused unparsed and nothing was stored: send a "
+        "smaller request"
     )
 
 
@@ -28,9 +30,13 @@ class BodyTooLarge(HTTPException):
         super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, too_large_detail(max_bytes))
 
 
+# Not FastAPI's own max_body_size: it holds a declared size only when something reads the body,
+# so on a route that reads none only as the answer starts, after the route (its token check
+# included) has run; and it answers in plain text, not in the Problem shape.
 class BodyLimit:
-    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, unread; a body
-    sent chunked (or longer than declared) is counted as it arrives and refused once past it."""
+    """Pure ASGI middleware: 413 for a declared Content-Length over `max_bytes`, none of it
+    read; a body sent chunked (or longer than declared) is counted as it arrives and refused
+    once past it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -43,7 +49,10 @@ class BodyLimit:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             log.warning(
-                "api: %s %s refused: a body of %d bytes", scope["method"], scope["path"], declared
+                "api: %s %s refused: a body of %d bytes",
+                shown(scope["method"]),
+                shown_path(scope),
+                declared,
             )
             response = problem_response(
                 status.HTTP_413_CONTENT_TOO_LARGE, too_large_detail(self.max_bytes)
@@ -61,7 +70,9 @@ class BodyLimit:
                     # An HTTPException: FastAPI passes it on from its body reader to the error
                     # handlers, where any other exception would become a 400.
                     log.warning(
-                        "api: %s %s refused: a body past the limit", scope["method"], scope["path"]
+                        "api: %s %s refused: a body past the limit",
+                        shown(scope["method"]),
+                        shown_path(scope),
                     )
                     raise BodyTooLarge(self.max_bytes)
             return message

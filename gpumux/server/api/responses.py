@@ -9,14 +9,14 @@ from fastapi.responses import JSONResponse
 
 from gpumux.schemas import FieldProblem, Problem
 
-# What each error status means in this API, as the schema tells clients.
+# What each error status means in this API, as the schema tells clients. No route lists 405: it
+# answers a method that no route at the path serves (its Allow header names those that do).
 MEANINGS = {
     401: "No token, or one that is unknown or revoked (over TCP)",
     403: "The caller may not do this (another user's work, a user the daemon does not serve)",
     404: "Nothing with that id, or no such route",
-    405: "The path does not serve this method (Allow lists those it does)",
     409: "The request conflicts with the current state (a report for an attempt that ended)",
-    413: "The request's body is over the daemon's limit (GPUMUX_MAX_BODY_BYTES); nothing read",
+    413: "The request's body is over the daemon's limit (GPUMUX_MAX_BODY_BYTES); refused unparsed",
     422: "A field of the request is refused: `errors` names each one",
     429: "The caller has too many trials waiting (GPUMUX_MAX_QUEUED_PER_USER)",
     500: "A failure of the daemon; its log has the details",

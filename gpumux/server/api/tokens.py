@@ -11,6 +11,7 @@ from gpumux.schemas import TokenCreate, TokenCreated, TokensRevoked
 from gpumux.server import identity
 from gpumux.server.api.deps import CallerDep, StateDep, UserName, refuse_unless_owner
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
+from gpumux.server.api.shown import shown
 from gpumux.storage import tokens
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def create_token(
     user = token_in.user or caller.name
     if user != caller.name and caller.account.uid != 0:
         # A token is the power to run code as its user: only root may hand out another's.
-        log.warning("api: %s may not make a token for %s", caller.name, user)
+        log.warning("api: %s may not make a token for %s", caller.name, shown(user))
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"only root makes tokens for other users; {user} can make their own over the socket",
@@ -46,7 +47,7 @@ def create_token(
         raise HTTPException(status.HTTP_403_FORBIDDEN, refusal)
     with state.sessions.write.begin() as session:
         token = tokens.create_token(session=session, owner_name=user, uid=account.uid)
-    log.info("api: %s made a token for %s", caller.name, user)
+    log.info("api: %s made a token for %s", caller.name, shown(user))
     return TokenCreated(user=user, token=token)
 
 
@@ -56,5 +57,5 @@ def revoke_tokens(user: UserName, state: StateDep, caller: CallerDep) -> TokensR
     refuse_unless_owner(caller, user, f"the tokens of {user}")
     with state.sessions.write.begin() as session:
         revoked = tokens.revoke_tokens(session=session, owner_name=user)
-    log.info("api: %s revoked %d tokens of %s", caller.name, revoked, user)
+    log.info("api: %s revoked %d tokens of %s", caller.name, revoked, shown(user))
     return TokensRevoked(user=user, revoked=revoked)

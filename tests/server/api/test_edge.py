@@ -2,47 +2,49 @@
 
 from __future__ import annotations
 
+import logging
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
-from builders import bearer, served
+from builders import bearer, problem, served
 
 from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings
-from gpumux.schemas import MAX_ID, Problem
+from gpumux.schemas import MAX_ID
 from gpumux.server.api import create_app
+from gpumux.server.api.shown import NAME_CHARS
 from gpumux.storage.engine import Sessions
 
 FIFTY_MB = 50 * 1024 * 1024
 CHUNK = 64 * 1024
-# Far more than refusing takes, far less than reading and parsing 50 MB would.
-QUICKLY_S = 5.0
-
-
-def problem(response: httpx.Response, status_code: int) -> Problem:
-    """The response's Problem body, once its status is checked."""
-    assert response.status_code == status_code, response.text
-    assert set(response.json()) == {"detail", "errors"}
-    return Problem.model_validate(response.json())
+# A daemon that waited for a body never sent would never answer: the wait ends here, a failure.
+NO_ANSWER_S = 30.0
 
 
 def raw_answer(base_url: httpx.URL, head: bytes) -> httpx.Response:
     """What the daemon answers to a request's head alone, its declared body never sent."""
-    with socket.create_connection((base_url.host, base_url.port), timeout=QUICKLY_S) as sock:
+    with socket.create_connection((base_url.host, base_url.port), timeout=NO_ANSWER_S) as sock:
         sock.sendall(head)
         answer = b""
         while b"\r\n\r\n" not in answer:
-            answer += sock.recv(65536)
+            answer += received(sock)
         lines, _, body = answer.partition(b"\r\n\r\n")
         status_line, *header_lines = lines.decode().split("\r\n")
         headers = dict(line.split(": ", 1) for line in header_lines)
         while len(body) < int(headers["content-length"]):
-            body += sock.recv(65536)
+            body += received(sock)
     return httpx.Response(int(status_line.split()[1]), headers=headers, content=body)
+
+
+def received(sock: socket.socket) -> bytes:
+    """The next bytes of the answer; the connection closed before it was whole is a failure."""
+    chunk = sock.recv(65536)
+    assert chunk, "the daemon closed the connection before its answer was whole"
+    return chunk
 
 
 @pytest.mark.parametrize("path", ["/sweeps", "/reports"])
@@ -59,24 +61,39 @@ def test_a_declared_50_mb_body_is_refused_413_before_a_byte_of_it_is_read(
         + b"\r\n\r\n"
     )
 
-    started = time.monotonic()
-    answer = raw_answer(api.base_url, head)
+    detail = problem(raw_answer(api.base_url, head), 413).detail
 
-    assert time.monotonic() - started < QUICKLY_S
-    detail = problem(answer, 413).detail
     assert f"limit of {MAX_BODY_BYTES:,} bytes (GPUMUX_MAX_BODY_BYTES)" in detail
     assert api.get("/health").json()["status"] == "ok"
 
 
 @pytest.mark.parametrize("path", ["/sweeps", "/reports"])
-def test_a_50_mb_body_sent_whole_gets_413_quickly_and_the_daemon_serves_on(
-    api: httpx.Client, path: str
+def test_a_50_mb_body_sent_whole_is_refused_from_its_declared_size_and_the_daemon_serves_on(
+    api: httpx.Client, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    started = time.monotonic()
     refused = api.post(path, content=b"x" * FIFTY_MB, headers={"content-type": "application/json"})
-    assert time.monotonic() - started < QUICKLY_S
     problem(refused, 413)
+    # Refused on its Content-Length, before the body was asked for: none of it was read.
+    assert f"api: POST {path} refused: a body of {FIFTY_MB} bytes" in caplog.messages
     assert api.get("/sweeps").json()["count"] == 0
+
+
+FORGED = "2026-01-01 00:00:00 CRITICAL gpumux: forged"
+
+
+def test_a_path_that_decodes_to_a_line_break_cannot_forge_a_log_line(
+    api: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    encoded = quote(f"\n{FORGED}")
+    head = f"POST /x{encoded} HTTP/1.1\r\nHost: gpumux\r\nContent-Length: {FIFTY_MB}\r\n\r\n"
+    problem(raw_answer(api.base_url, head.encode()), 413)
+    assert api.delete(f"/tokens/a{encoded}").status_code == 200
+
+    logged = [record.getMessage() for record in caplog.records]
+    assert f"api: POST /x\\n{FORGED} refused: a body of {FIFTY_MB} bytes" in logged
+    assert any(line.endswith(f"tokens of a\\n{FORGED}") for line in logged), logged
+    assert not [line for line in logged if "\n" in line]
 
 
 def chunks(size: int) -> Iterator[bytes]:
@@ -173,6 +190,12 @@ def test_options_and_405_carry_every_method_a_path_serves(
     problem(refused, 405)
     assert refused.headers["allow"] == allow
     assert allow in refused.json()["detail"]
+
+
+def test_a_405_names_a_method_of_any_length_in_a_few_characters(api: httpx.Client) -> None:
+    refused = problem(api.request("M" * 10_000, "/sweeps"), 405)
+    assert refused.detail.startswith(f"this path does not serve {'M' * NAME_CHARS}…; it serves")
+    assert len(refused.detail) < 200
 
 
 def test_options_on_no_route_is_a_404(api: httpx.Client) -> None:

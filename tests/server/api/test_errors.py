@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from builders import bearer, served
+from builders import bearer, problem, served
 from sqlalchemy import event, text
 
 from gpumux.config import Settings
@@ -61,13 +61,6 @@ def body(tmp_path: Path, *params: str) -> dict[str, Any]:
         "workdir": str(tmp_path),
         "env": {"PATH": os.environ["PATH"]},
     }
-
-
-def problem(response: httpx.Response, status_code: int) -> Problem:
-    """The response's Problem body, once its status is checked."""
-    assert response.status_code == status_code, response.text
-    assert set(response.json()) == {"detail", "errors"}
-    return Problem.model_validate(response.json())
 
 
 def stored(api: httpx.Client) -> dict[int, list[dict[str, Any]]]:
@@ -136,7 +129,7 @@ def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
     assert api.get("/sweeps").json()["count"] == 1
 
 
-def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_the_log(
+def test_any_other_database_error_answers_500_without_the_drivers_message_which_is_logged(
     api: httpx.Client, sessions: Sessions, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with sessions.write.begin() as session:
@@ -149,9 +142,10 @@ def test_any_other_database_error_answers_500_in_one_line_with_the_traceback_in_
 
     failed = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
 
-    assert problem(failed, 500).detail == (
-        "database error in POST /sweeps: IntegrityError: refused by the test "
-        "(the daemon's log has the details)"
+    detail = problem(failed, 500).detail
+    assert detail == (
+        f"the database {sessions.dialect.label} failed to answer POST /sweeps: its error is in "
+        "the daemon's log; try again, and report it if it happens again"
     )
     (record,) = [r for r in caplog.records if r.name == "gpumux.server.api.errors"]
     assert record.levelno == logging.ERROR and record.exc_info is not None
@@ -224,16 +218,88 @@ def test_a_bug_answers_500_in_the_problem_shape_and_its_traceback_goes_to_the_lo
 ) -> None:
     app = create_app(settings=settings, sessions=sessions)
 
-    @app.get("/sweeps/{sweep_id}/boom")
-    def boom(sweep_id: int) -> None:
+    @app.get("/sweeps/{name}/boom")
+    def boom(name: str) -> None:
         raise RuntimeError("internals: /secret/path")
 
     with served(app) as client:
-        failed = problem(client.get("/sweeps/7/boom"), 500)
+        # The path as the server decodes it holds a line break: the log line shows it escaped.
+        failed = problem(client.get("/sweeps/7%0Aforged/boom"), 500)
         assert client.get("/health").json()["status"] == "ok"
 
-    assert failed.detail.startswith("the daemon failed to answer GET /sweeps/{sweep_id}/boom")
+    assert failed.detail.startswith("the daemon failed to answer GET /sweeps/{name}/boom")
     assert "secret" not in failed.model_dump_json()
     (record,) = [r for r in caplog.records if r.name == "gpumux.server.api.errors"]
-    assert record.getMessage() == "api: GET /sweeps/7/boom failed"
+    assert record.getMessage() == "api: GET /sweeps/7\\nforged/boom failed"
     assert record.exc_info is not None and "internals: /secret/path" in caplog.text
+
+
+HUGE = 300_000
+REPORT = {"trial_id": 1, "attempt": 1, "kind": "manual"}
+
+
+@pytest.mark.parametrize(
+    ("path", "sent", "loc"),
+    [
+        ("/sweeps", {"x" * HUGE: 1}, ["body", "x" * 64 + "…"]),
+        (
+            "/sweeps",
+            {"env": {"\x01" + "E" * HUGE: "1"}},
+            ["body", "env", "\\x01" + "E" * 63 + "…", "[key]"],
+        ),
+        ("/reports", {"metrics": {"m" * HUGE: 1.0}}, ["body", "metrics", "m" * 64 + "…", "[key]"]),
+    ],
+)
+def test_a_key_of_any_length_is_named_in_a_few_hundred_characters(
+    api: httpx.Client, tmp_path: Path, path: str, sent: dict[str, Any], loc: list[str]
+) -> None:
+    if path == "/sweeps":
+        answer = api.post(path, json={**body(tmp_path), **sent})
+    else:
+        # Refused before the token is looked at.
+        answer = api.post(path, json={**REPORT, **sent}, headers={"authorization": "Bearer no"})
+
+    refused = problem(answer, 422)
+    assert loc in [field.loc for field in refused.errors]
+    assert len(answer.content) < 2_000
+    assert "\x01" not in answer.text
+
+
+def test_a_validators_message_is_bounded_whatever_it_quotes() -> None:
+    quoted = "Value error, " + "q" * 100_000 + "\n"
+    field = errors.field_problem({"loc": ("body", "name"), "msg": quoted, "type": "value_error"})
+    assert field.msg == "q" * errors.MSG_CHARS + "…"
+
+
+def no_busy_wait(dbapi_connection: sqlite3.Connection, *_: Any) -> None:
+    dbapi_connection.execute("PRAGMA busy_timeout=0")
+
+
+def test_health_tells_a_locked_database_from_an_unreadable_one(
+    api: httpx.Client, limits: Limits, settings: Settings, sessions: Sessions
+) -> None:
+    database = settings.home / "gpumux.db"
+    limits.busy_timeout_ms = 0
+    # In WAL a writer lets readers on; one in exclusive locking mode shuts them out, once the
+    # daemon's open connections (each holds a shared lock) are closed. A new connection then
+    # fails on its first pragma, after the driver's own wait unless it is set to none first.
+    sessions.engine.dispose()
+    event.listen(sessions.engine, "connect", no_busy_wait, insert=True)
+    blocker = sqlite3.connect(database, isolation_level=None)
+    try:
+        blocker.execute("PRAGMA locking_mode=EXCLUSIVE")
+        blocker.execute("BEGIN EXCLUSIVE")
+        locked = api.get("/health")
+        detail = problem(locked, 503).detail
+        assert f"the database {database} is locked by another process" in detail
+        assert "stop the daemon" not in detail
+        assert locked.headers["retry-after"] == str(errors.RETRY_AFTER_S)
+    finally:
+        blocker.close()
+    assert api.get("/health").json()["status"] == "ok"
+
+    with sessions.write.begin() as session:
+        session.execute(text("ALTER TABLE trials RENAME TO trials_gone"))
+    unreadable = problem(api.get("/health"), 503).detail
+    assert f"the database {database} cannot be read (no such table: trials)" in unreadable
+    assert "stop the daemon and start it again" in unreadable

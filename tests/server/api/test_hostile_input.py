@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +72,14 @@ def test_a_lone_surrogate_anywhere_in_a_sweep_is_refused_at_the_door(
 ) -> None:
     response = post_raw(api, "/sweeps", poisoned(tmp_path, where))
     assert response.status_code == 422, response.text
-    assert SURROGATE not in response.json()["detail"]
+    assert [field["type"] for field in response.json()["errors"]] == ["string_unicode"]
     assert_nothing_stored(api)
 
 
 def test_a_lone_surrogate_in_a_token_request_is_refused(api: httpx.Client) -> None:
     response = post_raw(api, "/tokens", {"user": f"root{SURROGATE}"})
     assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["type"] == "string_unicode"
 
 
 def test_the_poisoned_probe_leaves_listing_showing_and_trials_working(
@@ -138,22 +138,23 @@ def test_sizes_over_their_limits_are_refused_and_nothing_is_stored(
     assert_nothing_stored(api)
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def test_a_grid_of_astronomic_size_is_refused_cheaply_with_a_short_message(
-    api: httpx.Client, tmp_path: Path
+def test_a_grid_of_astronomic_size_is_refused_unexpanded_with_a_short_message(
+    api: httpx.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    expanded: list[str] = []
+    grid_values = sweepspec.Param.grid_values
+
+    def counted(param: sweepspec.Param) -> tuple[sweepspec.Value, ...]:
+        expanded.append(param.name)
+        return grid_values(param)
+
+    # The daemon runs in this process: a parameter's points computed are counted here.
+    monkeypatch.setattr(sweepspec.Param, "grid_values", counted)
     params = [f"p{i}=1..2:{sweepspec.MAX_POINTS}" for i in range(sweepspec.MAX_PARAMS)]
-    began = cpu_seconds()
     response = api.post("/sweeps", json=body(tmp_path, *params))
-    spent = cpu_seconds() - began
     assert response.status_code == 422, response.text[:300]
     assert len(response.json()["detail"]) < 300
-    # The daemon runs in this process: its CPU is counted here, the client's with it.
-    assert spent < 0.5, f"refusing took {spent:.2f} s of CPU"
+    assert expanded == []
     assert_nothing_stored(api)
 
 
