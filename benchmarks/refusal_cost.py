@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 from sweep_makespan import free_port
 
-from gpumux import __version__, schemas, sweepspec
+from gpumux import __version__, fields, sweepspec
 from gpumux.config import Settings
 from gpumux.tokenfile import daemon_token
 
@@ -79,10 +79,10 @@ def expensive_sweep(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     """
     params = [f"p{index}=1e-9..1.0:log:{args.points}" for index in range(args.params)]
     # Words and variables as long as one may be, as many as the totals allow.
-    word = "x" * (schemas.MAX_ARG_BYTES - 1)
-    command = ["true", *[word] * (args.command_bytes // schemas.MAX_ARG_BYTES - 1)]
-    value = "x" * (schemas.MAX_ARG_BYTES - len("PAD00=") - 1)
-    env = {f"PAD{index:02}": value for index in range(args.env_bytes // schemas.MAX_ARG_BYTES)}
+    word = "x" * (fields.MAX_ARG_BYTES - 1)
+    command = ["true", *[word] * (args.command_bytes // fields.MAX_ARG_BYTES - 1)]
+    value = "x" * (fields.MAX_ARG_BYTES - len("PAD00=") - 1)
+    env = {f"PAD{index:02}": value for index in range(args.env_bytes // fields.MAX_ARG_BYTES)}
     sweep = {"params": params, "command": command, "workdir": workdir, "env": env}
     if body_size(sweep) > args.body_bytes:
         raise SystemExit(
@@ -203,14 +203,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--command-bytes",
         type=int,
-        default=schemas.MAX_COMMAND_BYTES,
-        help="(b): the command's bytes (default schemas.MAX_COMMAND_BYTES)",
+        default=fields.MAX_COMMAND_BYTES,
+        help="(b): the command's bytes (default fields.MAX_COMMAND_BYTES)",
     )
     parser.add_argument(
         "--env-bytes",
         type=int,
-        default=schemas.MAX_ENV_BYTES,
-        help="(b): the environment's bytes (default schemas.MAX_ENV_BYTES)",
+        default=fields.MAX_ENV_BYTES,
+        help="(b): the environment's bytes (default fields.MAX_ENV_BYTES)",
     )
     parser.add_argument(
         "--body-bytes",

@@ -36,10 +36,6 @@ from gpumux.fields import (
     json_number,
     quoted,
 )
-
-# Still imported from here by the API and the CLI, until their imports name gpumux.fields.
-from gpumux.fields import MAX_NAME_CHARS as MAX_NAME_CHARS
-from gpumux.fields import MAX_USER_CHARS as MAX_USER_CHARS
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 

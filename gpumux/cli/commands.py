@@ -23,8 +23,9 @@ from gpumux.cli.state import (
     get_state,
 )
 from gpumux.client import Client
+from gpumux.fields import MAX_ID
 from gpumux.lockfile import DaemonError
-from gpumux.schemas import MAX_ID, parse_objective
+from gpumux.schemas import parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 
 SHOW_ROWS = 100

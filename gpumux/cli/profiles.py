@@ -16,7 +16,8 @@ from gpumux.cli.connect import connect
 from gpumux.cli.render import NONE, local_time
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
 from gpumux.client import Client
-from gpumux.schemas import MAX_ID, ProfilePublic
+from gpumux.fields import MAX_ID
+from gpumux.schemas import ProfilePublic
 
 PAGE = 500
 

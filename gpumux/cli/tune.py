@@ -44,8 +44,9 @@ from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
 from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
 from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
+from gpumux.fields import MAX_SPLIT
 from gpumux.lockfile import DaemonError
-from gpumux.schemas import MAX_SPLIT, SweepCreate, SweepDetail, TrialPublic
+from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
 from gpumux.splits.curve import SEQUENCE
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.throughput import TRIALS_PER_S

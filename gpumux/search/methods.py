@@ -25,7 +25,7 @@ from optuna.pruners import (
 )
 from optuna.samplers import BaseSampler
 
-from gpumux.schemas import MAX_COUNT
+from gpumux.fields import MAX_COUNT
 from gpumux.search.space import distributions_of
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import Param

@@ -17,7 +17,7 @@ from gpumux.devices.accounting import Overheads
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.schemas import MAX_SPLIT
+from gpumux.fields import MAX_SPLIT
 from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial

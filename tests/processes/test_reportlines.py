@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gpumux import schemas
+from gpumux import fields, schemas
 from gpumux.processes import reportlines
 from gpumux.processes.reportlines import (
     MAX_LINE_BYTES,
@@ -214,9 +214,9 @@ def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
         reportlines.MAX_STEP
         == schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]["maximum"]
     )
-    assert reportlines.MAX_SAMPLES == schemas.MAX_SAMPLES
-    assert reportlines.MAX_METRICS == schemas.MAX_METRICS
-    assert reportlines.MAX_METRIC_CHARS == schemas.MAX_NAME_CHARS
+    assert reportlines.MAX_SAMPLES == fields.MAX_SAMPLES
+    assert reportlines.MAX_METRICS == fields.MAX_METRICS
+    assert reportlines.MAX_METRIC_CHARS == fields.MAX_NAME_CHARS
 
 
 @pytest.mark.parametrize("name", ["", "m" * 201, "loss\ud800", "\udc00"])

@@ -12,7 +12,7 @@ import pytest
 from builders import stored_running_trial
 
 import gpumux.runtime
-from gpumux import schemas
+from gpumux import fields, schemas
 from gpumux.runtime import reporter as runtime_reporter
 from gpumux.runtime.reporter import Reporter, finite_metrics, report_metrics
 from gpumux.storage.engine import Sessions
@@ -136,10 +136,10 @@ def test_trial_survives_a_failing_daemon(
 def test_the_runtime_knows_the_bounds_of_a_report() -> None:
     step = schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]
     assert gpumux.runtime.MAX_STEP == step["maximum"]
-    assert runtime_reporter.MAX_METRICS == schemas.MAX_METRICS
-    assert runtime_reporter.MAX_METRIC_CHARS == schemas.MAX_NAME_CHARS
-    assert runtime_reporter.MAX_SAMPLES == schemas.MAX_SAMPLES
-    assert runtime_reporter.MAX_REPORT_SECONDS == schemas.MAX_REPORT_SECONDS
+    assert runtime_reporter.MAX_METRICS == fields.MAX_METRICS
+    assert runtime_reporter.MAX_METRIC_CHARS == fields.MAX_NAME_CHARS
+    assert runtime_reporter.MAX_SAMPLES == fields.MAX_SAMPLES
+    assert runtime_reporter.MAX_REPORT_SECONDS == fields.MAX_REPORT_SECONDS
 
 
 def test_metrics_are_cut_to_what_a_report_holds_and_the_cut_is_said() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from gpumux.schemas import MAX_COUNT
+from gpumux.fields import MAX_COUNT
 from gpumux.search.methods import PruneSpec, SearchError, make_pruner, parse_prune
 
 

@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, place
-from gpumux.schemas import MAX_SPLIT
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.schemas import MAX_ID, MAX_USER_CHARS
+from gpumux.fields import MAX_ID, MAX_USER_CHARS
 from gpumux.server import identity
 from gpumux.server.api.shown import shown
 from gpumux.storage import tokens

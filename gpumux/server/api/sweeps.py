@@ -10,8 +10,8 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
+from gpumux.fields import MAX_USER_CHARS
 from gpumux.schemas import (
-    MAX_USER_CHARS,
     ProfilePublic,
     SweepCreate,
     SweepDetail,

@@ -8,8 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
+from gpumux.fields import MAX_ID
 from gpumux.processes.logfiles import read_log
-from gpumux.schemas import MAX_ID, LogChunk, ReportPublic, ReportsPublic, TrialPublic
+from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
 from gpumux.server.api.deps import (
     Caller,
     CallerDep,

@@ -14,7 +14,7 @@ import pytest
 from builders import bearer, problem, served
 
 from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings
-from gpumux.schemas import MAX_ID
+from gpumux.fields import MAX_ID
 from gpumux.server.api import create_app
 from gpumux.server.api.shown import NAME_CHARS
 from gpumux.storage.engine import Sessions
