@@ -28,6 +28,17 @@ from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep
 
 
+def sweep_body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:
+    """A POST /sweeps body as a client sends it: the parameters given, a command, a directory."""
+    return {
+        "params": list(params),
+        "command": ["python", "train.py"],
+        "workdir": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+        **fields,
+    }
+
+
 def sweep_in(
     workdir: Path, *params: str, command: list[str] | None = None, **fields: object
 ) -> SweepCreate:

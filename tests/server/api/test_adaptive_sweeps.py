@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_sweeps import body, sweep_count
+from builders import sweep_body
+from test_sweeps import sweep_count
 from test_trials import report, running_trial
 
 from gpumux.storage.engine import Sessions
@@ -19,7 +20,7 @@ def test_an_adaptive_sweep_is_stored_with_its_budget_and_no_trial_yet(
 ) -> None:
     created = api.post(
         "/sweeps",
-        json=body(
+        json=sweep_body(
             tmp_path,
             "lr=1e-4..1e-1",
             "bs=32,64",
@@ -43,8 +44,8 @@ def test_an_adaptive_sweep_is_stored_with_its_budget_and_no_trial_yet(
 
 
 def test_grid_and_random_keep_their_defaults(api: httpx.Client, tmp_path: Path) -> None:
-    grid = api.post("/sweeps", json=body(tmp_path, "x=1,2")).json()
-    drawn = api.post("/sweeps", json=body(tmp_path, "x=1..9", trials=3)).json()
+    grid = api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2")).json()
+    drawn = api.post("/sweeps", json=sweep_body(tmp_path, "x=1..9", trials=3)).json()
     assert (grid["search"], grid["trial_count"]) == ("grid", 2)
     assert (drawn["search"], drawn["trial_count"]) == ("random", 3)
 
@@ -78,7 +79,7 @@ def test_grid_and_random_keep_their_defaults(api: httpx.Client, tmp_path: Path) 
 def test_a_search_or_pruner_that_cannot_work_is_refused_and_nothing_stored(
     api: httpx.Client, tmp_path: Path, fields: dict[str, Any], reason: str
 ) -> None:
-    sweep = body(tmp_path, "lr=1e-4..1e-1", objective="loss:min")
+    sweep = sweep_body(tmp_path, "lr=1e-4..1e-1", objective="loss:min")
     sweep.update(fields)
     before = sweep_count(api)
     refused = api.post("/sweeps", json={k: v for k, v in sweep.items() if v is not None})

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from builders import bearer, problem, served
+from builders import bearer, problem, served, sweep_body
 from sqlalchemy import event, text
 
 from gpumux.config import Settings
@@ -54,15 +53,6 @@ def api(settings: Settings, sessions: Sessions, limits: Limits) -> Iterator[http
         yield client
 
 
-def body(tmp_path: Path, *params: str) -> dict[str, Any]:
-    return {
-        "params": list(params),
-        "command": ["python", "-c", "pass"],
-        "workdir": str(tmp_path),
-        "env": {"PATH": os.environ["PATH"]},
-    }
-
-
 def stored(api: httpx.Client) -> dict[int, list[dict[str, Any]]]:
     """Every stored sweep's trials' params, by sweep id."""
     sweeps = api.get("/sweeps").json()["data"]
@@ -87,12 +77,12 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
 ) -> None:
     database = settings.home / "gpumux.db"
     for _ in range(2):
-        assert api.post("/sweeps", json=body(tmp_path, "x=1..20")).status_code == 201
+        assert api.post("/sweeps", json=sweep_body(tmp_path, "x=1..20")).status_code == 201
     before = stored(api)
     with sessions.read() as session:
         limits.max_page_count = session.execute(text("PRAGMA page_count")).scalar_one()
 
-    full = api.post("/sweeps", json=body(tmp_path, "x=1..1000"))
+    full = api.post("/sweeps", json=sweep_body(tmp_path, "x=1..1000"))
 
     detail = problem(full, 507).detail
     assert f"the database {database} is full" in detail
@@ -101,7 +91,7 @@ def test_a_full_disk_answers_507_keeps_what_was_stored_and_recovers_when_space_i
     assert stored(api) == before and [len(params) for params in before.values()] == [20, 20]
 
     limits.max_page_count = NO_PAGE_LIMIT
-    landed = api.post("/sweeps", json=body(tmp_path, "x=1..1000"))
+    landed = api.post("/sweeps", json=sweep_body(tmp_path, "x=1..1000"))
     assert landed.status_code == 201, landed.text
     after = stored(api)
     assert len(after[landed.json()["id"]]) == 1000
@@ -116,7 +106,7 @@ def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
     blocker = sqlite3.connect(database, isolation_level=None)
     try:
         blocker.execute("BEGIN IMMEDIATE")
-        locked = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
+        locked = api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2"))
         assert locked.headers["retry-after"] == str(errors.RETRY_AFTER_S)
         detail = problem(locked, 503).detail
         assert f"the database {database} is locked by another writer" in detail
@@ -125,7 +115,7 @@ def test_a_database_locked_past_the_busy_timeout_answers_503_with_retry_after(
         assert api.get("/sweeps").json()["count"] == 0
     finally:
         blocker.close()
-    assert api.post("/sweeps", json=body(tmp_path, "x=1,2")).status_code == 201
+    assert api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2")).status_code == 201
     assert api.get("/sweeps").json()["count"] == 1
 
 
@@ -140,7 +130,7 @@ def test_any_other_database_error_answers_500_without_the_drivers_message_which_
             )
         )
 
-    failed = api.post("/sweeps", json=body(tmp_path, "x=1,2"))
+    failed = api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2"))
 
     detail = problem(failed, 500).detail
     assert detail == (
@@ -157,7 +147,7 @@ def test_a_refused_field_is_named_in_the_problem_shape_and_its_value_never_echoe
     api: httpx.Client, tmp_path: Path
 ) -> None:
     secret = "NEVER-ECHOED-" * 40
-    sent = {**body(tmp_path), "name": secret, "command": [], "trials": 0}
+    sent = {**sweep_body(tmp_path), "name": secret, "command": [], "trials": 0}
 
     refused = problem(api.post("/sweeps", json=sent), 422)
 
@@ -180,7 +170,7 @@ def test_a_body_with_a_mistake_in_every_item_gets_a_bounded_answer(
     api: httpx.Client, tmp_path: Path
 ) -> None:
     # Under the count of parameters a sweep may have, each of the wrong type.
-    sent = {**body(tmp_path), "params": list(range(200))}
+    sent = {**sweep_body(tmp_path), "params": list(range(200))}
 
     refused = problem(api.post("/sweeps", json=sent), 422)
 
@@ -254,7 +244,7 @@ def test_a_key_of_any_length_is_named_in_a_few_hundred_characters(
     api: httpx.Client, tmp_path: Path, path: str, sent: dict[str, Any], loc: list[str]
 ) -> None:
     if path == "/sweeps":
-        answer = api.post(path, json={**body(tmp_path), **sent})
+        answer = api.post(path, json={**sweep_body(tmp_path), **sent})
     else:
         # Refused before the token is looked at.
         answer = api.post(path, json={**REPORT, **sent}, headers={"authorization": "Bearer no"})

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from builders import sweep_body
 
 from gpumux import sweepspec
 
 SURROGATE = "\ud800"
-
-
-def body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "params": list(params),
-        "command": ["python", "train.py"],
-        "workdir": str(tmp_path),
-        "env": {"PATH": os.environ["PATH"]},
-        **fields,
-    }
 
 
 def post_raw(api: httpx.Client, path: str, document: object) -> httpx.Response:
@@ -40,15 +30,15 @@ def assert_nothing_stored(api: httpx.Client) -> None:
 
 def poisoned(tmp_path: Path, where: str) -> dict[str, Any]:
     fields: dict[str, dict[str, Any]] = {
-        "param name": body(tmp_path, "x=1", f"y={SURROGATE}"),
-        "choice": body(tmp_path, f"y=a,{SURROGATE}"),
-        "command": body(tmp_path, command=["python", f"train{SURROGATE}.py"]),
-        "env name": body(tmp_path, env={f"A{SURROGATE}": "1"}),
-        "env value": body(tmp_path, env={"A": SURROGATE}),
-        "workdir": body(tmp_path, workdir=f"{tmp_path}/{SURROGATE}"),
-        "name": body(tmp_path, name=SURROGATE),
-        "objective": body(tmp_path, objective=f"loss{SURROGATE}:min"),
-        "prune": body(tmp_path, objective="loss:min", prune=f"median{SURROGATE}"),
+        "param name": sweep_body(tmp_path, "x=1", f"y={SURROGATE}"),
+        "choice": sweep_body(tmp_path, f"y=a,{SURROGATE}"),
+        "command": sweep_body(tmp_path, command=["python", f"train{SURROGATE}.py"]),
+        "env name": sweep_body(tmp_path, env={f"A{SURROGATE}": "1"}),
+        "env value": sweep_body(tmp_path, env={"A": SURROGATE}),
+        "workdir": sweep_body(tmp_path, workdir=f"{tmp_path}/{SURROGATE}"),
+        "name": sweep_body(tmp_path, name=SURROGATE),
+        "objective": sweep_body(tmp_path, objective=f"loss{SURROGATE}:min"),
+        "prune": sweep_body(tmp_path, objective="loss:min", prune=f"median{SURROGATE}"),
     }
     return fields[where]
 
@@ -86,7 +76,7 @@ def test_the_poisoned_probe_leaves_listing_showing_and_trials_working(
     api: httpx.Client, tmp_path: Path
 ) -> None:
     assert post_raw(api, "/sweeps", poisoned(tmp_path, "choice")).status_code == 422
-    good = api.post("/sweeps", json=body(tmp_path, "y=a,b"))
+    good = api.post("/sweeps", json=sweep_body(tmp_path, "y=a,b"))
     assert good.status_code == 201, good.text
     sweep_id = good.json()["id"]
     for path in ("/sweeps", f"/sweeps/{sweep_id}", f"/sweeps/{sweep_id}/trials"):
@@ -111,7 +101,7 @@ def test_a_time_limit_that_is_no_finite_sane_number_is_refused(
     api: httpx.Client, tmp_path: Path, number: str
 ) -> None:
     # JSON has no NaN or Infinity, yet Python's parser reads them: written here by hand.
-    document = json.dumps(body(tmp_path, "x=1"))[:-1] + f', "time_limit_s": {number}}}'
+    document = json.dumps(sweep_body(tmp_path, "x=1"))[:-1] + f', "time_limit_s": {number}}}'
     response = api.post("/sweeps", content=document, headers={"Content-Type": "application/json"})
     assert response.status_code == 422, response.text
     assert_nothing_stored(api)
@@ -133,7 +123,7 @@ def test_a_time_limit_that_is_no_finite_sane_number_is_refused(
 def test_sizes_over_their_limits_are_refused_and_nothing_is_stored(
     api: httpx.Client, tmp_path: Path, fields: dict[str, Any], what: str
 ) -> None:
-    response = api.post("/sweeps", json=body(tmp_path, "x=1", **fields))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, "x=1", **fields))
     assert response.status_code == 422, (what, response.text[:300])
     assert_nothing_stored(api)
 
@@ -151,7 +141,7 @@ def test_a_grid_of_astronomic_size_is_refused_unexpanded_with_a_short_message(
     # The daemon runs in this process: a parameter's points computed are counted here.
     monkeypatch.setattr(sweepspec.Param, "grid_values", counted)
     params = [f"p{i}=1..2:{sweepspec.MAX_POINTS}" for i in range(sweepspec.MAX_PARAMS)]
-    response = api.post("/sweeps", json=body(tmp_path, *params))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, *params))
     assert response.status_code == 422, response.text[:300]
     assert len(response.json()["detail"]) < 300
     assert expanded == []
@@ -163,14 +153,14 @@ def test_a_grid_whose_size_has_thousands_of_digits_is_refused_not_an_error(
 ) -> None:
     end = sweepspec.MAX_INT_END
     params = [f"p{i}=0..{end}" for i in range(300)]
-    response = api.post("/sweeps", json=body(tmp_path, *params))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, *params))
     assert response.status_code == 422, response.text[:300]
     assert_nothing_stored(api)
 
 
 def test_more_parameters_than_the_limit_are_refused(api: httpx.Client, tmp_path: Path) -> None:
     params = [f"p{i}=1" for i in range(sweepspec.MAX_PARAMS + 1)]
-    response = api.post("/sweeps", json=body(tmp_path, *params))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, *params))
     assert response.status_code == 422, response.text[:300]
     assert_nothing_stored(api)
 
@@ -179,7 +169,7 @@ def test_a_placeholder_that_names_no_parameter_is_refused_naming_it(
     api: httpx.Client, tmp_path: Path
 ) -> None:
     response = api.post(
-        "/sweeps", json=body(tmp_path, "lr=0.1", command=["python", "train.py", "--x={lrr}"])
+        "/sweeps", json=sweep_body(tmp_path, "lr=0.1", command=["python", "train.py", "--x={lrr}"])
     )
     assert response.status_code == 422, response.text
     detail = response.text
@@ -191,7 +181,7 @@ def test_placeholders_of_parameters_and_escaped_braces_are_accepted(
     api: httpx.Client, tmp_path: Path
 ) -> None:
     command = ["bash", "-c", "echo {lr} ${{HOME}}"]
-    response = api.post("/sweeps", json=body(tmp_path, "lr=0.1", command=command))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, "lr=0.1", command=command))
     assert response.status_code == 201, response.text
 
 

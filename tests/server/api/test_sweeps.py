@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from builders import sweep_body
 
 from gpumux.config import Settings
 from gpumux.splits import curve as tuner
@@ -13,22 +13,14 @@ from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 
 
-def body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "params": list(params),
-        "command": ["python", "train.py"],
-        "workdir": str(tmp_path),
-        "env": {"PATH": os.environ["PATH"]},
-        **fields,
-    }
-
-
 def sweep_count(api: httpx.Client) -> int:
     return int(api.get("/sweeps").json()["count"])
 
 
 def test_a_sweep_is_stored_with_its_trials(api: httpx.Client, tmp_path: Path) -> None:
-    response = api.post("/sweeps", json=body(tmp_path, "lr=1e-3..1e-1:3", "bs=32,64", name="first"))
+    response = api.post(
+        "/sweeps", json=sweep_body(tmp_path, "lr=1e-3..1e-1:3", "bs=32,64", name="first")
+    )
     assert response.status_code == 201, response.text
     sweep = response.json()
     assert sweep["trial_count"] == 6 and sweep["counts"] == {"queued": 6}
@@ -46,9 +38,9 @@ def test_a_sweep_is_stored_with_its_trials(api: httpx.Client, tmp_path: Path) ->
 def test_random_search_is_reproducible_from_the_recorded_seed(
     api: httpx.Client, tmp_path: Path
 ) -> None:
-    first = api.post("/sweeps", json=body(tmp_path, "lr=1e-4..1e-1", trials=5)).json()
+    first = api.post("/sweeps", json=sweep_body(tmp_path, "lr=1e-4..1e-1", trials=5)).json()
     again = api.post(
-        "/sweeps", json=body(tmp_path, "lr=1e-4..1e-1", trials=5, seed=first["seed"])
+        "/sweeps", json=sweep_body(tmp_path, "lr=1e-4..1e-1", trials=5, seed=first["seed"])
     ).json()
     params = [
         [t["params"] for t in api.get(f"/sweeps/{s['id']}/trials").json()["data"]]
@@ -80,7 +72,7 @@ def test_random_search_is_reproducible_from_the_recorded_seed(
 def test_bad_sweeps_are_refused_with_the_reason_and_leave_nothing(
     api: httpx.Client, tmp_path: Path, params: list[str], fields: dict[str, Any], expected: str
 ) -> None:
-    response = api.post("/sweeps", json=body(tmp_path, *params, **fields))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, *params, **fields))
     assert response.status_code == 422
     assert expected in response.text
     assert sweep_count(api) == 0
@@ -89,7 +81,7 @@ def test_bad_sweeps_are_refused_with_the_reason_and_leave_nothing(
 def test_a_grid_over_the_limit_is_refused_with_its_size(
     api: httpx.Client, tmp_path: Path, settings: Settings
 ) -> None:
-    response = api.post("/sweeps", json=body(tmp_path, "a=1..200", "b=1..100"))
+    response = api.post("/sweeps", json=sweep_body(tmp_path, "a=1..200", "b=1..100"))
     assert response.status_code == 422
     assert "20,000" in response.text and f"{settings.max_grid:,}" in response.text
     assert sweep_count(api) == 0
@@ -128,7 +120,7 @@ def test_unknown_ids_get_404_with_the_id(
 
 
 def test_listing_pages_and_filters(api: httpx.Client, tmp_path: Path) -> None:
-    ids = [api.post("/sweeps", json=body(tmp_path, "x=1,2")).json()["id"] for _ in range(5)]
+    ids = [api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2")).json()["id"] for _ in range(5)]
     page = api.get("/sweeps", params={"offset": 1, "limit": 2}).json()
     assert page["count"] == 5 and [s["id"] for s in page["data"]] == ids[::-1][1:3]
     assert api.get("/sweeps", params={"status": "finished"}).json()["count"] == 0
@@ -139,7 +131,7 @@ def test_listing_pages_and_filters(api: httpx.Client, tmp_path: Path) -> None:
 
 
 def test_cancel_records_the_intent(api: httpx.Client, tmp_path: Path) -> None:
-    sweep = api.post("/sweeps", json=body(tmp_path, "x=1,2")).json()
+    sweep = api.post("/sweeps", json=sweep_body(tmp_path, "x=1,2")).json()
     response = api.post(f"/sweeps/{sweep['id']}/cancel")
     assert response.status_code == 202
     assert response.json()["cancel_requested"] is True
@@ -155,8 +147,8 @@ def test_the_openapi_document_lists_the_routes(api: httpx.Client) -> None:
 def test_an_auto_sweep_shows_its_workloads_split_search(
     api: httpx.Client, sessions: Sessions, tmp_path: Path
 ) -> None:
-    auto = api.post("/sweeps", json=body(tmp_path, "batch_size=32", "lr=1e-3..1e-1:2")).json()
-    fixed = api.post("/sweeps", json=body(tmp_path, "batch_size=32", split=2)).json()
+    auto = api.post("/sweeps", json=sweep_body(tmp_path, "batch_size=32", "lr=1e-3..1e-1:2")).json()
+    fixed = api.post("/sweeps", json=sweep_body(tmp_path, "batch_size=32", split=2)).json()
     with sessions.write.begin() as session:
         profile_store.save_profile(
             session=session,
