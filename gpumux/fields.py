@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
@@ -66,6 +66,15 @@ def os_text(text: str) -> str:
             "string_nul", "holds a NUL character, which cannot be passed to a process"
         )
     return text
+
+
+def names_in_property_names(schema: dict[str, Any]) -> None:
+    """A mapping's key rules as JSON Schema's `propertyNames`: pydantic writes a key type's
+    pattern as `patternProperties`, which leaves every key that does not match it unchecked."""
+    patterns = schema.pop("patternProperties", {})
+    for pattern, values in patterns.items():
+        schema["additionalProperties"] = values
+        schema.setdefault("propertyNames", {}).setdefault("pattern", pattern)
 
 
 def json_integer(value: object) -> object:

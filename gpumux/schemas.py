@@ -34,6 +34,7 @@ from gpumux.fields import (
     Workdir,
     json_integer,
     json_number,
+    names_in_property_names,
     quoted,
 )
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
@@ -68,6 +69,12 @@ class Problem(BaseModel):
     errors: list[FieldProblem] = Field(default_factory=list)
 
 
+def _env_names(schema: dict[str, Any]) -> None:
+    """The environment's names in the schema as the validators take them."""
+    schema["propertyNames"] = {"minLength": 1, "maxLength": MAX_ARG_BYTES - 2, "pattern": ENV_NAME}
+    names_in_property_names(schema)
+
+
 class SweepCreate(BaseModel):
     """A sweep as submitted: the grammar's tokens, the command, and where and how to run it."""
 
@@ -93,7 +100,7 @@ class SweepCreate(BaseModel):
         max_length=MAX_ENV_ENTRIES,
         description="environment of the command (each NAME=value at most "
         f"{MAX_ARG_BYTES:,} bytes, {MAX_ENV_BYTES:,} in all, as UTF-8)",
-        json_schema_extra={"propertyNames": {"pattern": ENV_NAME}},
+        json_schema_extra=_env_names,
     )
     trials: int | None = Field(
         default=None,
@@ -333,6 +340,7 @@ class ReportIn(BaseModel):
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
         max_length=MAX_METRICS,
+        json_schema_extra=names_in_property_names,
         description="metrics by name; values that are not finite numbers are dropped",
     )
 

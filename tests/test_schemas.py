@@ -247,3 +247,14 @@ def test_quoted_cuts_only_what_is_too_long() -> None:
     assert quoted("a\nb") == repr("a\nb")
     assert quoted("z" * QUOTE_CHARS) == repr("z" * QUOTE_CHARS)
     assert quoted("z" * (QUOTE_CHARS + 1)) == repr("z" * QUOTE_CHARS + "…")
+
+
+def test_the_keys_of_a_mapping_are_checked_by_the_schema_as_by_the_validators() -> None:
+    # patternProperties would leave a key outside its pattern (a NUL in it) with any value.
+    for model in (SweepCreate, ReportIn):
+        assert "patternProperties" not in str(model.model_json_schema())
+    metrics = ReportIn.model_json_schema()["properties"]["metrics"]
+    assert metrics["additionalProperties"] == {"type": "number"}
+    assert not re.fullmatch(metrics["propertyNames"]["pattern"], "val\0loss")
+    env = SweepCreate.model_json_schema()["properties"]["env"]
+    assert not re.fullmatch(env["propertyNames"]["pattern"], "A=B")
