@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import httpx
 import pytest
@@ -96,6 +96,12 @@ class DaemonProcess:
         assert self.popen is not None, "start() first"
         return self.popen.pid
 
+    python = sys.executable
+
+    def spawn_options(self) -> dict[str, Any]:
+        """What else `subprocess.Popen` is given to start the daemon (a subclass: its user)."""
+        return {}
+
     @property
     def running(self) -> bool:
         """Whether the daemon process has been started and has not exited."""
@@ -104,7 +110,7 @@ class DaemonProcess:
     def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
         """Start the daemon (again, on the same home and port); its /health once it answers."""
         assert not self.running, "already running"
-        command = [sys.executable, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
+        command = [self.python, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), *self.args]
         serving = self.url
         if self.uds is not None:
@@ -118,6 +124,7 @@ class DaemonProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
+                **self.spawn_options(),
             )
         assert self.popen.stdout is not None
         # `serve` prints this line once it listens: connections made from then on are served.

@@ -20,14 +20,13 @@ import site
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from reliability.conftest import START_TIMEOUT_S, DaemonProcess
+from reliability.conftest import DaemonProcess
 
 import gpumux
 from gpumux.accounts import UnknownUser, UserAccount
@@ -75,36 +74,19 @@ class ConfinedDaemon(DaemonProcess):
             env |= {"PYTHONPATH": IMPORT_PATH}
         super().__init__(home, env=env)
         self.confinement = confinement
+        self.python = confinement.python
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
-        """Start it as the account (uid, gid, no other groups); its /health once it answers."""
+    def spawn_options(self) -> dict[str, Any]:
+        """As the account (uid, gid, no other groups), from a directory it may enter."""
         account = self.confinement.account
-        command = [self.confinement.python, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
-        command += ["--port", str(self.port)]
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                command,
-                env=self.env,
-                cwd=self.home.parent,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                user=None if account is None else account.uid,
-                group=None if account is None else account.gid,
-                extra_groups=None if account is None else [],
-            )
-        assert self.popen.stdout is not None
-        line = self._read_line(self.popen.stdout, time.monotonic() + timeout)
-        if not line.startswith(f"gpumux: serving on {self.url} "):
-            self.wait()
-            raise AssertionError(f"daemon did not start: {line!r}\n{self.log_tail()}")
-        # Anything it prints later must not fill the pipe and block it.
-        self._drain = threading.Thread(
-            target=self._copy_to_log, args=(self.popen.stdout,), daemon=True
-        )
-        self._drain.start()
-        return self.health()
+        if account is None:
+            return {"cwd": self.home.parent}
+        return {
+            "cwd": self.home.parent,
+            "user": account.uid,
+            "group": account.gid,
+            "extra_groups": [],
+        }
 
 
 def _python_for(account: UserAccount, cwd: Path) -> str | None:
