@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
@@ -34,10 +35,13 @@ QUOTE_CHARS = 60
 
 # The schema's patterns; each is checked by a validator that says what is wrong in words.
 NUL_FREE = r"^[^\x00]*$"
-PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00]*$"
+# No control character (C0, DEL, C1: escapes, line breaks): text that terminals show as it is.
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00-\x1f\x7f-\x9f]*$"
 ABSOLUTE_PATH = r"^/[^\x00]*$"
 ENV_NAME = r"^[^=\x00]+$"
-OBJECTIVE = r"^.+:(min|max)$"
+OBJECTIVE = r"^[^\x00-\x1f\x7f-\x9f]+:(min|max)$"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def quoted(text: str) -> str:
@@ -77,6 +81,17 @@ def names_in_property_names(schema: dict[str, Any]) -> None:
         schema.setdefault("propertyNames", {}).setdefault("pattern", pattern)
 
 
+def printable(text: str) -> str:
+    """Valid Unicode without control characters: a name, a parameter, an objective, shown in
+    every user's and admin's terminal, must not carry escape sequences to it."""
+    if _CONTROL.search(valid_unicode(text)):
+        raise PydanticCustomError(
+            "string_control",
+            "holds a control character (an escape, a line break, a tab); write plain text",
+        )
+    return text
+
+
 def json_integer(value: object) -> object:
     """An integer as JSON Schema counts one: 3 or 3.0, never true or "3" (pydantic's lax mode
     would take those, its strict mode would refuse 3.0); "auto" passes, for `split`."""
@@ -101,7 +116,7 @@ _OS = (AfterValidator(os_text), Field(json_schema_extra={"pattern": NUL_FREE}))
 ParamToken = Annotated[
     str,
     Field(min_length=2, max_length=sweepspec.MAX_TOKEN_CHARS),
-    AfterValidator(os_text),
+    AfterValidator(printable),
     Field(json_schema_extra={"pattern": PARAM_TOKEN}),
 ]
 CommandWord = Annotated[str, Field(max_length=MAX_ARG_BYTES - 1), *_OS]
@@ -114,12 +129,17 @@ Workdir = Annotated[
 EnvName = Annotated[str, Field(min_length=1, max_length=MAX_ARG_BYTES - 2), *_OS]
 EnvValue = Annotated[str, Field(max_length=MAX_ARG_BYTES - 3), *_OS]
 UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_CHARS), *_OS]
-ShortText = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(valid_unicode)]
+ShortText = Annotated[
+    str,
+    Field(max_length=MAX_NAME_CHARS),
+    AfterValidator(printable),
+    Field(json_schema_extra={"pattern": PRINTABLE}),
+]
 # NUL-free as the report lines and the runtime keep them: one name, whichever way it came.
 MetricName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), *_OS]
 ObjectiveText = Annotated[
     str,
     Field(max_length=MAX_NAME_CHARS + 4),
-    AfterValidator(valid_unicode),
+    AfterValidator(printable),
     Field(json_schema_extra={"pattern": OBJECTIVE}),
 ]

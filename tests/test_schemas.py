@@ -27,6 +27,7 @@ from gpumux.fields import (
     OBJECTIVE,
     PARAM_TOKEN,
     PATH_MAX,
+    PRINTABLE,
     QUOTE_CHARS,
     quoted,
 )
@@ -258,3 +259,20 @@ def test_the_keys_of_a_mapping_are_checked_by_the_schema_as_by_the_validators() 
     assert not re.fullmatch(metrics["propertyNames"]["pattern"], "val\0loss")
     env = SweepCreate.model_json_schema()["properties"]["env"]
     assert not re.fullmatch(env["propertyNames"]["pattern"], "A=B")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"name": "run \x1b[31mred"},
+        {"name": "two\nlines"},
+        {"params": ["x=a,\x1b[2J"]},
+        {"objective": "val\x1b_loss:min"},
+        {"prune": "median\x9b"},
+    ],
+)
+def test_text_shown_in_terminals_holds_no_control_character(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        SweepCreate.model_validate(sweep(**fields))
+    assert [error["type"] for error in refused.value.errors()] == ["string_control"]
+    assert not re.fullmatch(PRINTABLE, "\x1b")
