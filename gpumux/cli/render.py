@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -129,11 +130,20 @@ def method_text(sweep: SweepPublic) -> str:
     return "grid"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with its control characters (escape sequences a trial or a command may hold)
+    written as escapes, so that another user's text cannot drive this terminal."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
 def error_summary(error: str | None) -> str:
     """One line from a trial's error: how it ended, and the last line of its log."""
     if not error:
         return ""
-    head, _, tail = error.partition("\n")
+    head, _, tail = visible(error).partition("\n")
     head = head.split("; last lines of its log:")[0]
     last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
     return f"{head}: {last}" if last else head
@@ -262,12 +272,12 @@ def sweep_summary(sweep: SweepPublic) -> Table:
     rows: list[tuple[str, RenderableType]] = [
         ("sweep", f"{sweep.id}" + (f" ({sweep.name})" if sweep.name else "")),
         ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
-        ("command", " ".join(sweep.command)),
+        ("command", visible(" ".join(sweep.command))),
         ("params", " ".join(sweep.params) or NONE),
         ("search", f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}"),
         *([("prune", str(sweep.prune))] if sweep.prune not in (None, "none") else []),
         ("objective", sweep.objective or NONE),
-        ("workdir", sweep.workdir),
+        ("workdir", visible(sweep.workdir)),
         ("owner", sweep.owner),
         ("created", local_time(sweep.created_at)),
     ]
@@ -305,7 +315,7 @@ def failures(
         return None
     parts: list[RenderableType] = []
     for trial in failed:
-        head, _, tail = (trial.error or "no error recorded").partition("\n")
+        head, _, tail = visible(trial.error or "no error recorded").partition("\n")
         lines = [head.removesuffix(" last lines of its log:").rstrip(";")]
         lines += ["  " + line for line in tail.splitlines()[-log_lines:]]
         title = f"trial {trial.id} ({params_text(trial.params)}) failed: "

@@ -102,3 +102,19 @@ def test_piped_output_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch) 
     assert make_console().width == PIPE_WIDTH
     monkeypatch.setenv("COLUMNS", "90")
     assert make_console().width == 90, "an explicit width wins"
+
+
+def test_another_users_escape_sequences_reach_the_terminal_as_text() -> None:
+    sweep = sweep_public(command=["echo", "\x1b]0;owned\x07\x1b[2J"], workdir="/tmp/\x1b[31m")
+    trial = trial_public(status=TrialStatus.failed, error="exit 1\n\x1b[2Jcleared\nlast")
+
+    shown = "\n".join(
+        lines_of(render.sweep_summary(sweep))
+        + [render.error_summary(trial.error)]
+        + lines_of(render.failures([trial], total=1) or "")
+    )
+
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "echo \\x1b]0;owned\\x07\\x1b[2J" in shown
+    assert "/tmp/\\x1b[31m" in shown
+    assert "\\x1b[2Jcleared" in shown
