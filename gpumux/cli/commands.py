@@ -284,8 +284,8 @@ def best(
         f"({mode} of {render.finished_count(sweep.counts)} finished trials)",
     )
     for name, value in trial.params.items():
-        out.print(f"  {name}={sweepspec.format_value(value)}")
-    out.print(f"command: {shlex.join(argv)}")
+        out.print(render.visible(f"  {name}={sweepspec.format_value(value)}"))
+    out.print(f"command: {render.visible(shlex.join(argv))}")
 
 
 def devices(ctx: typer.Context, url: Url = None) -> None:

@@ -157,7 +157,11 @@ def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | N
         if trial.samples_per_s is not None:
             details.append(f"{render.rate(trial.samples_per_s)} samples/s")
         if sweep.objective is not None and trial.objective is not None:
-            details.append(f"{sweep.objective.rpartition(':')[0]}={render.number(trial.objective)}")
+            details.append(
+                render.visible(
+                    f"{sweep.objective.rpartition(':')[0]}={render.number(trial.objective)}"
+                )
+            )
         if trial.status != TrialStatus.succeeded and trial.error:
             details.append(render.error_summary(trial.error))
         text.append(f" ({', '.join(details)})")

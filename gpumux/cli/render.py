@@ -52,9 +52,19 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with its control characters (escape sequences a trial or a command may hold)
+    written as escapes, so that another user's text cannot drive this terminal."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
 def params_text(params: Mapping[str, Any]) -> str:
     """A trial's parameters as they reach its command: "lr=0.01 bs=32"."""
-    return " ".join(f"{name}={format_value(value)}" for name, value in params.items()) or NONE
+    text = " ".join(f"{name}={format_value(value)}" for name, value in params.items())
+    return visible(text) or NONE
 
 
 def number(value: float | None, *, digits: int = 6) -> str:
@@ -128,15 +138,6 @@ def method_text(sweep: SweepPublic) -> str:
     if sweep.search == SearchMethod.random:
         return f"random, {plural(sweep.trial_count, 'trial')}"
     return "grid"
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """`text` with its control characters (escape sequences a trial or a command may hold)
-    written as escapes, so that another user's text cannot drive this terminal."""
-    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def error_summary(error: str | None) -> str:
@@ -225,7 +226,7 @@ def trials_table(
     for trial in trials:
         row: list[RenderableType] = [
             str(trial.id),
-            *(format_value(trial.params[n]) if n in trial.params else NONE for n in names),
+            *(visible(format_value(trial.params[n])) if n in trial.params else NONE for n in names),
             status_text(trial.status),
         ]
         if steps:
@@ -253,12 +254,12 @@ def sweeps_table(sweeps: Sequence[SweepPublic]) -> Table:
     for sweep in sweeps:
         table.add_row(
             str(sweep.id),
-            sweep.name or NONE,
+            visible(sweep.name or NONE),
             status_text(sweep.status),
             f"{finished_count(sweep.counts)}/{total_count(sweep)}",
             counts_text(sweep.counts),
-            sweep.objective or NONE,
-            sweep.owner,
+            visible(sweep.objective or NONE),
+            visible(sweep.owner),
             local_time(sweep.created_at, year=False),
         )
     return table
@@ -270,15 +271,15 @@ def sweep_summary(sweep: SweepPublic) -> Table:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     rows: list[tuple[str, RenderableType]] = [
-        ("sweep", f"{sweep.id}" + (f" ({sweep.name})" if sweep.name else "")),
+        ("sweep", f"{sweep.id}" + (f" ({visible(sweep.name)})" if sweep.name else "")),
         ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
         ("command", visible(" ".join(sweep.command))),
-        ("params", " ".join(sweep.params) or NONE),
+        ("params", visible(" ".join(sweep.params)) or NONE),
         ("search", f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}"),
-        *([("prune", str(sweep.prune))] if sweep.prune not in (None, "none") else []),
-        ("objective", sweep.objective or NONE),
+        *([("prune", visible(str(sweep.prune)))] if sweep.prune not in (None, "none") else []),
+        ("objective", visible(sweep.objective or NONE)),
         ("workdir", visible(sweep.workdir)),
-        ("owner", sweep.owner),
+        ("owner", visible(sweep.owner)),
         ("created", local_time(sweep.created_at)),
     ]
     if sweep.time_limit_s is not None:

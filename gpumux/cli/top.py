@@ -117,7 +117,7 @@ def trials_view(
             render.NONE if limit is None else f"{limit:,} MiB",
             render.rate(trial.samples_per_s),
             render.params_text(params.get(trial.trial_id, {})),
-            render.NONE if sweep is None else shlex.join(sweep.command),
+            render.NONE if sweep is None else render.visible(shlex.join(sweep.command)),
         )
     return table
 

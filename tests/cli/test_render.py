@@ -7,9 +7,9 @@ import pytest
 from builders import sweep_public, trial_public
 from rich.console import Console, RenderableType
 
-from gpumux.cli import render
+from gpumux.cli import render, top
 from gpumux.cli.state import PIPE_WIDTH, make_console
-from gpumux.schemas import ProfilePublic, SweepPublic, TrialPublic
+from gpumux.schemas import DeviceTrial, ProfilePublic, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, TrialStatus
 from gpumux.throughput import CurvePoint
 
@@ -118,3 +118,15 @@ def test_another_users_escape_sequences_reach_the_terminal_as_text() -> None:
     assert "echo \\x1b]0;owned\\x07\\x1b[2J" in shown
     assert "/tmp/\\x1b[31m" in shown
     assert "\\x1b[2Jcleared" in shown
+
+
+def test_top_shows_another_users_command_and_parameters_as_text() -> None:
+    sweep = sweep_public(id=3, command=["python", "-c", "\x1b[2J"])
+    packed = DeviceTrial(trial_id=7, sweep_id=3, slot=0, memory_limit_mb=None, samples_per_s=None)
+
+    shown = "\n".join(
+        lines_of(top.trials_view([packed], sweeps={3: sweep}, params={7: {"tag": "\x1b[31m"}}))
+    )
+
+    assert "\x1b" not in shown
+    assert "\\x1b[2J" in shown and "tag=\\x1b[31m" in shown
