@@ -111,7 +111,8 @@ class SupervisedTrial:
                 f"cannot record the trial's supervisor in {run_dir}: {error}"
             ) from error
         os.close(go_write)
-        log.info("trial %s: supervisor pid %d: %s", spec.trial_id, pid, shlex.join(spec.argv))
+        # %a: a command word may hold a line break, which must not start a line of its own here.
+        log.info("trial %s: supervisor pid %d: %a", spec.trial_id, pid, shlex.join(spec.argv))
         return cls(
             trial_id=spec.trial_id,
             attempt=spec.attempt,

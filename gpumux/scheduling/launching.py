@@ -53,7 +53,7 @@ class Launcher:
             try:
                 user, user_env = run_as(trial.sweep)
             except LaunchError as error:
-                log.warning("trial %s: %s", chosen.trial_id, error)
+                log.warning("trial %s: %a", chosen.trial_id, str(error))
                 self.fail_unstarted(chosen.trial_id, str(error))
                 return None
         with self.sessions.write.begin() as session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -171,3 +172,19 @@ def test_records_from_another_boot_name_no_process(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_line_break_in_a_command_starts_no_line_of_the_daemons_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "x\n2026-01-01 00:00:00 CRITICAL forged"
+    with caplog.at_level(logging.INFO, logger="gpumux.processes.launcher"):
+        trial = SupervisedTrial.spawn(
+            launch_spec(tmp_path, [sys.executable, "-c", "pass", forged]),
+            run_dir=tmp_path / "run",
+            options=OPTIONS,
+        )
+    wait_exited(trial)
+    trial.finish()
+    [launched] = [r.getMessage() for r in caplog.records if "supervisor pid" in r.getMessage()]
+    assert "\n" not in launched and "CRITICAL forged" in launched
