@@ -159,6 +159,9 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise DaemonUnreachable(self.url, str(error) or type(error).__name__) from error
+        except UnicodeError as error:
+            # A host name no DNS label can hold (too long, empty) fails in its IDNA encoding.
+            raise InvalidDaemonUrl(self.url, str(error)) from error
         if response.is_error:
             raise ApiError(response.status_code, error_detail(response))
         return response.json()

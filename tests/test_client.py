@@ -152,6 +152,13 @@ def test_an_address_that_is_no_url_is_refused_with_the_fix(url: str) -> None:
     assert len(message) < 400
 
 
+@pytest.mark.parametrize("url", ["http://" + "a" * 64, "http://.."])
+def test_a_host_no_dns_label_can_hold_is_refused_when_asked(url: str) -> None:
+    with Client(url, token="gmx_t", timeout=5) as api, pytest.raises(InvalidDaemonUrl) as raised:
+        api.health()
+    assert str(raised.value).endswith("http://HOST:PORT or unix:/path/to.sock")
+
+
 @pytest.mark.parametrize("token", ["gmx_é", "gmx_a\r\nX-Forged: 1", "gmx_\x01"])
 def test_a_token_no_header_can_carry_is_refused_before_any_request(token: str) -> None:
     with pytest.raises(InvalidToken):
