@@ -41,12 +41,19 @@ MAX_REPORT_SECONDS = 1e7
 MAX_REASON_CHARS = 300
 
 
+# What the daemon answers about one report (an ended attempt, too large, a field refused): the
+# next report may be taken. Any other error (a wrong token, no such trial, not a gpumux daemon
+# at all) holds for every report, and is retried after a pause.
+REFUSALS = frozenset({409, 413, 422})
+
+
 class ReportRejected(Exception):
-    """The daemon answered a report with an error status: it failed, or it is not the daemon."""
+    """The daemon answered a report with an error that holds for every report: it failed, it
+    does not know the trial or its token, or it is not the daemon."""
 
 
 class ReportRefused(Exception):
-    """The daemon refused this report (a 4xx answer); the message is its reason."""
+    """The daemon refused this report (REFUSALS); the message is its reason."""
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -254,7 +261,7 @@ class Reporter:
         finally:
             connection.close()
         status = f"HTTP {response.status} {response.reason}"
-        if 400 <= response.status < 500:
+        if response.status in REFUSALS:
             raise ReportRefused(f"{status}: {_reason(answer)}")
         if not 200 <= response.status < 300:
             raise ReportRejected(status)
