@@ -95,7 +95,7 @@ class Searches:
         the memory each measured trial holds. Returns the searches whose curve or decision
         changed: their profiles need saving.
         """
-        on = Running.now(session=session)
+        on = ActiveTrials.now(session=session)
         head = sweep_fingerprint(waiting[0]) if waiting and waiting[0].split is None else None
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         by_key = {device.key: device for device in devices}
@@ -181,7 +181,7 @@ class Searches:
 
 
 @dataclass
-class Running:
+class ActiveTrials:
     """The active trials on each device, per workload (None: a fixed-split sweep's)."""
 
     trials: Counter[tuple[str, str | None]] = field(default_factory=Counter)
@@ -192,7 +192,7 @@ class Running:
     )
 
     @classmethod
-    def now(cls, *, session: Session) -> Running:
+    def now(cls, *, session: Session) -> ActiveTrials:
         """What runs where, as the database says."""
         on = cls()
         for trial in store.active_trials(session=session):
