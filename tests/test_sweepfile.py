@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -640,11 +641,19 @@ def test_a_device_or_an_endless_file_is_refused_before_it_is_read(tmp_path: Path
         sweepfile.read(huge, env={})
 
 
-def test_a_fifo_without_a_writer_reads_as_empty_rather_than_hanging(tmp_path: Path) -> None:
+def test_a_fifo_is_read_once_its_writer_comes(tmp_path: Path) -> None:
     fifo = tmp_path / "sweep.yaml"
     os.mkfifo(fifo)
-    with pytest.raises(SweepFileError, match="the file is empty"):
-        sweepfile.read(fifo, env={})
+
+    def write() -> None:
+        # Opening for writing waits for the reader: no sleep orders the two.
+        fifo.write_text("program: train.py\nparameters:\n  lr:\n    values: [0.1]\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    sweep_file = sweepfile.read(fifo, env={})
+    writer.join()
+    assert sweep_file.params == {"lr": "lr=0.1"}
 
 
 def test_a_pipe_with_a_writer_is_read(tmp_path: Path) -> None:

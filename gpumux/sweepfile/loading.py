@@ -60,21 +60,16 @@ def load(text: str, *, file: str, as_json: bool) -> Any:
 
 def read_text(file: str) -> str:
     """The text of a sweep file: a regular file or a pipe (`--config <(...)`) of at most
-    MAX_FILE_BYTES of UTF-8; anything else (a device, a directory) refused before it is read."""
+    MAX_FILE_BYTES of UTF-8; anything else (a device, a directory) refused before it is opened."""
     try:
-        # Non-blocking to open, so that a FIFO with no writer cannot hang the command.
-        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as error:
-        raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
-    with os.fdopen(descriptor, "rb") as opened:
-        mode = os.fstat(descriptor).st_mode
+        mode = os.stat(file).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
             raise SweepFileError(file, "", "cannot read it: not a regular file")
-        os.set_blocking(descriptor, True)
-        try:
+        # A FIFO waits here for its writer, as `cat` would.
+        with open(file, "rb") as opened:
             data = opened.read(MAX_FILE_BYTES + 1)
-        except OSError as error:
-            raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
+    except OSError as error:
+        raise SweepFileError(file, "", f"cannot read it: {error.strerror}") from error
     if len(data) > MAX_FILE_BYTES:
         raise SweepFileError(
             file, "", f"it is over {MAX_FILE_BYTES // 1024:,} KiB; a sweep file is a few lines"
