@@ -75,8 +75,9 @@ def os_text(text: str) -> str:
 def names_in_property_names(schema: dict[str, Any]) -> None:
     """A mapping's key rules as JSON Schema's `propertyNames`: pydantic writes a key type's
     pattern as `patternProperties`, which leaves every key that does not match it unchecked."""
-    patterns = schema.pop("patternProperties", {})
-    for pattern, values in patterns.items():
+    if "patternProperties" in schema:
+        # One key type, so one pattern.
+        [(pattern, values)] = schema.pop("patternProperties").items()
         schema["additionalProperties"] = values
         schema.setdefault("propertyNames", {}).setdefault("pattern", pattern)
 

@@ -275,4 +275,9 @@ def test_text_shown_in_terminals_holds_no_control_character(fields: dict[str, An
     with pytest.raises(ValidationError) as refused:
         SweepCreate.model_validate(sweep(**fields))
     assert [error["type"] for error in refused.value.errors()] == ["string_control"]
-    assert not re.fullmatch(PRINTABLE, "\x1b")
+
+
+def test_the_printable_pattern_refuses_what_the_validator_refuses() -> None:
+    for control in ("\x1b", "\n", "\t", "\x7f", "\x9b"):
+        assert not re.fullmatch(PRINTABLE, f"a{control}b")
+    assert re.fullmatch(PRINTABLE, "val_loss é 1e-3")
