@@ -64,7 +64,7 @@ def test_random_search_is_reproducible_from_the_recorded_seed(
         ([], {"trials": 0}, "trials"),
         ([], {"owner": "mallory"}, "owner"),
         ([], {"command": ["echo", "a\u0000b"]}, "NUL character"),
-        (["x=a\u0000b"], {}, "NUL character"),
+        (["x=a\u0000b"], {}, "control character"),
         ([], {"env": {"A=B": "1"}}, "cannot be passed to a process"),
         ([], {"env": {"A": "x\u0000y"}}, "cannot be passed to a process"),
     ],
