@@ -19,7 +19,14 @@ from gpumux.cli import render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import finite, get_state
 from gpumux.client import Client
-from gpumux.schemas import DevicePublic, DeviceTrial, Health, SweepPublic, TrialPublic
+from gpumux.schemas import (
+    DevicePublic,
+    DeviceShare,
+    DeviceTrial,
+    Health,
+    SweepPublic,
+    TrialPublic,
+)
 
 MEMORY_BAR_WIDTH = 24
 # time.sleep() overflows past time_t: an hour between frames is more than anyone waits.
@@ -38,7 +45,9 @@ class Details:
     """What `top` shows of the sweeps and trials on the devices, fetched once per id.
 
     A sweep's command and a trial's parameters never change, so each costs one request when
-    it first appears; entries of trials and sweeps that left the devices are dropped.
+    it first appears; entries of trials and sweeps that left the devices are dropped. Only
+    the caller's own sweeps (an admin's: all) are asked about: the daemon refuses the rest,
+    which the devices' mix shows without an owner.
     """
 
     def __init__(self, client: DetailSource) -> None:
@@ -46,10 +55,17 @@ class Details:
         self.sweeps: dict[int, SweepPublic] = {}
         self.params: dict[int, dict[str, Any]] = {}
 
-    def update(self, packed: Sequence[DeviceTrial]) -> None:
-        """Fetch the details of new trials and sweeps in `packed`; forget the ones gone."""
-        trial_ids = {trial.trial_id for trial in packed}
-        sweep_ids = {trial.sweep_id for trial in packed}
+    def update(self, devices: Sequence[DevicePublic]) -> None:
+        """Fetch the details of new trials and sweeps on `devices`; forget the ones gone."""
+        sweep_ids = {
+            share.sweep_id for device in devices for share in device.mix if share.owner is not None
+        }
+        trial_ids = {
+            trial.trial_id
+            for device in devices
+            for trial in device.trials
+            if trial.sweep_id in sweep_ids
+        }
         for trial_id in trial_ids - self.params.keys():
             self.params[trial_id] = self._client.get_trial(trial_id).params
         for sweep_id in sweep_ids - self.sweeps.keys():
@@ -86,9 +102,32 @@ def device_header(device: DevicePublic) -> Table:
     if device.cpu_count is not None:
         cells.append(Text(render.plural(device.cpu_count, "core")))
     cells.append(Text(render.plural(len(device.trials), "trial"), style="cyan"))
+    if device.mix:
+        full = device.load >= 1
+        cells.append(Text(f"load {device.load_fraction}", style="bold" if full else "cyan"))
     if device.error is not None:
         cells.append(Text(f"error: {device.error}", style="bold red"))
     line.add_row(*cells)
+    return line
+
+
+def share_text(share: DeviceShare) -> Text:
+    """ "#12 alice name 2/3": a sweep, whose, and its trials over the split they hold 1/N of."""
+    text = Text(f"#{share.sweep_id}", style="bold")
+    if share.owner is None:
+        text.append(" another user", style="dim")
+    else:
+        text.append(f" {render.visible(share.owner)}")
+    if share.name:
+        text.append(f" {render.visible(share.name)}", style="italic")
+    text.append(f" {share.trials}/{share.split}", style="cyan")
+    return text
+
+
+def mix_view(mix: Sequence[DeviceShare]) -> Text:
+    """One line of the sweeps sharing a device, each with its share: "  mix  #12 alice 2/3 ..."."""
+    line = Text("  mix  ", style="dim")
+    line.append_text(Text("  ").join(share_text(share) for share in mix))
     return line
 
 
@@ -148,6 +187,8 @@ def top_view(
     parts: list[RenderableType] = []
     for device in devices:
         parts.append(device_header(device))
+        if device.mix:
+            parts.append(mix_view(device.mix))
         if device.trials:
             parts.append(trials_view(device.trials, sweeps=sweeps, params=params))
         else:
@@ -162,7 +203,7 @@ def frame(client: Client, details: Details) -> Group:
     """Fetch the devices and the queue and render them."""
     devices = client.devices()
     health = client.health()
-    details.update([trial for device in devices for trial in device.trials])
+    details.update(devices)
     return top_view(
         devices,
         health,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,14 @@ from test_cli import (
 
 from gpumux.cli import top
 from gpumux.client import Client
-from gpumux.schemas import DevicePublic, DeviceTrial, Health, SweepPublic, TrialPublic
+from gpumux.schemas import (
+    DevicePublic,
+    DeviceShare,
+    DeviceTrial,
+    Health,
+    SweepPublic,
+    TrialPublic,
+)
 from gpumux.status import SweepStatus, TrialStatus
 
 __all__ = ["client", "server"]  # fixtures shared with test_cli
@@ -51,9 +59,23 @@ def device(key: str, **fields: Any) -> DevicePublic:
         cpu_count=None,
         error=None,
         trials=[],
+        mix=[],
+        load=0.0,
+        load_fraction="0",
     )
     values.update(fields)
     return DevicePublic.model_validate(values)
+
+
+def share(
+    sweep_id: int, split: int, trials: int, owner: str | None = "ada", **fields: Any
+) -> DeviceShare:
+    """An entry of a device's mix: `trials` of the sweep at `split`, as the API answers it."""
+    values: dict[str, Any] = dict(
+        sweep_id=sweep_id, owner=owner, name=None, split=split, trials=trials, share=trials / split
+    )
+    values.update(fields)
+    return DeviceShare.model_validate(values)
 
 
 def packed(trial_id: int, sweep_id: int, slot: int, **fields: Any) -> DeviceTrial:
@@ -125,7 +147,12 @@ def test_a_frame_shows_each_device_with_its_trials_and_the_queue() -> None:
         trials=[
             packed(12, 3, 1, memory_limit_mb=20_000),
             packed(11, 3, 0, memory_limit_mb=20_000, samples_per_s=1234.5),
+            packed(13, 5, 2, memory_limit_mb=20_000),
         ],
+        # Another user's sweep 5: its id and share, not whose it is.
+        mix=[share(3, 3, 2, name="lr\x1b[2J sweep"), share(5, 6, 1, owner=None)],
+        load=5 / 6,
+        load_fraction="5/6",
     )
     failing = device(
         "gpu1",
@@ -146,6 +173,9 @@ def test_a_frame_shows_each_device_with_its_trials_and_the_queue() -> None:
         utilization_pct=None,
         cpu_count=2,
         trials=[packed(20, 4, 0, samples_per_s=10.0)],
+        mix=[share(4, 1, 1, owner="bob")],
+        load=1.0,
+        load_fraction="1",
     )
     frame = top.top_view(
         [h200, failing, cpu],
@@ -164,19 +194,22 @@ def test_a_frame_shows_each_device_with_its_trials_and_the_queue() -> None:
     assert "NVIDIA H200" in gpu0[0]
     assert "43.9/140.4 GiB" in gpu0[0]
     assert "util 87%" in gpu0[0]
-    assert "2 trials" in gpu0[0]
+    assert "3 trials  load 5/6" in gpu0[0]
     assert "━" in gpu0[0], "a bar of the memory used"
-    assert cells(gpu0[1]) == "trial sweep slot mem limit samples/s params command"
+    # Each sweep with its trials over the split they run at; a name's escapes shown, not obeyed.
+    assert gpu0[1] == "  mix  #3 ada lr\\x1b[2J sweep 2/3  #5 another user 1/6"
+    assert cells(gpu0[2]) == "trial sweep slot mem limit samples/s params command"
     # By slot; the sweep's command after the trial's own parameters.
-    assert cells(gpu0[2]) == "11 3 0 20,000 MiB 1,234.5 lr=0.01 bs=32 python train.py --epochs 10"
-    assert cells(gpu0[3]) == "12 3 1 20,000 MiB - lr=0.1 bs=32 python train.py --epochs 10"
-    assert len(gpu0) == 4
+    assert cells(gpu0[3]) == "11 3 0 20,000 MiB 1,234.5 lr=0.01 bs=32 python train.py --epochs 10"
+    assert cells(gpu0[4]) == "12 3 1 20,000 MiB - lr=0.1 bs=32 python train.py --epochs 10"
+    assert cells(gpu0[5]) == "13 5 2 20,000 MiB - - -"
+    assert len(gpu0) == 6
 
     gpu1 = block(lines, "gpu1 ")
     assert "error: Unknown Error" in gpu1[0]
     assert "memory -" in gpu1[0]
     assert "util -" in gpu1[0]
-    assert "0 trials" in gpu1[0]
+    assert "0 trials" in gpu1[0] and "load" not in gpu1[0]
     assert "━" not in gpu1[0], "no bar for memory that could not be read"
     assert gpu1[1:] == ["  no gpumux trial"]
 
@@ -185,7 +218,9 @@ def test_a_frame_shows_each_device_with_its_trials_and_the_queue() -> None:
     assert "2.9/7.6 GiB" in cpu_block[0]
     assert "2 cores" in cpu_block[0]
     assert "1 trial" in cpu_block[0] and "1 trials" not in cpu_block[0]
-    assert cells(cpu_block[2]) == "20 4 0 - 10.0 width=64 python 'my script.py'"
+    assert "load 1" in cpu_block[0]
+    assert cpu_block[1] == "  mix  #4 bob 1/1"
+    assert cells(cpu_block[3]) == "20 4 0 - 10.0 width=64 python 'my script.py'"
 
     assert lines[-1].startswith(f"5 queued  3 active  gpumux 0.1.0 at {URL}, ")
 
@@ -224,15 +259,30 @@ class CountingClient:
 def test_details_are_fetched_once_per_trial_and_sweep_and_dropped_when_gone() -> None:
     source = CountingClient()
     details = top.Details(source)
-    details.update([packed(1, 1, 0), packed(2, 1, 1)])
-    details.update([packed(1, 1, 0), packed(2, 1, 1)])
+    both = device("cpu", trials=[packed(1, 1, 0), packed(2, 1, 1)], mix=[share(1, 2, 2)])
+    details.update([both])
+    details.update([both])
     assert sorted(source.requests) == [("sweep", 1), ("trial", 1), ("trial", 2)]
     assert details.params == {1: {"x": 1}, 2: {"x": 2}}
     assert details.sweeps[1].command == ["python", "s1.py"]
-    details.update([packed(3, 2, 0)])
+    details.update([device("cpu", trials=[packed(3, 2, 0)], mix=[share(2, 2, 1)])])
     assert sorted(source.requests[3:]) == [("sweep", 2), ("trial", 3)]
     assert details.params == {3: {"x": 3}}
     assert list(details.sweeps) == [2]
+
+
+def test_details_of_another_users_sweep_are_not_asked_for() -> None:
+    # The daemon refuses them (403) to a user who is not an admin: asking would end `top`.
+    source = CountingClient()
+    details = top.Details(source)
+    shared = device(
+        "gpu0",
+        trials=[packed(1, 1, 0), packed(2, 2, 1)],
+        mix=[share(1, 2, 1), share(2, 2, 1, owner=None)],
+    )
+    details.update([shared])
+    assert sorted(source.requests) == [("sweep", 1), ("trial", 1)]
+    assert list(details.sweeps) == [1] and list(details.params) == [1]
 
 
 def test_top_once_shows_a_running_trial_under_the_cpu(
@@ -256,8 +306,11 @@ def test_top_once_shows_a_running_trial_under_the_cpu(
         lines = result.stdout.splitlines()
         cpu_block = block(lines, "cpu ")
         assert "1 trial" in cpu_block[0]
+        assert trial.split is not None
+        assert f"load {Fraction(1, trial.split)}" in cpu_block[0]
+        assert cpu_block[1] == f"  mix  #{sweep.id} {sweep.owner} 1/{trial.split}"
         command = f"{sys.executable} {WAIT_FOR_FILE} {flag}"
-        rows = [cells(line) for line in cpu_block[2:]]
+        rows = [cells(line) for line in cpu_block[3:]]
         assert rows == [f"{trial.id} {sweep.id} 0 - - tag=top {command}"]
         assert lines[-1].startswith("0 queued  1 active  gpumux ")
     assert wait_ended(client, sweep.id).counts == {TrialStatus.succeeded: 1}
