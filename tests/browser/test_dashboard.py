@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 from harness import CHROMIUM, VIEWPORT, Served, daemon, launch, submit
+
+from gpumux.accounts import UserAccount
+from gpumux.config import Settings
+from gpumux.storage import tokens
+from gpumux.storage.engine import make_engine, make_sessions
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -151,3 +157,78 @@ def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> Non
         expect(page.locator("#banner")).to_be_hidden()
     expect(page.locator("#banner")).to_contain_text("daemon unreachable", timeout=10_000)
     expect(page.locator(".card.device").first).to_be_visible()
+
+
+def test_a_device_card_stacks_the_shares_of_the_sweeps_that_mix_on_it(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    flag = tmp_path / "go"
+    waiting = [sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)]
+    page.goto(served.page())
+    card = page.locator(".card.device[data-device='cpu']")
+    expect(card).to_be_visible()
+    expect(card.locator(".meter.mix")).to_have_count(0)
+    try:
+        # One trial at N=2 holds half the CPU; once it runs, two at N=4 hold a quarter each.
+        halves = submit(served, tmp_path, waiting, params=["x=1"], name=NAME, split=2)
+        mix = card.locator(".meter.mix")
+        expect(mix.locator(".load")).to_have_text("load 1/2", timeout=SWEEP_DONE_MS)
+        quarters = submit(served, tmp_path, waiting, params=["x=1,2"], split=4)
+        expect(mix.locator(".load")).to_have_text("load 1", timeout=SWEEP_DONE_MS)
+        segments = mix.locator(".bar span")
+        expect(segments).to_have_count(2)
+        assert [segments.nth(n).get_attribute("data-sweep-id") for n in range(2)] == [
+            str(halves),
+            str(quarters),
+        ]
+        widths = [segments.nth(n).evaluate("s => s.style.width") for n in range(2)]
+        assert widths == ["50%", "50%"]
+        legend = mix.locator(".legend > span")
+        owner = pwd.getpwuid(os.geteuid()).pw_name
+        expect(legend.nth(0)).to_have_text(f"1/2 #{halves} {owner} {NAME}")
+        expect(legend.nth(1)).to_have_text(f"2/4 #{quarters} {owner}")
+        # The sweep's name is the user's text, shown as text: no element comes out of it.
+        expect(mix.locator("b, i:not([class])")).to_have_count(0)
+        legend.nth(1).locator("a").click()
+        expect(page).to_have_url(re.compile(f"#/sweeps/{quarters}$"))
+        page.go_back()
+        expect(mix.locator(".bar span")).to_have_count(2)
+    finally:
+        flag.touch()
+    expect(card.locator(".meter.mix")).to_have_count(0, timeout=SWEEP_DONE_MS)
+
+
+def test_another_users_sweeps_in_the_mix_show_their_share_and_not_whose(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    others = sorted({entry.pw_uid for entry in pwd.getpwall()} - {0, os.geteuid()})
+    if not others:
+        pytest.skip("needs an account besides root and the test's user")
+    viewer = UserAccount.from_uid(others[0])
+    if os.geteuid() != 0:
+        pytest.skip(f"a daemon that is not root does not serve {viewer.name}")
+    # A token as `gpumux token create` run by the viewer over the socket would give them.
+    engine = make_engine(Settings(home=tmp_path / "home").database_url)
+    try:
+        with make_sessions(engine).write.begin() as session:
+            token = tokens.create_token(session=session, owner_name=viewer.name, uid=viewer.uid)
+    finally:
+        engine.dispose()
+    flag = tmp_path / "go"
+    waiting = [sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)]
+    page.goto(f"{served.url}/ui/?token={token}")
+    try:
+        sweep_id = submit(served, tmp_path, waiting, params=["x=1"], name=NAME, split=2)
+        mix = page.locator(".card.device[data-device='cpu'] .meter.mix")
+        expect(mix.locator(".load")).to_have_text("load 1/2", timeout=SWEEP_DONE_MS)
+        # Its id and share, as the trial on the device shows its sweep's id; no link to a
+        # sweep the daemon would refuse to show, no owner, no name.
+        expect(mix.locator(".legend > span")).to_have_text(f"1/2 #{sweep_id} another user")
+        expect(mix.locator(".legend a")).to_have_count(0)
+        expect(page.locator("tr[data-sweep-id]")).to_have_count(0)
+    finally:
+        flag.touch()

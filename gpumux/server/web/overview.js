@@ -1,4 +1,4 @@
-// The overview: every device with the trials packed on it, and the newest sweeps.
+// The overview: every device with the trials packed on it and their mix, and the newest sweeps.
 
 import { api } from "./api.js";
 import {
@@ -23,6 +23,58 @@ function packedSummary(trials) {
   const rate = trials.reduce((sum, t) => sum + (t.samples_per_s || 0), 0);
   const text = `${trials.length} trial${trials.length === 1 ? "" : "s"} packed`;
   return rate ? `${text} · ${fmtNum(rate)} samples/s in all` : text;
+}
+
+// A sweep keeps its colour on every device: one of MIX_COLOURS, by its id.
+const MIX_COLOURS = 6;
+
+function mixClass(share) {
+  return `mix-${share.sweep_id % MIX_COLOURS}`;
+}
+
+// "2/3 #12 alice name": the sweep's trials over the split each holds 1/N of (first, so that
+// a long name cut short leaves it whole), the sweep (a link where the caller may open it),
+// whose and its name. Another user's sweep comes without owner or name.
+function shareLabel(share) {
+  const id = `#${share.sweep_id}`;
+  return [
+    h("strong", null, `${share.trials}/${share.split}`),
+    " ",
+    share.owner === null ? id : link(sweepHref(share.sweep_id), id),
+    share.owner === null ? h("span", { class: "muted" }, " another user") : ` ${share.owner}`,
+    share.name ? h("em", null, ` ${share.name}`) : null,
+  ];
+}
+
+// The device's mix: a bar stacked by the shares the sweeps hold, the load, and a legend.
+function mixMeter(device) {
+  if (!device.mix.length) return null;
+  // An over-full device (a sweep's N changed under running trials) still fits its bar.
+  const scale = Math.max(1, device.load);
+  const bar = h("div", { class: device.load > 1 ? "bar mix over" : "bar mix" });
+  for (const share of device.mix) {
+    const who = share.owner === null ? "another user" : share.owner;
+    const segment = h("span", {
+      class: mixClass(share),
+      "data-sweep-id": share.sweep_id,
+      title: `sweep ${share.sweep_id} of ${who}: ${share.trials}/${share.split} of the device`,
+    });
+    segment.style.width = `${(100 * share.share) / scale}%`;
+    bar.append(segment);
+  }
+  return h(
+    "div",
+    { class: "meter mix" },
+    h("div", { class: "label" }, h("span", null, "mix"), h("span", { class: "load" }, `load ${device.load_fraction}`)),
+    bar,
+    h(
+      "div",
+      { class: "legend" },
+      device.mix.map((share) =>
+        h("span", { "data-sweep-id": share.sweep_id, title: share.name }, h("i", { class: mixClass(share) }), shareLabel(share)),
+      ),
+    ),
+  );
 }
 
 function deviceCard(device) {
@@ -75,6 +127,7 @@ function deviceCard(device) {
     device.kind === "cpu" && device.cpu_count ? h("div", { class: "small muted" }, `${device.cpu_count} cores`) : null,
     memory,
     util,
+    mixMeter(device),
     device.error ? h("div", { class: "device-error" }, device.error) : null,
     h("div", { class: "small" }, packedSummary(device.trials)),
     trials,
