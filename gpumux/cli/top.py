@@ -1,4 +1,4 @@
-"""`gpumux top`: the devices and the trials packed on each, refreshed until Ctrl-C."""
+"""`gpumux top`: the devices, the mix of sweeps and the trials packed on each, until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def top_view(
     url: str,
     now: datetime,
 ) -> Group:
-    """One frame: each device with the trials packed on it, then the queue."""
+    """One frame: each device with its mix of sweeps and the trials packed on it, then the queue."""
     parts: list[RenderableType] = []
     for device in devices:
         parts.append(device_header(device))
@@ -227,7 +227,7 @@ def top(
     ] = False,
     url: Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")] = None,
 ) -> None:
-    """The devices and the trials packed on each, refreshed every --interval (Ctrl-C quits)."""
+    """The devices, their mix of sweeps and their trials, every --interval (Ctrl-C quits)."""
     state = get_state(ctx)
     with connect(state, url) as client:
         details = Details(client)
