@@ -74,6 +74,22 @@ def test_a_forked_tensorflow_trial_is_capped_and_measured(
 
 
 @pytest.mark.slow
+def test_the_first_report_counts_from_the_trials_start_not_the_parents(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    argv = [sys.executable, str(FIXTURES / "report_some.py")]
+
+    result = run_warm(["tensorflow"], argv, trial_env(report_server.url), tmp_path)
+
+    assert child_exit(result) == 0
+    preloaded = [line for line in result.stdout.splitlines() if "preloaded in" in line]
+    preload_s = float(preloaded[0].split()[-2])
+    assert [report["step"] for report in report_server.reports] == [0, 1, 2]
+    # The parent loaded the runtime before its seconds-long preload; the trial began after it.
+    assert report_server.reports[0]["seconds"] < preload_s / 2, (preload_s, result.stdout)
+
+
+@pytest.mark.slow
 def test_a_forked_trial_can_still_configure_tensorflow_devices(tmp_path: Path) -> None:
     # What a GPU slice needs: TensorFlow not initialised by the parent, so the child may still
     # split a device into logical ones (here the CPU, as no GPU is needed to show it).
