@@ -58,7 +58,8 @@ def script_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None
 
     `python script.py args` gives [script.py, args]; `python -m module args` gives
     [-m, module, args]. Another program, another interpreter (found on the trial's PATH), or an
-    option the child cannot honour gives None: that command must start cold.
+    option the child cannot honour gives None: that command must start cold. A relative
+    command is found from the current directory, as exec would from the trial's.
     """
     if not argv:
         return None
@@ -77,12 +78,13 @@ def script_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None
 
 def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn:
     """In a forked child: become the trial that `argv` starts, run its script, exit as it did."""
+    # First, as for an exec: a relative command or script is found from the trial's directory.
+    os.chdir(cwd)
     script = script_argv(argv, env)
     if script is None:
         raise ValueError(f"{' '.join(argv)!r} is not `python script.py` with this interpreter")
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(cwd)
     _set_sys_path(script, env)
     # The first report's interval starts with the trial, as at a cold interpreter's start.
     gpumux.runtime._previous_report_at = time.monotonic()

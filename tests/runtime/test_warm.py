@@ -130,6 +130,23 @@ def test_the_child_runs_the_script_as_main_in_the_trials_place(tmp_path: Path) -
     ]
 
 
+def test_the_child_runs_a_module_with_dash_m(tmp_path: Path) -> None:
+    argv = ["python", "-m", "warm_script", "ok"]
+    env = trial_env(None, PATH=os.path.dirname(sys.executable))
+
+    result = run_warm(["json"], argv, env, FIXTURES)
+
+    assert child_exit(result) == 0
+    lines = script_lines(result.stdout)
+    assert lines[:4] == [
+        "script: __name__ __main__",
+        f"script: argv {[str(WARM_SCRIPT), 'ok']}",
+        f"script: cwd {FIXTURES}",
+        f"script: path0 {FIXTURES}",
+    ]
+    assert lines[-1] == "script: atexit ran"
+
+
 @pytest.mark.parametrize(
     ("how", "status", "said"),
     [
