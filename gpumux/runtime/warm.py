@@ -5,7 +5,7 @@ cold start would (its environment, directory, sys.argv, the bootstrap's caps and
 returns. The caps still apply because importing a framework initialises nothing: TensorFlow
 creates no thread pool and touches no device until its first operation, which the parent never
 runs. The caller does what a cold launch does around the exec: a session of its own, stdin and
-the output descriptors, the user, signal dispositions. Standard library only, like the runtime.
+the output descriptors, the user, the signal mask. Standard library only, like the runtime.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn
         raise ValueError(f"{' '.join(argv)!r} is not `python script.py` with this interpreter")
     os.environ.clear()
     os.environ.update(env)
+    _reset_signal_handlers()
     _set_sys_path(script, env)
     # The first report's interval starts with the trial, as at a cold interpreter's start.
     gpumux.runtime._previous_report_at = time.monotonic()
@@ -97,6 +98,15 @@ def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn
             "this trial runs without its slice and reports nothing"
         )
     _exit(_run_script(script))
+
+
+def _reset_signal_handlers() -> None:
+    # The parent's Python handlers are not the trial's: a fresh interpreter has only SIGINT's.
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _same_interpreter(program: str) -> bool:

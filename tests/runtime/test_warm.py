@@ -154,6 +154,7 @@ def test_the_child_runs_a_module_with_dash_m(tmp_path: Path) -> None:
         ("message", 1, "script: gave up"),
         ("raise", 1, "RuntimeError: script: broke"),
         ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
+        ("term", -signal.SIGTERM, None),
     ],
 )
 def test_the_child_exits_as_a_cold_interpreter_would(
@@ -171,7 +172,8 @@ def test_the_child_exits_as_a_cold_interpreter_would(
         assert said in cold.stdout.splitlines()
     if how == "raise":
         assert "Traceback (most recent call last):" in lines
-    assert "script: atexit ran" in lines
+    assert ("script: atexit ran" in lines) is (how != "term")
+    assert "parent: SIGTERM handled" not in lines
 
 
 def test_openblas_loaded_by_the_parent_gets_the_trials_threads(tmp_path: Path) -> None:
