@@ -1,0 +1,221 @@
+"""Warm starts: a trial forked from a parent that preloaded its framework runs as a cold one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpumux.runtime import warm
+
+from .support import (
+    FIXTURES,
+    REPO_ROOT,
+    TOKEN,
+    ReportServer,
+    gpumux_lines,
+    run_python,
+    samples_by_epoch,
+    trial_env,
+)
+
+WARM_SCRIPT = FIXTURES / "warm_script.py"
+
+
+def run_warm(
+    preload: list[str], argv: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """A real warm parent (not a trial itself) that forks one trial; the output of both."""
+    parent_env = {name: value for name, value in os.environ.items() if name in ("PATH", "HOME")}
+    parent_env.update(PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    request = json.dumps({"preload": preload, "argv": argv, "env": env, "cwd": str(cwd)})
+    return run_python([str(FIXTURES / "warm_parent.py"), request], parent_env, cwd)
+
+
+def child_exit(result: subprocess.CompletedProcess[str]) -> int:
+    """The forked trial's exit status, as its parent printed it."""
+    assert result.returncode == 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith("parent: child exit")]
+    assert len(lines) == 1, result.stdout
+    return int(lines[0].rsplit(" ", 1)[1])
+
+
+def script_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("script:")]
+
+
+@pytest.mark.slow
+def test_a_forked_tensorflow_trial_is_capped_and_measured(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    argv = [sys.executable, str(FIXTURES / "keras_fit.py")]
+
+    result = run_warm(["tensorflow", "keras"], argv, trial_env(report_server.url), tmp_path)
+
+    assert child_exit(result) == 0
+    assert "parent: python threads []" in result.stdout.splitlines()
+    assert gpumux_lines(result.stdout) == [
+        "gpumux: tensorflow: CPU device, 1 intra-op and 1 inter-op thread(s) (split 2), "
+        "applied before TensorFlow initialised"
+    ]
+    lines = script_lines(result.stdout)
+    assert "script: intra-op threads 1" in lines
+    assert "script: inter-op threads 1" in lines
+    assert lines[-1] == "script: done"
+    assert samples_by_epoch(report_server.reports) == [(0, 192.0), (1, 192.0)]
+    for report in report_server.reports:
+        assert (report["trial_id"], report["attempt"]) == (7, 2)
+    assert {r["authorization"] for r in report_server.requests} == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.slow
+def test_the_first_report_counts_from_the_trials_start_not_the_parents(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    argv = [sys.executable, str(FIXTURES / "report_some.py")]
+
+    result = run_warm(["tensorflow"], argv, trial_env(report_server.url), tmp_path)
+
+    assert child_exit(result) == 0
+    preloaded = [line for line in result.stdout.splitlines() if "preloaded in" in line]
+    preload_s = float(preloaded[0].split()[-2])
+    assert [report["step"] for report in report_server.reports] == [0, 1, 2]
+    # The parent loaded the runtime before its seconds-long preload; the trial began after it.
+    assert report_server.reports[0]["seconds"] < preload_s / 2, (preload_s, result.stdout)
+
+
+@pytest.mark.slow
+def test_a_forked_trial_can_still_configure_tensorflow_devices(tmp_path: Path) -> None:
+    # What a GPU slice needs: TensorFlow not initialised by the parent, so the child may still
+    # split a device into logical ones (here the CPU, as no GPU is needed to show it).
+    script = tmp_path / "devices.py"
+    script.write_text(
+        "import tensorflow as tf\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "two = [tf.config.LogicalDeviceConfiguration()] * 2\n"
+        "tf.config.set_logical_device_configuration(cpu, two)\n"
+        "print('script: logical CPUs', len(tf.config.list_logical_devices('CPU')))\n"
+    )
+
+    result = run_warm(["tensorflow"], [sys.executable, str(script)], trial_env(None), tmp_path)
+
+    assert child_exit(result) == 0
+    assert script_lines(result.stdout) == ["script: logical CPUs 2"]
+
+
+def test_the_child_runs_the_script_as_main_in_the_trials_place(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = trial_env(None)
+
+    result = run_warm(
+        ["json"], [sys.executable, "-u", str(WARM_SCRIPT), "ok", "--x=1"], env, workdir
+    )
+
+    assert child_exit(result) == 0
+    assert script_lines(result.stdout) == [
+        "script: __name__ __main__",
+        f"script: argv {[str(WARM_SCRIPT), 'ok', '--x=1']}",
+        f"script: cwd {workdir}",
+        f"script: path0 {FIXTURES}",
+        "script: trial 7 params {'lr': 0.01}",
+        "script: end",
+        "script: thread finished",
+        "script: atexit ran",
+    ]
+
+
+def test_the_child_runs_a_module_with_dash_m(tmp_path: Path) -> None:
+    argv = ["python", "-m", "warm_script", "ok"]
+    env = trial_env(None, PATH=os.path.dirname(sys.executable))
+
+    result = run_warm(["json"], argv, env, FIXTURES)
+
+    assert child_exit(result) == 0
+    lines = script_lines(result.stdout)
+    assert lines[:4] == [
+        "script: __name__ __main__",
+        f"script: argv {[str(WARM_SCRIPT), 'ok']}",
+        f"script: cwd {FIXTURES}",
+        f"script: path0 {FIXTURES}",
+    ]
+    assert lines[-1] == "script: atexit ran"
+
+
+@pytest.mark.parametrize(
+    ("how", "status", "said"),
+    [
+        ("exit3", 3, None),
+        ("message", 1, "script: gave up"),
+        ("raise", 1, "RuntimeError: script: broke"),
+        ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
+        ("term", -signal.SIGTERM, None),
+    ],
+)
+def test_the_child_exits_as_a_cold_interpreter_would(
+    how: str, status: int, said: str | None, tmp_path: Path
+) -> None:
+    argv = [sys.executable, str(WARM_SCRIPT), how]
+    cold = run_python(argv[1:], trial_env(None), tmp_path)
+
+    result = run_warm(["json"], argv, trial_env(None), tmp_path)
+
+    assert child_exit(result) == cold.returncode == status
+    lines = result.stdout.splitlines()
+    if said is not None:
+        assert said in lines, result.stdout
+        assert said in cold.stdout.splitlines()
+    if how == "raise":
+        assert "Traceback (most recent call last):" in lines
+    assert ("script: atexit ran" in lines) is (how != "term")
+    assert "parent: SIGTERM handled" not in lines
+
+
+def test_openblas_loaded_by_the_parent_gets_the_trials_threads(tmp_path: Path) -> None:
+    # OpenBLAS reads OPENBLAS_NUM_THREADS when it loads, which was in the parent, without it.
+    argv = [sys.executable, str(FIXTURES / "openblas_threads.py")]
+    env = trial_env(None, OPENBLAS_NUM_THREADS="1")
+
+    result = run_warm(["numpy", "scipy.linalg"], argv, env, tmp_path)
+
+    assert child_exit(result) == 0
+    counts = json.loads(script_lines(result.stdout)[0].removeprefix("script: openblas threads "))
+    assert counts and set(counts) == {1}, result.stdout
+
+
+def test_script_argv_takes_this_interpreter_running_a_script() -> None:
+    env = {"PATH": os.path.dirname(sys.executable)}
+    python = os.path.basename(sys.executable)
+
+    assert warm.script_argv([python, "train.py", "--lr=1"], env) == ["train.py", "--lr=1"]
+    assert warm.script_argv([sys.executable, "-u", "train.py"], env) == ["train.py"]
+    assert warm.script_argv([python, "-m", "pkg.train", "-x"], env) == ["-m", "pkg.train", "-x"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["sh", "-c", "true"], ["PYTHON", "-c", "pass"], ["PYTHON", "-O", "t.py"], ["PYTHON"]],
+)
+def test_script_argv_leaves_other_commands_cold(argv: list[str]) -> None:
+    env = {"PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}/usr/bin:/bin"}
+    argv = [sys.executable if arg == "PYTHON" else arg for arg in argv]
+
+    assert warm.script_argv(argv, env) is None
+
+
+def test_script_argv_refuses_another_interpreter(tmp_path: Path) -> None:
+    other = tmp_path / "bin" / "python"
+    other.parent.mkdir()
+    other.symlink_to(os.path.realpath(sys.executable))
+
+    assert warm.script_argv(["python", "train.py"], {"PATH": str(other.parent)}) is None
+
+
+def test_run_trial_refuses_a_command_it_cannot_run_warm(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not `python script.py` with this interpreter"):
+        warm.run_trial(["sh", "-c", "true"], {"PATH": "/usr/bin:/bin"}, str(tmp_path))
