@@ -16,6 +16,7 @@ from gpumux.devices.kinds import kind_of
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
+from gpumux.processes.spawning import Spawner
 from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running
@@ -30,9 +31,13 @@ log = logging.getLogger(__name__)
 class Launcher:
     """Starts placed trials under their supervisors; fails those that cannot start."""
 
-    def __init__(self, *, settings: Settings, sessions: Sessions, url: str) -> None:
+    def __init__(
+        self, *, settings: Settings, sessions: Sessions, url: str, spawner: Spawner | None = None
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
+        # Forks the supervisors, when the daemon runs one; else each starts afresh.
+        self.spawner = spawner
         # Where trials report: the daemon's first listening address.
         self.url = url
         self.options = SupervisorOptions(
@@ -65,7 +70,7 @@ class Launcher:
             directory = run_dir(self.settings, trial)
         try:
             process = SupervisedTrial.spawn(
-                spec, run_dir=directory, options=self.options, user=user
+                spec, run_dir=directory, options=self.options, user=user, spawner=self.spawner
             )
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
