@@ -51,19 +51,16 @@ class Launcher:
         """Start one placed trial: record it as starting in its slot, then spawn its supervisor.
         None when it did not start (gone, no longer queued, or failed with the reason)."""
         token = secrets.token_urlsafe(32)
-        with self.sessions.read() as session:
+        # One transaction, one commit: a launch's every write waits for the disk.
+        with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is None:
+            if trial is None or trial.status is not TrialStatus.queued:
                 return None
             try:
                 user, user_env = run_as(trial.sweep)
             except LaunchError as error:
                 log.warning("trial %s: %a", chosen.trial_id, str(error))
-                self.fail_unstarted(chosen.trial_id, str(error))
-                return None
-        with self.sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is None or trial.status is not TrialStatus.queued:
+                fail(session, trial, str(error))
                 return None
             spec = self._claim(session, trial, chosen, device, token, user_env)
             time_limit = trial.sweep.time_limit_s
@@ -142,17 +139,16 @@ class Launcher:
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=trial_id)
             if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):
-                if trial.status is TrialStatus.queued:
-                    store.set_trial_status(
-                        session=session, trial=trial, status=TrialStatus.starting
-                    )
-                store.set_trial_status(
-                    session=session,
-                    trial=trial,
-                    status=TrialStatus.failed,
-                    error=error,
-                    ended_at=utcnow(),
-                )
+                fail(session, trial, error)
+
+
+def fail(session: Session, trial: Trial, error: str) -> None:
+    """Record a queued or starting trial as failed before it started, with the reason."""
+    if trial.status is TrialStatus.queued:
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+    store.set_trial_status(
+        session=session, trial=trial, status=TrialStatus.failed, error=error, ended_at=utcnow()
+    )
 
 
 def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:
