@@ -9,7 +9,7 @@ import select
 import shlex
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from gpumux.processes import rundir, supervisor
 from gpumux.processes.contract import LaunchSpec, trial_env
 from gpumux.processes.procfs import kill_orphans, start_ticks
 from gpumux.processes.rundir import TrialEnd
+from gpumux.processes.spawning import Spawner
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,10 @@ class SupervisedTrial:
         run_dir: Path,
         options: SupervisorOptions,
         user: Mapping[str, Any] | None = None,
+        spawner: Spawner | None = None,
     ) -> SupervisedTrial:
-        """Write the attempt's spec into `run_dir` and start its supervisor in a new session."""
+        """Write the attempt's spec into `run_dir` and start its supervisor in a new session:
+        forked by `spawner` when it answers, else started afresh."""
         try:
             spec.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.close(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
@@ -92,7 +95,7 @@ class SupervisedTrial:
         try:
             run_dir.mkdir(mode=0o700, parents=True)
             rundir.write_spec(run_dir, supervisor_spec(spec, options=options, user=user))
-            pid, go_write = start_supervisor(run_dir)
+            pid, go_write, child = start_supervisor(run_dir, spawner=spawner)
         except OSError as error:
             raise LaunchError(
                 f"cannot start the trial's supervisor in {run_dir}: {error}"
@@ -106,7 +109,8 @@ class SupervisedTrial:
         except OSError as error:
             # Without its GO byte the supervisor exits at once, having run nothing: collect it.
             os.close(go_write)
-            os.waitpid(pid, 0)
+            if child:
+                os.waitpid(pid, 0)
             raise LaunchError(
                 f"cannot record the trial's supervisor in {run_dir}: {error}"
             ) from error
@@ -119,7 +123,7 @@ class SupervisedTrial:
             run_dir=run_dir,
             pid=pid,
             started=started,
-            child=True,
+            child=child,
         )
 
     @classmethod
@@ -254,37 +258,59 @@ def supervisor_spec(
     }
 
 
-def start_supervisor(run_dir: Path) -> tuple[int, int]:
-    """Spawn the supervisor of `run_dir` in a session of its own: its pid, and the write end of
-    its stdin, on which it waits for the GO byte before it starts the trial."""
+def start_supervisor(run_dir: Path, *, spawner: Spawner | None = None) -> tuple[int, int, bool]:
+    """Start the supervisor of `run_dir` in a session of its own: its pid, the write end of its
+    stdin, on which it waits for the GO byte before it starts the trial, and whether it is our
+    child (one the spawner forked is not)."""
     own_log = os.open(
         run_dir / rundir.SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
     try:
-        go_read, go_write = os.pipe2(os.O_CLOEXEC)
-        try:
-            # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
-            pid = os.posix_spawn(
-                sys.executable,
-                supervisor_command(run_dir),
-                {"PATH": os.defpath},
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, go_read, 0),
-                    (os.POSIX_SPAWN_DUP2, own_log, 1),
-                    (os.POSIX_SPAWN_DUP2, own_log, 2),
-                ],
-                setsid=True,
-                # Held until its handlers are in place: an early stop must not kill it.
-                setsigmask={signal.SIGTERM, signal.SIGUSR1},
-            )
-        except OSError:
-            os.close(go_write)
-            raise
-        finally:
-            os.close(go_read)
+        if spawner is not None:
+            forked = with_go_pipe(lambda go_read: spawner.fork(run_dir, go_read, own_log))
+            if forked is not None:
+                return (*forked, False)
+        spawned = with_go_pipe(lambda go_read: spawn_supervisor(run_dir, go_read, own_log))
+        assert spawned is not None
+        return (*spawned, True)
     finally:
         os.close(own_log)
+
+
+def with_go_pipe(start: Callable[[int], int | None]) -> tuple[int, int] | None:
+    """Start a supervisor with `start`, given the read end of a new GO pipe: its pid and the
+    write end, or None when `start` started none (that pipe is closed, so that a supervisor
+    started all the same reads its end and exits without running anything)."""
+    go_read, go_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = start(go_read)
+    except BaseException:
+        os.close(go_write)
+        raise
+    finally:
+        os.close(go_read)
+    if pid is None:
+        os.close(go_write)
+        return None
     return pid, go_write
+
+
+def spawn_supervisor(run_dir: Path, go_read: int, own_log: int) -> int:
+    """Start a fresh supervisor interpreter for `run_dir`; its pid."""
+    # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+    return os.posix_spawn(
+        sys.executable,
+        supervisor_command(run_dir),
+        {"PATH": os.defpath},
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, go_read, 0),
+            (os.POSIX_SPAWN_DUP2, own_log, 1),
+            (os.POSIX_SPAWN_DUP2, own_log, 2),
+        ],
+        setsid=True,
+        # Held until its handlers are in place: an early stop must not kill it.
+        setsigmask={signal.SIGTERM, signal.SIGUSR1},
+    )
 
 
 def kill_leftovers(

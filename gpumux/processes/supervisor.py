@@ -1,13 +1,13 @@
 """The per-attempt supervisor: owns one trial's process group and outlives the daemon.
 
-The daemon starts it isolated (`python -I -S`, see launcher.supervisor_command) in a session of
-its own, with the attempt's run directory. It reads the spec there, starts the trial in a new
-session (as another user when it is root and the spec names one), copies the trial's output
-into the log (rotated at a size cap; output lost to a full disk is counted and said), beats
-its heartbeat, and when the trial's leader exits it kills what is left of the group and
-records the exit atomically. A daemon that restarts reads that record, or adopts a supervisor
-still running. SIGTERM: stop the trial (SIGTERM, then SIGKILL after the grace period);
-SIGUSR1: kill it now.
+The daemon's spawner forks it (spawner.py), or the daemon starts it isolated (`python -I -S`,
+see launcher.supervisor_command), in a session of its own, with the attempt's run directory. It
+reads the spec there, starts the trial in a new session (as another user when it is root and
+the spec names one), copies the trial's output into the log (rotated at a size cap; output lost
+to a full disk is counted and said), beats its heartbeat, and when the trial's leader exits it
+kills what is left of the group and records the exit atomically. A daemon that restarts reads
+that record, or adopts a supervisor still running. SIGTERM: stop the trial (SIGTERM, then
+SIGKILL after the grace period); SIGUSR1: kill it now.
 
 One starts per trial attempt, so it imports little: the standard library, less subprocess and
 pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it forks and

@@ -16,6 +16,7 @@ from gpumux.devices.kinds import kind_of
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
+from gpumux.processes.spawning import Spawner
 from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running
@@ -30,9 +31,13 @@ log = logging.getLogger(__name__)
 class Launcher:
     """Starts placed trials under their supervisors; fails those that cannot start."""
 
-    def __init__(self, *, settings: Settings, sessions: Sessions, url: str) -> None:
+    def __init__(
+        self, *, settings: Settings, sessions: Sessions, url: str, spawner: Spawner | None = None
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
+        # Forks the supervisors, when the daemon runs one; else each starts afresh.
+        self.spawner = spawner
         # Where trials report: the daemon's first listening address.
         self.url = url
         self.options = SupervisorOptions(
@@ -46,26 +51,23 @@ class Launcher:
         """Start one placed trial: record it as starting in its slot, then spawn its supervisor.
         None when it did not start (gone, no longer queued, or failed with the reason)."""
         token = secrets.token_urlsafe(32)
-        with self.sessions.read() as session:
+        # One transaction, one commit: a launch's every write waits for the disk.
+        with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is None:
+            if trial is None or trial.status is not TrialStatus.queued:
                 return None
             try:
                 user, user_env = run_as(trial.sweep)
             except LaunchError as error:
                 log.warning("trial %s: %a", chosen.trial_id, str(error))
-                self.fail_unstarted(chosen.trial_id, str(error))
-                return None
-        with self.sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is None or trial.status is not TrialStatus.queued:
+                fail(session, trial, str(error))
                 return None
             spec = self._claim(session, trial, chosen, device, token, user_env)
             time_limit = trial.sweep.time_limit_s
             directory = run_dir(self.settings, trial)
         try:
             process = SupervisedTrial.spawn(
-                spec, run_dir=directory, options=self.options, user=user
+                spec, run_dir=directory, options=self.options, user=user, spawner=self.spawner
             )
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
@@ -137,17 +139,16 @@ class Launcher:
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=trial_id)
             if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):
-                if trial.status is TrialStatus.queued:
-                    store.set_trial_status(
-                        session=session, trial=trial, status=TrialStatus.starting
-                    )
-                store.set_trial_status(
-                    session=session,
-                    trial=trial,
-                    status=TrialStatus.failed,
-                    error=error,
-                    ended_at=utcnow(),
-                )
+                fail(session, trial, error)
+
+
+def fail(session: Session, trial: Trial, error: str) -> None:
+    """Record a queued or starting trial as failed before it started, with the reason."""
+    if trial.status is TrialStatus.queued:
+        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+    store.set_trial_status(
+        session=session, trial=trial, status=TrialStatus.failed, error=error, ended_at=utcnow()
+    )
 
 
 def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:

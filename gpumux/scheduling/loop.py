@@ -24,6 +24,7 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.processes.rundir import TrialEnd
+from gpumux.processes.spawning import Spawner
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher
@@ -53,6 +54,7 @@ class Scheduler:
         probe: DeviceProbe,
         url: str,
         on_tick: Callable[[float], None] = lambda seconds: None,
+        spawner: Spawner | None = None,
     ) -> None:
         self.settings = settings
         # Told how long each tick took (the daemon's /metrics histogram).
@@ -67,7 +69,7 @@ class Scheduler:
         )
         self.studies = Studies()
         self.lines = LogReports(sessions=sessions)
-        self.launcher = Launcher(settings=settings, sessions=sessions, url=url)
+        self.launcher = Launcher(settings=settings, sessions=sessions, url=url, spawner=spawner)
         self.filler = SlotFiller(
             settings=settings,
             sessions=sessions,

@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import uvicorn
@@ -25,6 +26,7 @@ from gpumux.lockfile import (
     acquire_lock,
     record_holder,
 )
+from gpumux.processes.spawning import Spawner
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
 from gpumux.server.api import create_app
@@ -134,12 +136,14 @@ class Daemon:
         self._signals = asyncio.Queue()
         probe = self._probe or make_probe(visible=visible_gpus(self.settings.gpus, os.environ))
         metrics = Metrics()
+        spawner = start_spawner(self.settings.runs_dir)
         self.scheduler = Scheduler(
             settings=self.settings,
             sessions=self.sessions,
             probe=probe,
             url=self.url,
             on_tick=metrics.observe_tick,
+            spawner=spawner,
         )
         scheduler = self.scheduler
         app = create_app(
@@ -173,6 +177,8 @@ class Daemon:
             await server_task
             failure = scheduler_task.exception() if scheduler_task.done() else None
             probe.close()
+            if spawner is not None:
+                spawner.close()
             if threading.current_thread() is threading.main_thread():
                 for signum in STOP_SIGNALS:
                     self._loop.remove_signal_handler(signum)
@@ -228,6 +234,17 @@ class Daemon:
             if held is not None:
                 held.close()
         self._lock = self._home_lock = None
+
+
+def start_spawner(runs_dir: Path) -> Spawner | None:
+    """The helper that forks trial supervisors; None (each starts afresh) when it cannot start."""
+    spawner = Spawner(runs_dir=runs_dir)
+    try:
+        spawner.start()
+    except OSError as error:
+        log.warning("daemon: no spawner (%s); each trial's supervisor starts afresh", error)
+        return None
+    return spawner
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ import httpx
 import pytest
 from builders import daemon_bearer
 
+from gpumux.processes.spawning import SPAWNER_PATH
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 
@@ -43,6 +45,15 @@ def fd_targets(pid: int) -> dict[int, str]:
 def _stat_fields(pid: int) -> list[str]:
     # Fields from the state on (field 3): the command name before it may hold spaces and ')'.
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _spawner(pid: int) -> bool:
+    """Whether the process is a gpumux spawner (the helper that forks supervisors)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return SPAWNER_PATH.encode() in words
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -227,7 +238,9 @@ class DaemonProcess:
                     own.add(pid)
                     break
                 ancestor = parents.get(ancestor)
-        return (own | roots) - {daemon, os.getpid(), os.getppid()}
+        # The running daemon's spawner is its helper, not a process started for a trial.
+        helpers = {pid for pid, parent in parents.items() if parent == daemon and _spawner(pid)}
+        return (own | roots) - helpers - {daemon, os.getpid(), os.getppid()}
 
     def kill_spawned(self, pids: Mapping[int, int | None] | None = None) -> None:
         """SIGKILL these processes ({pid: start ticks}; default: spawned()) if still the same."""

@@ -299,7 +299,8 @@ def test_a_supervisor_killed_with_9_leaves_its_trial_lost_and_requeued_with_no_o
     sweep_id = submit(daemon, tmp_path, range(2))
     first = wait_started(daemon, tmp_path, range(2))
     supervisor = first[1]["ppid"]
-    assert "supervisor.py" in command_line(supervisor), command_line(supervisor)
+    # Forked by the daemon's spawner, it shares the spawner's command line.
+    assert "spawner.py" in command_line(supervisor), command_line(supervisor)
 
     os.kill(supervisor, signal.SIGKILL)
     second = wait_started(daemon, tmp_path, [1], attempt=2)[1]
