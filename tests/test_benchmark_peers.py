@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -98,3 +100,28 @@ def test_verdicts_without_ray_leave_it_out_and_slower_reads_slower(peers: Module
     ]
     assert peers.faster(1.1) == "10% slower"
     assert peers.faster(0.86) == "14% faster"
+
+
+def test_without_ray_its_variants_are_left_out_saying_why(
+    peers: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    reason = peers.ray_missing()
+    assert reason is not None
+    assert "ray" in reason
+    assert reason.endswith("install it with pip install -e '.[peers]'")
+    args = argparse.Namespace(ray_cpus="1/2,1", splits="2,3")
+    assert [v.name for v in peers.variants_of(args, reason)] == [
+        "sequential",
+        "N=2",
+        "N=3",
+        "auto",
+    ]
+    assert [v.name for v in peers.variants_of(args, None)] == [
+        "sequential",
+        "Ray Tune cpu=1/2",
+        "Ray Tune cpu=1",
+        "N=2",
+        "N=3",
+        "auto",
+    ]
