@@ -1,6 +1,6 @@
 """How soon one sweep finishes by hand, under Ray Tune, and under gpumux.
 
-    python benchmarks/peers.py [--trials 12] [--epochs 5] [--splits 2,3,4] [--ray-cpus 1/2]
+    python benchmarks/peers.py [--trials 12] [--epochs 5] [--splits 2,3,4] [--ray-cpus 2/3]
                                [--repeats 3] [--example digits|torch]
 
 Every variant runs the same sweep (`--trials` trainings of a shipped example, one seed each, the
@@ -61,6 +61,10 @@ RAY_ENV = {
 # Ray keeps resources in units of 1e-4: a fraction is rounded down to it, so that cores / F
 # trials still fit (2/3 as 0.6667 would fit 2 trials on 2 cores, not 3).
 RAY_RESOLUTION = 10_000
+# Ray Tune's best CPU fraction per trial on this 2-core machine, of 1/2, 2/3 and 1: one pass of
+# the twelve-trial sweep, on the machine busy with other work, took 265 s at 1/2, 128 s at 2/3
+# and 166 s at 1 (--ray-cpus 1/2,2/3,1 measures them again).
+RAY_CPUS = "2/3"
 # Ray's object store holds nothing here but the trial function; its default is 30% of memory.
 RAY_OBJECT_STORE_BYTES = 256 * 2**20
 # How much of a failed training's stderr is quoted: its traceback, not TensorFlow's start-up.
@@ -292,7 +296,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--splits", default="2,3,4", help="the fixed N gpumux runs at")
     parser.add_argument(
-        "--ray-cpus", default="1/2", help="Ray Tune's CPUs per trial, one variant each: 1/2,2/3,1"
+        "--ray-cpus", default=RAY_CPUS, help="Ray Tune's CPUs per trial, a variant each: 1/2,2/3,1"
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="digits")
