@@ -459,6 +459,12 @@ class ProfilePublic(BaseModel):
     unit: ThroughputUnit
     curve: list[CurvePoint] = Field(description="one point per N measured, in the order of N")
     best_split: int | None
+    oom_at: int | None = Field(
+        default=None, description="the smallest N that ran out of memory: never tried again"
+    )
+    ceiling: int | None = Field(
+        default=None, description="the most trials memory was seen to allow: never exceeded"
+    )
     settled: bool = Field(description="the tuner has stopped searching")
     reason: str | None = Field(description="why the tuner made its last decision")
     sweep_id: int | None = Field(description="the sweep that measured it last")

@@ -63,6 +63,7 @@ def profile_summary(profile: ProfilePublic) -> Table:
         ("cost params", " ".join(profile.param_tokens) or NONE),
         ("fingerprint", profile.fingerprint),
         ("best N", f"{best} ({state})"),
+        ("limits", _limits(profile)),
         ("tuner", profile.reason or NONE),
         ("last sweep", NONE if profile.sweep_id is None else str(profile.sweep_id)),
         ("updated", local_time(profile.updated_at)),
@@ -70,6 +71,16 @@ def profile_summary(profile: ProfilePublic) -> Table:
     for label, value in rows:
         grid.add_row(label, value)
     return grid
+
+
+def _limits(profile: ProfilePublic) -> str:
+    """What the next search of the workload will not climb into."""
+    limits = []
+    if profile.oom_at is not None:
+        limits.append(f"out of memory at N={profile.oom_at}")
+    if profile.ceiling is not None:
+        limits.append(f"at most N={profile.ceiling} fit")
+    return "; ".join(limits) or NONE
 
 
 def profile_views(profile: ProfilePublic) -> list[RenderableType]:

@@ -1,21 +1,32 @@
 """Pure split search: which N (trials at once per device) to run next, and workload fingerprints.
 
-`next_split(curve, ceiling=...)` is a function of the points measured so far, so the caller keeps
-no search state: it measures the N it is told, appends the point and asks again until `settled`.
+`next_split(curve, ceiling=..., start=s)` is a function of the points measured so far, so the
+caller keeps no search state: it measures the N it is told, appends the point and asks again
+until `settled`. The start s is the caller's prior (a stored profile, a similar workload's, the
+device's guess); s = 1 is the search from scratch.
 
 - Effective ceiling: min(ceiling, oom_at - 1), at least 1; points above it are ignored, and of
   repeated splits the last wins. Candidates: the SEQUENCE values up to the ceiling, plus the
-  ceiling; after an OOM, those below it, plus the N just below it if the OOM was at a candidate.
-- Ascent: walking the points by increasing N, the first is the leader; a later point becomes the
-  leader when it gains at least `threshold` over the leader, otherwise it is a miss. Until two
-  misses in a row (the knee), measure the next candidate above the largest measured N.
-- Refinement: when the leader's next measured N above (or else the OOM) is a candidate more than
-  1 away, measure the midpoint. A midpoint that leads, or runs out of memory, is refined again
-  towards the same upper bound; one that misses ends the search (a bisection of the last gap).
-- Settle on the leader: the smallest N that made the last gain of at least `threshold`. At the
-  ceiling or an OOM with a single miss, the higher measured of the leader and that miss.
-- At most len(candidates) + ceil(log2(largest candidate gap)) + 1 measurements under a ceiling,
-  out-of-memory trials included (`max_measurements`).
+  ceiling and s; after an OOM, those below it, plus the N just below it if the OOM was at a
+  candidate. The start is s, or the largest candidate when s is above the effective ceiling.
+- Ascent: walking the points from the start by increasing N, the first is the leader; a later
+  point becomes the leader when it gains at least `threshold` over the leader, otherwise it is a
+  miss. Until two misses in a row (the knee), measure the next candidate above the largest
+  measured N.
+- Refinement up: when the leader's next measured N above (or else the OOM) is a candidate more
+  than 1 away, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
+  again towards the same upper bound; one that misses ends the search (a bisection of the gap).
+- Descent (start above 1, the ascent settled on the start): walking down from the start, a lower
+  N takes the lead when the leader does not gain `threshold` over it, as fewer trials at the same
+  throughput are preferred (without a knee, at the ceiling, when it measured at least as much).
+  Until a lower N falls short, measure the candidate just below the lowest measured N.
+- Refinement down: when the N that fell short is a candidate more than 1 below the leader,
+  measure the midpoint; one that takes the lead is refined again, one that falls short ends it.
+- Settle on the leader: after the ascent, the smallest N that made the last gain of at least
+  `threshold` (at the ceiling or an OOM with a single miss, the higher measured of the leader
+  and that miss); after a descent, the lowest N that took the lead.
+- At most len(candidates) + 2 ceil(log2(largest candidate gap)) + 1 measurements under a
+  ceiling, out-of-memory trials included (`max_measurements`); from N = 1, one bisection only.
 """
 
 from __future__ import annotations
@@ -78,10 +89,12 @@ def effective_ceiling(*, ceiling: int, oom_at: int | None = None) -> int:
     return max(1, limit)
 
 
-def candidate_splits(*, ceiling: int, oom_at: int | None = None) -> tuple[int, ...]:
-    """The N the ascent measures, in order (see the module's rules)."""
+def candidate_splits(*, ceiling: int, oom_at: int | None = None, start: int = 1) -> tuple[int, ...]:
+    """The N the search measures, in order (see the module's rules)."""
     ceiling = max(1, ceiling)
     planned = {n for n in SEQUENCE if n <= ceiling} | {ceiling}
+    if 1 <= start <= ceiling:
+        planned.add(start)
     if oom_at is None or oom_at > ceiling:
         return tuple(sorted(planned))
     # A planned step that ran out of memory is followed by the N just below it, once: while the
@@ -94,14 +107,22 @@ def candidate_splits(*, ceiling: int, oom_at: int | None = None) -> tuple[int, .
     return tuple(sorted(below))
 
 
-def max_measurements(*, ceiling: int) -> int:
-    """The most measurements a search under `ceiling` takes, out-of-memory trials included."""
-    candidates = candidate_splits(ceiling=ceiling)
+def first_split(*, ceiling: int, oom_at: int | None = None, start: int = 1) -> int:
+    """The N a search from `start` measures first: the start, or the largest N that may fit."""
+    return min(max(1, start), candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)[-1])
+
+
+def max_measurements(*, ceiling: int, start: int = 1) -> int:
+    """The most measurements a search from `start` under `ceiling` takes, out-of-memory trials
+    included."""
+    candidates = candidate_splits(ceiling=ceiling, start=start)
     largest_gap = max((b - a for a, b in pairwise(candidates)), default=1)
     # Bisecting a gap g leaves at most ceil(g / 2), so it closes after ceil(log2 g) probes; the
     # extra 1 is the planned step that ran out of memory before the N just below it is tried.
     bisections = (largest_gap - 1).bit_length()
-    return len(candidates) + bisections + 1
+    # From above N = 1 a search may refine both above and below its leader.
+    directions = 1 if first_split(ceiling=ceiling, start=start) == 1 else 2
+    return len(candidates) + directions * bisections + 1
 
 
 def next_split(
@@ -110,39 +131,57 @@ def next_split(
     ceiling: int,
     threshold: float = DEFAULT_THRESHOLD,
     oom_at: int | None = None,
+    start: int = 1,
 ) -> Decision:
-    """Decide the N to run next from the points measured so far."""
+    """Decide the N to run next from the points measured so far, searching from `start`."""
     if threshold < 0:
         raise ValueError(f"threshold must be at least 0, not {threshold}")
     if oom_at is not None and oom_at <= 1:
         # Nothing smaller to try: whether one trial fits is the trial's problem, not the split's.
         return Decision(split=1, settled=True, reason="out of memory at N=1; using N=1")
     top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
+    candidates = candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)
+    first = first_split(ceiling=ceiling, oom_at=oom_at, start=start)
     by_split = {point.split: point for point in curve if 1 <= point.split <= top}
-    points = [by_split[split] for split in sorted(by_split)]
+    points = [by_split[split] for split in sorted(by_split) if split >= first]
     if not points:
-        return Decision(split=1, settled=False, reason="measuring N=1")
-    candidates = candidate_splits(ceiling=ceiling, oom_at=oom_at)
+        return Decision(split=first, settled=False, reason=f"measuring N={first}")
     walk = _walk(points, threshold=threshold)
     step = next((n for n in candidates if n > points[-1].split), None)
     if not walk.knee and step is not None:
         return Decision(split=step, settled=False, reason=f"measuring N={step}")
-    leader = walk.leader.split
-    out_of_memory = oom_at is not None and oom_at <= ceiling
+    oom = oom_at if oom_at is not None and oom_at <= ceiling else None
+    refine = _refine_up(points, walk.leader.split, candidates=candidates, oom_at=oom)
+    settled = _settle(walk, top=top, oom_at=oom, threshold=threshold)
+    if first == 1 or settled.split != first:
+        return refine or settled
+    # The ascent settled on the start: below it first, as a lower leader leaves nothing to
+    # refine above the start.
+    lower = [by_split[split] for split in sorted(by_split, reverse=True) if split < first]
+    descent = _descend(walk, lower, candidates=candidates, threshold=threshold, ascent=settled)
+    if descent.settled and descent.split == first and refine is not None:
+        return refine
+    return descent
+
+
+def _refine_up(
+    points: Sequence[CurvePoint], leader: int, *, candidates: Sequence[int], oom_at: int | None
+) -> Decision | None:
+    """The midpoint between the leader and the N above it that missed or ran out of memory."""
     above = next((point.split for point in points if point.split > leader), None)
-    if above is None and out_of_memory:
+    if above is None and oom_at is not None:
         above = oom_at
     # The ascent measures candidates only, so a measured non-candidate just above the leader is a
     # midpoint that missed: the bisection is over. Towards an OOM it goes on until the gap closes.
-    if above is not None and above - leader > 1 and (above in candidates or above == oom_at):
-        split = (leader + above) // 2
-        what = "which ran out of memory" if above == oom_at else "measured"
-        return Decision(
-            split=split,
-            settled=False,
-            reason=f"measuring N={split} (between N={leader} and N={above}, {what})",
-        )
-    return _settle(walk, top=top, oom_at=oom_at if out_of_memory else None, threshold=threshold)
+    if above is None or above - leader <= 1 or not (above in candidates or above == oom_at):
+        return None
+    split = (leader + above) // 2
+    what = "which ran out of memory" if above == oom_at else "measured"
+    return Decision(
+        split=split,
+        settled=False,
+        reason=f"measuring N={split} (between N={leader} and N={above}, {what})",
+    )
 
 
 def _walk(points: Sequence[CurvePoint], *, threshold: float) -> _Walk:
@@ -156,6 +195,61 @@ def _walk(points: Sequence[CurvePoint], *, threshold: float) -> _Walk:
         if len(misses) >= PATIENCE:
             return _Walk(leader=leader, misses=tuple(misses), knee=True)
     return _Walk(leader=leader, misses=tuple(misses), knee=False)
+
+
+def _descend(
+    walk: _Walk,
+    lower: Sequence[CurvePoint],
+    *,
+    candidates: Sequence[int],
+    threshold: float,
+    ascent: Decision,
+) -> Decision:
+    """Below a start the ascent settled on: the next N down, a midpoint, or the lowest leader."""
+    start = leader = walk.leader
+    # After a knee the curve is flat here, so a lower N within `threshold` does as well. Without
+    # one (the ceiling, an OOM) it may still be rising, as the ascent's settling assumes: a lower
+    # N must measure at least as much.
+    margin = threshold if walk.knee else 0.0
+    short = None
+    for point in lower:
+        if _does_as_well(point, leader, margin=margin):
+            leader = point
+        else:
+            short = point
+            break
+    if short is None:
+        below = max((n for n in candidates if n < leader.split), default=None)
+        if below is not None:
+            return Decision(
+                split=below, settled=False, reason=f"measuring N={below} (below N={leader.split})"
+            )
+    # As above: a measured non-candidate just below the leader is a midpoint that fell short.
+    elif leader.split - short.split > 1 and short.split in candidates:
+        split = (short.split + leader.split) // 2
+        return Decision(
+            split=split,
+            settled=False,
+            reason=f"measuring N={split} (between N={short.split} and N={leader.split}, measured)",
+        )
+    shortfall = "" if short is None else f", N={short.split} {_gain(short, leader):+.1%}"
+    if leader is start:
+        return Decision(
+            split=leader.split, settled=True, reason=f"{ascent.reason}; below it{shortfall}"
+        )
+    reason = (
+        f"fewer trials do at least as well: N={start.split} {_gain(start, leader):+.1%} over "
+        f"N={leader.split}{shortfall}; using N={leader.split}"
+    )
+    return Decision(split=leader.split, settled=True, reason=reason)
+
+
+def _does_as_well(lower: CurvePoint, leader: CurvePoint, *, margin: float) -> bool:
+    """Whether a lower N does as well as the leader: the leader gains less than `margin` over it
+    (with no margin, it measured at least as much)."""
+    if margin == 0:
+        return lower.throughput >= leader.throughput
+    return leader.throughput < lower.throughput * (1 + margin)
 
 
 def _settle(walk: _Walk, *, top: int, oom_at: int | None, threshold: float) -> Decision:

@@ -7,6 +7,11 @@ a window, then measures the device's aggregate throughput over the window from t
 reports (samples/s; completed trials/s for scripts that report nothing) and the most memory one
 trial held, hands the curve to the pure tuner for the next N, and stores the curve as the
 workload's profile so that the next sweep of the workload starts settled.
+
+A new search starts from the best prior there is: the workload's own profile (settled: its N;
+else its curve), else the newest settled profile of the same command with other cost parameters
+on the device model (its N), else the device kind's guess. A profile also keeps the N that ran
+out of memory and a lowered ceiling, which the next search never climbs into.
 """
 
 from __future__ import annotations
@@ -16,15 +21,16 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits import curve as tuner
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage.models import Sweep, Trial
+from gpumux.storage.models import Profile, Sweep, Trial
 from gpumux.throughput import (
     SAMPLES_PER_S,
     TRIALS_PER_S,
@@ -82,6 +88,11 @@ class SplitSearch:
     sweep_id: int | None = None
     # The most memory one trial held while N of them ran in this phase (MiB).
     peak_mb: int | None = None
+    # Where the search starts (the tuner's `start`), and the prior that put it there.
+    start: int = 1
+    origin: str = ""
+    # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
+    lowered: int | None = None
 
     @property
     def split(self) -> int:
@@ -98,8 +109,10 @@ class SplitSearch:
         param_tokens: list[str],
         ceiling: int,
         timing: Timing,
+        guess: FirstSplit | None = None,
     ) -> SplitSearch:
-        """A search for this workload, starting from its stored profile when there is one."""
+        """A search for this workload, from the best prior: its stored profile, a similar
+        workload's, else `guess` (the device kind's; none: from N=1)."""
         names = [token.partition("=")[0] for token in param_tokens]
         cost = set(tuner.cost_parameters(names))
         search = cls(
@@ -115,19 +128,57 @@ class SplitSearch:
             session=session, device_name=device_name, fingerprint=search.fingerprint
         )
         if profile is not None:
-            search.unit = throughput_unit(profile.unit)
-            search.curve = [CurvePoint.from_json(point) for point in profile.curve]
-            if profile.settled and profile.best_split is not None:
-                best = min(profile.best_split, ceiling)
-                search.decision = tuner.Decision(
-                    split=best,
-                    settled=True,
-                    reason=f"profile {profile.id} of this workload on {device_name}: N={best}",
-                )
-                log.info("device %s: %s", device_key, search.decision.reason)
-                return search
-        search.decision = search._decide()
+            search._resume_profile(profile, guess=guess)
+        else:
+            search._start_from_prior(session=session, guess=guess)
+        if not search.decision.settled:
+            search.decision = search._decide()
+        log.info("device %s: %s", device_key, search.decision.reason)
         return search
+
+    def _resume_profile(self, profile: Profile, *, guess: FirstSplit | None) -> None:
+        """Go on from this workload's own profile: its N, else its curve, within its limits."""
+        self.unit = throughput_unit(profile.unit)
+        self.curve = [CurvePoint.from_json(point) for point in profile.curve]
+        self.oom_at = profile.oom_at
+        if profile.ceiling is not None:
+            self.lowered = profile.ceiling
+            self.ceiling = min(self.ceiling, profile.ceiling)
+        top = tuner.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at)
+        if profile.settled and profile.best_split is not None:
+            best = min(profile.best_split, top)
+            self.decision = tuner.Decision(
+                split=best,
+                settled=True,
+                reason=f"profile {profile.id} of this workload on {self.device_name}: N={best}",
+            )
+        elif self.curve:
+            # Unsettled: the ascent goes on from the lowest N it measured.
+            self._start_at(
+                min(point.split for point in self.curve), f"profile {profile.id} of this workload"
+            )
+        elif guess is not None:
+            self._start_at(guess.split, guess.why)
+
+    def _start_from_prior(self, *, session: Session, guess: FirstSplit | None) -> None:
+        """A workload never measured here: start where a similar one settled, else at `guess`."""
+        similar = profile_store.similar_profile(
+            session=session,
+            device_name=self.device_name,
+            command=self.command,
+            fingerprint=self.fingerprint,
+        )
+        if similar is not None and similar.best_split is not None:
+            tokens = " ".join(similar.param_tokens) or "no cost parameters"
+            self._start_at(
+                similar.best_split, f"profile {similar.id} of a similar workload ({tokens})"
+            )
+        elif guess is not None:
+            self._start_at(guess.split, guess.why)
+
+    def _start_at(self, split: int, origin: str) -> None:
+        self.start = max(1, min(split, self.ceiling))
+        self.origin = origin
 
     def observe(
         self,
@@ -201,7 +252,8 @@ class SplitSearch:
         self.save(session=session)
 
     def save(self, *, session: Session) -> None:
-        """Store the curve and the decision as this workload's profile on this device model."""
+        """Store the curve, the decision and the limits memory set as this workload's profile
+        on this device model."""
         best = self.decision.split if self.decision.settled else None
         profile_store.save_profile(
             session=session,
@@ -215,13 +267,24 @@ class SplitSearch:
             settled=self.decision.settled,
             reason=self.decision.reason,
             sweep_id=self.sweep_id,
+            oom_at=self.oom_at,
+            ceiling=self.lowered,
         )
 
     def _decide(self) -> tuner.Decision:
         if self.oom_at == 1:
             return tuner.Decision(split=1, settled=True, reason="out of memory even alone: N=1")
-        return tuner.next_split(
-            self.curve, ceiling=self.ceiling, threshold=self.timing.threshold, oom_at=self.oom_at
+        decision = tuner.next_split(
+            self.curve,
+            ceiling=self.ceiling,
+            threshold=self.timing.threshold,
+            oom_at=self.oom_at,
+            start=self.start,
+        )
+        if self.start == 1:
+            return decision
+        return replace(
+            decision, reason=f"{decision.reason}; started at N={self.start}: {self.origin}"
         )
 
     def _window(self, *, session: Session, now: datetime) -> tuple[datetime, list[Trial]] | None:
@@ -297,6 +360,7 @@ class SplitSearch:
     def lower_ceiling(self, ceiling: int, *, why: str) -> None:
         """No N above `ceiling` will be tried (or kept): memory allows no more."""
         self.ceiling = min(self.ceiling, ceiling)
+        self.lowered = self.ceiling if self.lowered is None else min(self.lowered, self.ceiling)
         self.curve = [p for p in self.curve if p.split <= self.ceiling]
         self.decision = self._decide()
         self.filling_since = None

@@ -18,6 +18,7 @@ from gpumux.devices.kinds import kind_of
 from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
+from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
@@ -64,18 +65,22 @@ class Searches:
         }
 
     def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
-        """The search for this sweep's workload on this device's model."""
-        model = self._model_of[device.key] = kind_of(device).model_name(device)
+        """The search for this sweep's workload on this device's model, made from the best
+        prior on first need (see SplitSearch.resume)."""
+        kind = kind_of(device)
+        model = self._model_of[device.key] = kind.model_name(device)
         key = (model, sweep_fingerprint(sweep))
         if key not in self._searches:
+            ceiling = self.ceiling(device)
             self._searches[key] = SplitSearch.resume(
                 session=session,
                 device_key=device.key,
                 device_name=model,
                 command=[sweep.workdir, *sweep.command],
                 param_tokens=sweep.param_tokens,
-                ceiling=self.ceiling(device),
+                ceiling=ceiling,
                 timing=self.timing,
+                guess=kind.first_split(device, ceiling, steps=SEQUENCE),
             )
         return self._searches[key]
 

@@ -202,6 +202,10 @@ class Profile(Base):
     # [{"split", "throughput", "seconds_per_trial", "memory_per_trial_mb"}, ...]
     curve: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     best_split: Mapped[int | None]
+    # The smallest N that ran out of memory, and the most trials memory was seen to allow:
+    # the next search of the workload never climbs into either.
+    oom_at: Mapped[int | None]
+    ceiling: Mapped[int | None]
     settled: Mapped[bool] = mapped_column(default=False)
     reason: Mapped[str | None] = mapped_column(Text)
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))

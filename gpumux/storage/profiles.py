@@ -21,6 +21,25 @@ def get_profile(*, session: Session, device_name: str, fingerprint: str) -> Prof
     )
 
 
+def similar_profile(
+    *, session: Session, device_name: str, command: Sequence[str], fingerprint: str
+) -> Profile | None:
+    """The most recently updated settled profile of the same command (its other cost parameters
+    differ) on a device model: where a new workload's search is likeliest to end."""
+    settled = session.scalars(
+        select(Profile)
+        .where(
+            Profile.device_name == device_name,
+            Profile.fingerprint != fingerprint,
+            Profile.settled.is_(True),
+            Profile.best_split.is_not(None),
+        )
+        .order_by(Profile.updated_at.desc(), Profile.id.desc())
+    )
+    # JSON columns compare unreliably in SQL: a device model holds few profiles to scan.
+    return next((profile for profile in settled if profile.command == list(command)), None)
+
+
 def get_profile_by_id(*, session: Session, profile_id: int) -> Profile | None:
     """One profile by id."""
     return session.get(Profile, profile_id)
@@ -39,6 +58,8 @@ def save_profile(
     settled: bool,
     reason: str | None,
     sweep_id: int | None,
+    oom_at: int | None = None,
+    ceiling: int | None = None,
 ) -> Profile:
     """Store the profile of (device model, workload), replacing the one measured before."""
     unit = throughput_unit(unit)
@@ -54,6 +75,8 @@ def save_profile(
     profile.unit = unit
     profile.curve = points
     profile.best_split = best_split
+    profile.oom_at = oom_at
+    profile.ceiling = ceiling
     profile.settled = settled
     profile.reason = reason
     profile.sweep_id = sweep_id

@@ -13,6 +13,7 @@ from gpumux.splits.curve import (
     candidate_splits,
     cost_parameters,
     effective_ceiling,
+    first_split,
     max_measurements,
     next_split,
     workload_fingerprint,
@@ -30,6 +31,7 @@ class Run:
     tried: tuple[int, ...]
     oom_at: int | None
     ceiling: int
+    start: int = 1
 
     @property
     def steps(self) -> int:
@@ -41,7 +43,7 @@ class Run:
 
     @property
     def bound(self) -> int:
-        return max_measurements(ceiling=self.ceiling)
+        return max_measurements(ceiling=self.ceiling, start=self.start)
 
 
 def simulate(
@@ -51,6 +53,7 @@ def simulate(
     oom_from: int | None = None,
     noise: float = 0.0,
     seed: int = 0,
+    start: int = 1,
 ) -> Run:
     """Drive next_split like the scheduler: measure what it asks, with noise, until it settles."""
     rng = random.Random(seed)
@@ -58,11 +61,13 @@ def simulate(
     tried: list[int] = []
     oom_at: int | None = None
     while True:
-        decision = next_split(points, ceiling=ceiling, oom_at=oom_at)
+        decision = next_split(points, ceiling=ceiling, oom_at=oom_at, start=start)
         top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
         assert 1 <= decision.split <= top, decision
         if decision.settled:
-            return Run(decision=decision, tried=tuple(tried), oom_at=oom_at, ceiling=ceiling)
+            return Run(
+                decision=decision, tried=tuple(tried), oom_at=oom_at, ceiling=ceiling, start=start
+            )
         assert len(tried) < RUNAWAY, tried
         tried.append(decision.split)
         if oom_from is not None and decision.split >= oom_from:
@@ -173,6 +178,123 @@ def test_noise_of_ten_percent_rarely_misleads(shape: Shape) -> None:
     assert rate >= 0.95, f"{shape.name}: {rate:.1%} of runs within 10% of the best"
     assert all(run.steps <= run.bound for run in runs), max(run.steps for run in runs)
     assert all(run.decision.split <= run.top for run in runs)
+
+
+# Below, near and above the peak of most shapes, and above every ceiling.
+STARTS = (2, 8, 21)
+
+
+@pytest.mark.parametrize("start", STARTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_a_search_from_a_start_measures_it_first_and_settles_near_the_best(
+    shape: Shape, start: int
+) -> None:
+    run = simulate(shape.curve, ceiling=shape.ceiling, oom_from=shape.oom_from, start=start)
+
+    assert run.tried[0] == min(start, shape.ceiling), run.tried
+    assert run.steps <= run.bound, run.tried
+    assert shape.curve(run.decision.split) >= 0.9 * best_true(shape), run.decision.reason
+
+
+@pytest.mark.parametrize("start", STARTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_from_any_start_noise_of_ten_percent_rarely_misleads(shape: Shape, start: int) -> None:
+    runs = [
+        simulate(
+            shape.curve,
+            ceiling=shape.ceiling,
+            oom_from=shape.oom_from,
+            noise=0.1,
+            seed=seed,
+            start=start,
+        )
+        for seed in range(200)
+    ]
+
+    good = sum(shape.curve(run.decision.split) >= 0.9 * best_true(shape) for run in runs)
+    rate = good / len(runs)
+    assert rate >= 0.95, f"{shape.name} from N={start}: {rate:.1%} within 10% of the best"
+    assert all(run.steps <= run.bound for run in runs), max(run.steps for run in runs)
+    assert all(run.decision.split <= run.top for run in runs)
+
+
+def test_a_start_at_the_peak_saves_the_climb_from_one() -> None:
+    from_one = simulate(peak_at_8, ceiling=34)
+    from_peak = simulate(peak_at_8, ceiling=34, start=8)
+
+    assert from_peak.decision.split == from_one.decision.split == 8
+    # Up to the knee, then one N below and the midpoint towards it: N=1..5 are never run.
+    assert from_peak.tried == (8, 13, 21, 5, 6, 10)
+    assert from_peak.steps < from_one.steps
+    assert from_peak.decision.reason.endswith("; below it, N=6 -25.0%")
+
+
+def test_above_the_peak_the_search_descends_to_the_knee() -> None:
+    run = simulate(peak_at_8, ceiling=34, start=21)
+
+    assert run.tried == (21, 34, 13, 8, 5, 6)
+    assert run.decision == Decision(
+        split=8,
+        settled=True,
+        reason="fewer trials do at least as well: N=21 -58.0% over N=8, N=6 -25.0%; using N=8",
+    )
+
+
+def test_on_a_plateau_the_descent_prefers_fewer_trials() -> None:
+    run = simulate(plateau, ceiling=34, start=8)
+
+    assert run.tried == (8, 13, 21, 5, 3, 2, 1)
+    assert run.decision.split == 2
+    assert "N=1 -44.4%" in run.decision.reason
+
+
+def test_a_lower_n_within_the_threshold_takes_the_lead_after_a_knee() -> None:
+    curve = [CurvePoint(5, 500.0), CurvePoint(8, 510.0), CurvePoint(13, 505.0)]
+
+    step = next_split(curve, ceiling=34, start=5)
+    tie = next_split([*curve, CurvePoint(3, 490.0)], ceiling=34, start=5)
+    short = next_split([*curve, CurvePoint(3, 300.0)], ceiling=34, start=5)
+
+    assert step == Decision(split=3, settled=False, reason="measuring N=3 (below N=5)")
+    assert tie == Decision(split=2, settled=False, reason="measuring N=2 (below N=3)")
+    assert short == Decision(
+        split=4, settled=False, reason="measuring N=4 (between N=3 and N=5, measured)"
+    )
+
+
+def test_at_the_ceiling_a_lower_n_must_measure_as_much_to_take_the_lead() -> None:
+    # Nothing above the start: the throughput may still rise, so no threshold favours lower N.
+    curve = [CurvePoint(6, 600.0), CurvePoint(5, 580.0)]
+
+    decision = next_split(curve, ceiling=6, start=6)
+
+    assert decision.settled and decision.split == 6
+    assert decision.reason == "the device takes at most N=6; using N=6; below it, N=5 -3.3%"
+
+
+def test_a_start_above_the_ceiling_starts_at_the_ceiling() -> None:
+    assert next_split([], ceiling=6, start=21) == Decision(
+        split=6, settled=False, reason="measuring N=6"
+    )
+    assert first_split(ceiling=0, start=5) == 1
+
+
+def test_out_of_memory_at_the_start_backs_off_below_it() -> None:
+    run = simulate(linear, ceiling=34, oom_from=8, start=13)
+
+    assert run.tried[:3] == (13, 12, 8), "the start, the N just below it, then the next step"
+    assert run.decision.split == 7 and run.oom_at == 8
+    assert "out of memory at N=8" in run.decision.reason
+    assert next_split([], ceiling=34, oom_at=13, start=13).split == 12
+    assert next_split([], ceiling=34, oom_at=12, start=13).split == 8
+
+
+def test_a_start_adds_itself_to_the_candidates_and_the_bound() -> None:
+    assert candidate_splits(ceiling=34, start=6) == (1, 2, 3, 5, 6, 8, 13, 21, 34)
+    assert candidate_splits(ceiling=34, start=40) == (1, 2, 3, 5, 8, 13, 21, 34)
+    # 8 candidates, largest gap 13 -> 4 bisections in each direction, 1 out-of-memory trial.
+    assert max_measurements(ceiling=34, start=8) == 17
+    assert max_measurements(ceiling=34, start=1) == max_measurements(ceiling=34) == 13
 
 
 def test_empty_curve_measures_one() -> None:
@@ -328,12 +450,18 @@ def curves(draw: st.DrawFn) -> list[float]:
     oom_from=st.none() | st.integers(1, 64),
     noise=st.sampled_from([0.0, 0.1, 0.3]),
     seed=st.integers(0, 2**32),
+    start=st.integers(1, 64),
 )
 def test_any_unimodal_curve_settles_within_the_bound(
-    values: list[float], ceiling: int, oom_from: int | None, noise: float, seed: int
+    values: list[float], ceiling: int, oom_from: int | None, noise: float, seed: int, start: int
 ) -> None:
     run = simulate(
-        lambda n: values[n - 1], ceiling=ceiling, oom_from=oom_from, noise=noise, seed=seed
+        lambda n: values[n - 1],
+        ceiling=ceiling,
+        oom_from=oom_from,
+        noise=noise,
+        seed=seed,
+        start=start,
     )
 
     assert run.steps <= run.bound, run.tried
@@ -349,11 +477,12 @@ def test_any_unimodal_curve_settles_within_the_bound(
     ceiling=st.integers(-2, 60),
     oom_at=st.none() | st.integers(-2, 64),
     threshold=st.floats(0.0, 1.0),
+    start=st.integers(-2, 64),
 )
 def test_any_curve_gets_a_split_within_the_ceiling(
-    points: list[CurvePoint], ceiling: int, oom_at: int | None, threshold: float
+    points: list[CurvePoint], ceiling: int, oom_at: int | None, threshold: float, start: int
 ) -> None:
-    decision = next_split(points, ceiling=ceiling, oom_at=oom_at, threshold=threshold)
+    decision = next_split(points, ceiling=ceiling, oom_at=oom_at, threshold=threshold, start=start)
 
     assert 1 <= decision.split <= effective_ceiling(ceiling=ceiling, oom_at=oom_at)
     assert decision.reason

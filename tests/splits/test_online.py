@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from builders import sweep_in
 
+from gpumux.devices.kinds.base import FirstSplit
+from gpumux.splits.curve import Decision, workload_fingerprint
 from gpumux.splits.online import LONG_WINDOWS, SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
@@ -281,3 +283,133 @@ def test_reports_of_absurd_samples_never_put_an_infinite_throughput_in_the_curve
         (profile,), _ = profile_store.list_profiles(session=session)
         assert [CurvePoint.from_json(point).split for point in profile.curve] == [1]
     assert [point.split for point in search_of(sessions).curve] == [1]
+
+
+def save_profile(
+    sessions: Sessions, tokens: list[str], *, best: int | None, settled: bool, **limits: int
+) -> int:
+    """A profile of train.py with these cost parameters on the test CPU, as a search stores it."""
+    with sessions.write.begin() as session:
+        profile = profile_store.save_profile(
+            session=session,
+            device_name="Test CPU",
+            fingerprint=workload_fingerprint(COMMAND, tokens),
+            command=COMMAND,
+            param_tokens=tokens,
+            unit="samples/s",
+            curve=[{"split": 3, "throughput": 300.0}, {"split": 5, "throughput": 310.0}],
+            best_split=best,
+            settled=settled,
+            reason="knee",
+            sweep_id=None,
+            **limits,
+        )
+        return profile.id
+
+
+def guessed(sessions: Sessions, guess: FirstSplit | None) -> SplitSearch:
+    with sessions.read() as session:
+        return SplitSearch.resume(
+            session=session,
+            device_key="cpu",
+            device_name="Test CPU",
+            command=COMMAND,
+            param_tokens=TOKENS,
+            ceiling=8,
+            timing=TIMING,
+            guess=guess,
+        )
+
+
+def test_a_new_workload_starts_at_the_device_kinds_guess(sessions: Sessions) -> None:
+    search = guessed(sessions, FirstSplit(split=2, why="the device's 2 cores"))
+
+    assert search.split == 2 and not search.decision.settled
+    assert search.decision.reason == "measuring N=2; started at N=2: the device's 2 cores"
+    assert guessed(sessions, FirstSplit(split=20, why="many cores")).split == 8, "the ceiling"
+
+
+def test_a_similar_workloads_settled_profile_is_the_start(sessions: Sessions) -> None:
+    other = save_profile(sessions, ["batch_size=256"], best=5, settled=True)
+    save_profile(sessions, ["batch_size=512"], best=None, settled=False)
+
+    search = guessed(sessions, FirstSplit(split=2, why="the device's 2 cores"))
+
+    assert search.split == 5 and not search.decision.settled
+    assert search.decision.reason == (
+        f"measuring N=5; started at N=5: profile {other} of a similar workload (batch_size=256)"
+    )
+
+
+def test_a_profile_of_another_command_is_no_prior(sessions: Sessions) -> None:
+    with sessions.write.begin() as session:
+        profile_store.save_profile(
+            session=session,
+            device_name="Test CPU",
+            fingerprint="other",
+            command=["python", "other.py"],
+            param_tokens=[],
+            unit="samples/s",
+            curve=[],
+            best_split=5,
+            settled=True,
+            reason="knee",
+            sweep_id=None,
+        )
+
+    assert guessed(sessions, FirstSplit(split=2, why="the device's 2 cores")).split == 2
+
+
+def test_an_unsettled_profile_of_the_workload_goes_on_from_its_curve(sessions: Sessions) -> None:
+    own = save_profile(sessions, TOKENS, best=None, settled=False)
+
+    search = guessed(sessions, FirstSplit(split=2, why="the device's 2 cores"))
+
+    # From N=3, the lowest it measured: N=5 missed, so one more step up decides the knee.
+    assert search.start == 3 and search.split == 8
+    assert (
+        search.decision.reason == f"measuring N=8; started at N=3: profile {own} of this workload"
+    )
+
+
+def test_a_stored_oom_and_ceiling_bound_the_next_search(sessions: Sessions, trial_id: int) -> None:
+    own = save_profile(sessions, TOKENS, best=None, settled=False, oom_at=5, ceiling=7)
+
+    search = guessed(sessions, None)
+
+    assert (search.oom_at, search.ceiling, search.lowered) == (5, 7, 7)
+    # N=5 ran out of memory: the ascent from N=3 tries the N just below it, not N=5.
+    assert search.decision == Decision(
+        split=4,
+        settled=False,
+        reason=f"measuring N=4; started at N=3: profile {own} of this workload",
+    )
+    with sessions.write.begin() as session:
+        search.save(session=session)
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+    assert (profile.oom_at, profile.ceiling) == (5, 7)
+
+
+def test_a_settled_profile_above_a_stored_oom_is_held_below_it(sessions: Sessions) -> None:
+    save_profile(sessions, TOKENS, best=5, settled=True, oom_at=4)
+
+    search = guessed(sessions, FirstSplit(split=2, why="the device's 2 cores"))
+
+    assert search.decision.settled and search.split == 3
+
+
+def test_out_of_memory_and_a_lowered_ceiling_are_stored_for_the_next_sweep(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = guessed(sessions, FirstSplit(split=5, why="the device's 5 cores"))
+    assert search.split == 5
+    search.lower_ceiling(6, why="only 6 trial(s) fit at once")
+    with sessions.write.begin() as session:
+        search.out_of_memory(session=session, split=5)
+    assert search.split == 4, search.decision.reason
+
+    again = guessed(sessions, FirstSplit(split=5, why="the device's 5 cores"))
+
+    assert (again.oom_at, again.ceiling) == (5, 6)
+    assert again.split == 4, again.decision.reason

@@ -31,6 +31,8 @@ from gpumux.storage.models import utcnow
 
 COMMAND = ["python", "train.py"]
 TOTAL_MB = 80_000
+# Room for one trial's smallest slice, its overhead and the reserve: a search there starts at N=1.
+ONE_TRIAL_MB = 2048
 HOG_MB = 64
 
 
@@ -39,6 +41,9 @@ def device(
     name: str = "Test CPU",
     kind: str = "cpu",
     processes: tuple[GpuProcess, ...] = (),
+    *,
+    cores: int = 8,
+    total_mb: int = TOTAL_MB,
 ) -> DeviceSnapshot:
     return DeviceSnapshot(
         key=key,
@@ -46,12 +51,12 @@ def device(
         index=0,
         name=name,
         uuid=key if kind == "gpu" else None,
-        memory_total_mb=TOTAL_MB,
+        memory_total_mb=total_mb,
         memory_used_mb=0,
-        memory_free_mb=TOTAL_MB,
+        memory_free_mb=total_mb,
         utilization_pct=None,
         processes=processes,
-        cpu_count=8 if kind == "cpu" else None,
+        cpu_count=cores if kind == "cpu" else None,
     )
 
 
@@ -141,7 +146,8 @@ def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceil
     with sessions.read() as session:
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
-        assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 1}
+        # Nothing measured yet: the search starts at the CPU's core count.
+        assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 8}
     with sessions.write.begin() as session:
         (other,) = store.list_trials(session=session, sweep_id=fixed_id)[0]
         store.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
@@ -174,7 +180,8 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-    assert splits == {"GPU-a": 1, "GPU-b": 1}
+    # The largest step whose slices fit the memory: 62 trials of 256 + 1024 MB in 79,488 MB.
+    assert splits == {"GPU-a": 34, "GPU-b": 34}
     (search,) = searches
     assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
 
@@ -240,7 +247,7 @@ def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     searches = Searches(settings)
-    cpu = device()
+    cpu = device(cores=1)
     search = search_for(searches, sessions, auto_id, cpu)
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
     with sessions.read() as session:
@@ -259,7 +266,7 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     auto_id, _ = two_sweeps(sessions, tmp_path)
     searches = Searches(settings)
     listed = (GpuProcess(pid=hog.pid, used_memory_mb=2500), GpuProcess(pid=1, used_memory_mb=900))
-    gpu = device("GPU-a", "NVIDIA H200", "gpu", listed)
+    gpu = device("GPU-a", "NVIDIA H200", "gpu", listed, total_mb=ONE_TRIAL_MB)
     search = search_for(searches, sessions, auto_id, gpu)
     run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
     with sessions.read() as session:
@@ -275,7 +282,7 @@ def test_without_the_device_listed_no_memory_is_measured(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     searches = Searches(settings)
-    search = search_for(searches, sessions, auto_id, device())
+    search = search_for(searches, sessions, auto_id, device(cores=1))
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
     with sessions.read() as session:
         observe(searches, session, now=utcnow(), devices=[], group_of={})
@@ -296,7 +303,7 @@ def test_a_search_that_fails_leaves_the_others_searching(
         )
         other_id = other.id
     searches = Searches(settings)
-    cpu, gpu = device(), device("GPU-a", "NVIDIA H200", "gpu")
+    cpu, gpu = device(cores=1), device("GPU-a", "NVIDIA H200", "gpu", total_mb=ONE_TRIAL_MB)
     broken = search_for(searches, sessions, auto_id, cpu)
     healthy = search_for(searches, sessions, other_id, gpu)
 
@@ -317,7 +324,7 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     searches = Searches(settings)
-    cpu = device()
+    cpu = device(cores=1)
     search = search_for(searches, sessions, auto_id, cpu)
     run_first_trial(sessions, auto_id, device="cpu", pgid=1)
     now = utcnow()

@@ -29,8 +29,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003", "0004"]
-HEAD = "0005"
+EARLIER = ["0001", "0002", "0003", "0004", "0005"]
+HEAD = "0006"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -77,6 +77,8 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
     }
     if revision >= "0003":
         row |= {"retries": sweep_id, "priority": 10 * sweep_id}
+    if revision >= "0005":
+        row |= {"search": "random" if sweep_id == 2 else "grid"}
     return row
 
 
@@ -119,14 +121,16 @@ def trial_row(trial_id: int, sweep_id: int, status: str, revision: str) -> dict[
     return row
 
 
-def report_row(report_id: int, trial_id: int, epoch: int) -> dict[str, Any]:
+def report_row(report_id: int, trial_id: int, epoch: int, revision: str) -> dict[str, Any]:
+    # Keras epochs as the hook counted them before 0005, from 1; a step from 0 since.
+    step = {"step": epoch - 1} if revision >= "0005" else {"epoch": epoch}
     return {
         "id": report_id,
         "trial_id": trial_id,
         "attempt": 1,
         "kind": "epoch",
         "at": stored(ENDED_AT),
-        "epoch": epoch,
+        **step,
         "samples": 1000.0,
         "seconds": 8.0,
         "samples_per_s": 125.0,
@@ -145,9 +149,8 @@ def populate(connection: Connection, revision: str) -> None:
     )
     statuses = [(1, 1, "succeeded"), (2, 1, "failed"), (3, 2, "running"), (4, 2, "queued")]
     insert(connection, "trials", [trial_row(t, s, status, revision) for t, s, status in statuses])
-    # Keras epochs as the hook counted them before 0005: from 1.
-    insert(connection, "trial_reports", [report_row(1, 1, 1), report_row(2, 1, 2)])
-    insert(connection, "trial_reports", [report_row(3, 3, 1)])
+    reports = [report_row(1, 1, 1, revision), report_row(2, 1, 2, revision)]
+    insert(connection, "trial_reports", [*reports, report_row(3, 3, 1, revision)])
     if revision >= "0002":
         profile = {
             "id": 1,
@@ -282,6 +285,9 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
             session=session, device_name="NVIDIA H200", fingerprint="f" * 64
         )
         assert (profile is not None) == (revision >= "0002")
+        if profile is not None:
+            # 0006's limits are unknown for a profile measured before them: nothing is avoided.
+            assert (profile.best_split, profile.oom_at, profile.ceiling) == (1, None, None)
         owner = tokens.resolve_token(session=session, token=TOKEN)
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
@@ -337,6 +343,27 @@ def test_head_down_to_0003_and_up_again_keeps_every_row(engine: Engine) -> None:
     upgrade(engine)
     assert row_counts(engine) == ROWS
     assert_sound(engine)
+
+
+def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine) -> None:
+    migrate(engine, "0005")
+    with engine.begin() as connection:
+        populate(connection, "0005")
+    upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE profiles SET oom_at = 8, ceiling = 6"))
+
+    migrate(engine, "0005")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
+    assert {"oom_at", "ceiling"}.isdisjoint(columns) and "best_split" in columns
+    assert row_counts(engine) == ROWS
+    assert_sound(engine)
+    upgrade(engine)
+    with make_sessions(engine).read() as session:
+        profile = profile_store.get_profile_by_id(session=session, profile_id=1)
+        assert profile is not None and (profile.oom_at, profile.ceiling) == (None, None)
 
 
 def test_upgrade_is_idempotent(sessions: Sessions) -> None:

@@ -250,3 +250,53 @@ def test_window_reads_search_an_index_on_time(
         ]
     assert not any(step.startswith("SCAN") for step in plan), plan
     assert any(index in step for step in plan), plan
+
+
+def test_a_profile_keeps_the_n_that_ran_out_of_memory_and_a_lowered_ceiling(
+    sessions: Sessions,
+) -> None:
+    with sessions.write.begin() as session:
+        save(session, oom_at=8, ceiling=6)
+    with sessions.write.begin() as session:
+        profile = save(session, oom_at=5, ceiling=4)
+        assert (profile.oom_at, profile.ceiling) == (5, 4)
+    with sessions.read() as session:
+        (stored,), _ = profile_store.list_profiles(session=session)
+    assert (stored.oom_at, stored.ceiling) == (5, 4)
+
+
+def test_the_similar_profile_is_the_newest_settled_one_of_the_same_command_and_device(
+    sessions: Sessions,
+) -> None:
+    with sessions.write.begin() as session:
+        older = save(session, fingerprint="a" * 16, settled=True, best_split=3).id
+        newer = save(session, fingerprint="b" * 16, settled=True, best_split=5).id
+        save(session, fingerprint="c" * 16, settled=False, best_split=None)
+        save(session, fingerprint="d" * 16, settled=True, command=["python", "other.py"])
+        save(session, fingerprint="e" * 16, settled=True, device_name="NVIDIA H100")
+        # A settled profile updated again is the newest.
+        save(session, fingerprint="a" * 16, settled=True, best_split=3)
+
+    def similar(fingerprint: str) -> int | None:
+        with sessions.read() as session:
+            found = profile_store.similar_profile(
+                session=session,
+                device_name="NVIDIA H200",
+                command=["python", "train.py"],
+                fingerprint=fingerprint,
+            )
+            return None if found is None else found.id
+
+    assert similar("z" * 16) == older
+    # A workload's own profile is not similar to it.
+    assert similar("a" * 16) == newer
+    with sessions.read() as session:
+        assert (
+            profile_store.similar_profile(
+                session=session,
+                device_name="NVIDIA H200",
+                command=["python", "train.py", "--deep"],
+                fingerprint="z" * 16,
+            )
+            is None
+        )

@@ -38,6 +38,14 @@ class TrialCap:
     cpu_threads: int | None
 
 
+@dataclass(frozen=True)
+class FirstSplit:
+    """Where a split search with nothing measured to go by starts on a device, and why."""
+
+    split: int
+    why: str
+
+
 class DeviceKind(ABC):
     """One kind of device; a new kind (MPS, MIG) is one subclass registered in KINDS."""
 
@@ -69,6 +77,13 @@ class DeviceKind(ABC):
         cpu_trial_mb: int,
     ) -> int:
         """The largest N the split search should try on the device, at least 1."""
+
+    def first_split(
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+    ) -> FirstSplit:
+        """The kind's guess at the best N, at most `ceiling` (`steps`: the N a search climbs by);
+        a kind without one starts from a single trial."""
+        return FirstSplit(split=1, why=f"no guess for a {self.name} device")
 
     @abstractmethod
     def room_mb(

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
-from gpumux.devices.kinds.base import DeviceKind, PackingRules, ResidentMemory, TrialCap
+from gpumux.devices.kinds.base import (
+    DeviceKind,
+    FirstSplit,
+    PackingRules,
+    ResidentMemory,
+    TrialCap,
+)
 from gpumux.devices.snapshot import DeviceSnapshot
 
 # Beyond two single-thread processes per core a trial gets under half a core: the only gain
@@ -42,6 +48,14 @@ class CpuKind(DeviceKind):
             TRIALS_PER_CORE * (device.cpu_count or 1) * cpu_trial_mb,
         )
         return max(1, room // cpu_trial_mb)
+
+    def first_split(
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+    ) -> FirstSplit:
+        """One trial per core: each trial's threads get a core of their own."""
+        cores = device.cpu_count or 1
+        split = max(1, min(cores, ceiling))
+        return FirstSplit(split=split, why=f"the device's {cores} core{'s' if cores > 1 else ''}")
 
     def room_mb(
         self,

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
-from gpumux.devices.kinds.base import DeviceKind, PackingRules, ResidentMemory, TrialCap
+from gpumux.devices.kinds.base import (
+    DeviceKind,
+    FirstSplit,
+    PackingRules,
+    ResidentMemory,
+    TrialCap,
+)
 from gpumux.devices.snapshot import DeviceSnapshot
 
 
@@ -57,6 +63,15 @@ class GpuKind(DeviceKind):
         """As many trials as the smallest slices and their overhead fit in the memory."""
         room = (device.memory_total_mb or 0) - reserve_mb
         return max(1, room // (min_memory_mb + overhead_mb))
+
+    def first_split(
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+    ) -> FirstSplit:
+        """The largest step under the memory ceiling: the most trials whose slices fit."""
+        split = max((step for step in steps if 1 <= step <= ceiling), default=1)
+        return FirstSplit(
+            split=split, why=f"the largest N whose memory slices fit on {device.name}"
+        )
 
     def room_mb(
         self,

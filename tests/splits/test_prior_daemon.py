@@ -1,0 +1,105 @@
+"""A real daemon starts a new workload's split search where a similar workload settled."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from builders import daemon_bearer
+
+from gpumux.config import Settings
+from gpumux.devices.kinds import kind_of
+from gpumux.devices.probes import make_probe
+from gpumux.server.daemon import embedded
+from gpumux.splits.curve import workload_fingerprint
+from gpumux.storage import profiles as profile_store
+from gpumux.storage.engine import make_engine, make_sessions
+from gpumux.storage.migrate import upgrade
+
+# The similar workload's best N: neither N=1 nor the CPU's guess (its cores) on this machine,
+# and under its ceiling of two trials per core.
+SIMILAR_N = 3
+TRIAL = "import time; time.sleep(1.0)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def device_model(settings: Settings) -> str:
+    """The model the daemon keeps profiles per, for the first device its probe offers."""
+    probe = make_probe(visible=settings.gpus)
+    try:
+        device = probe.snapshot()[0]
+    finally:
+        probe.close()
+    return kind_of(device).model_name(device)
+
+
+def save_similar_profile(settings: Settings, command: list[str]) -> int:
+    """A settled profile of the same command with another batch size, in a fresh database."""
+    settings.home.mkdir(parents=True)
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade(engine)
+        with make_sessions(engine).write.begin() as session:
+            profile = profile_store.save_profile(
+                session=session,
+                device_name=device_model(settings),
+                fingerprint=workload_fingerprint(command, ["batch_size=64"]),
+                command=command,
+                param_tokens=["batch_size=64"],
+                unit="trials/s",
+                curve=[{"split": SIMILAR_N, "throughput": 3.0}],
+                best_split=SIMILAR_N,
+                settled=True,
+                reason="knee",
+                sweep_id=None,
+            )
+            return profile.id
+    finally:
+        engine.dispose()
+
+
+def test_a_new_workload_starts_at_the_n_of_a_similar_workloads_profile(tmp_path: Path) -> None:
+    settings = Settings(
+        home=tmp_path / "home",
+        url=f"http://127.0.0.1:{free_port()}",
+        poll_interval=0.2,
+        tune_warmup=0.5,
+        tune_window=1.0,
+    )
+    workdir = str(tmp_path.resolve())
+    command = [sys.executable, "-c", TRIAL]
+    similar = save_similar_profile(settings, [workdir, *command])
+    with (
+        embedded(settings) as daemon,
+        httpx.Client(
+            base_url=daemon.url, timeout=30, headers=daemon_bearer(settings.home)
+        ) as client,
+    ):
+        created = client.post(
+            "/sweeps",
+            json={"params": ["batch_size=32", "seed=1..9"], "command": command, "workdir": workdir},
+        )
+        assert created.status_code == 201, created.text
+        sweep_id = created.json()["id"]
+        assert created.json()["split"] == "auto"
+        deadline = time.monotonic() + 120
+        while (sweep := client.get(f"/sweeps/{sweep_id}").json())["status"] != "finished":
+            assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
+            time.sleep(0.2)
+        trials = client.get(f"/sweeps/{sweep_id}/trials", params={"limit": 100}).json()["data"]
+        assert {t["status"] for t in trials} == {"succeeded"}, trials
+        first = sorted(trials, key=lambda t: t["started_at"])[:SIMILAR_N]
+        assert [t["split"] for t in first] == [SIMILAR_N] * SIMILAR_N, first
+        (own,) = sweep["profiles"]
+        assert own["id"] != similar and own["param_tokens"] == ["batch_size=32"]
+        started = f"started at N={SIMILAR_N}: profile {similar} of a similar workload"
+        assert started in own["reason"], own
+        assert own["curve"][0]["split"] == SIMILAR_N, own
