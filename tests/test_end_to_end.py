@@ -116,10 +116,12 @@ def test_split_auto_measures_a_profile_and_the_next_sweep_reuses_it(tmp_path: Pa
         assert profiles["count"] == 1, profiles
         profile = profiles["data"][0]
         measured = [point["split"] for point in profile["curve"]]
-        assert measured[0] == 1 and len(measured) >= 2, profile
+        # The search starts at the CPU's core count (far below its memory ceiling here).
+        assert first[0]["split"] == len(os.sched_getaffinity(0)), first[0]
+        assert len(measured) >= 2, profile
         assert profile["settled"] and profile["best_split"] in measured, profile
         assert profile["unit"] == "samples/s" and profile["device_name"]
-        assert {t["split"] for t in first} >= {1, 2}, "the first sweep ran at several N"
+        assert len({t["split"] for t in first}) >= 2, "the first sweep ran at several N"
         shown = client.get(f"/sweeps/{first[0]['sweep_id']}").json()["profiles"]
         assert [p["id"] for p in shown] == [profile["id"]], "the sweep shows its search"
 

@@ -430,9 +430,12 @@ def test_an_auto_trial_out_of_memory_is_requeued_not_failed(harness: Harness) ->
     asyncio.run(harness.scheduler.run_until_idle())
     (trial,) = harness.trials(sweep_id)
     assert trial.status == TrialStatus.succeeded and trial.attempt == 2
-    assert trial.error == "attempt 1 ran out of device memory at N=1; requeued at a lower N"
     (search,) = harness.scheduler.searches
-    assert search.decision.settled and search.split == 1
+    # The first attempt ran at the search's start, the CPU's core count: N=1 from there on.
+    assert search.oom_at == search.start and search.split == 1
+    assert trial.error == (
+        f"attempt 1 ran out of device memory at N={search.start}; requeued at a lower N"
+    )
 
 
 def test_a_fixed_split_trial_out_of_memory_fails_and_says_what_to_change(harness: Harness) -> None:
