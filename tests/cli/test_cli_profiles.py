@@ -165,6 +165,14 @@ def test_a_profile_shows_its_curve_as_a_table_and_a_chart_in_80_columns(server: 
     assert "◀ best" in row(chart, "3") and "best" not in row(chart, "5")
 
 
+def test_a_profile_says_the_limits_the_next_sweep_stays_under(server: Server) -> None:
+    plain = store_profile(server, device_name="NVIDIA T4")
+    limited = store_profile(server, device_name="NVIDIA L40S", oom_at=8, ceiling=6)
+    assert row(gpumux(server, "profiles", str(plain)).stdout, "limits").split()[-1] == "-"
+    shown = row(gpumux(server, "profiles", str(limited)).stdout, "limits")
+    assert "out of memory at N=8" in shown and "at most N=6 fit" in shown
+
+
 def test_a_profile_is_drawn_into_a_png(server: Server, tmp_path: Path) -> None:
     profile_id = store_profile(server, device_name="NVIDIA L4")
     path = tmp_path / "curve.png"
