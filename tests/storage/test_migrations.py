@@ -29,8 +29,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003", "0004"]
-HEAD = "0005"
+EARLIER = ["0001", "0002", "0003", "0004", "0005"]
+HEAD = "0006"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -77,6 +77,8 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
     }
     if revision >= "0003":
         row |= {"retries": sweep_id, "priority": 10 * sweep_id}
+    if revision >= "0005":
+        row |= {"search": "random" if sweep_id == 2 else "grid"}
     return row
 
 
@@ -119,14 +121,16 @@ def trial_row(trial_id: int, sweep_id: int, status: str, revision: str) -> dict[
     return row
 
 
-def report_row(report_id: int, trial_id: int, epoch: int) -> dict[str, Any]:
+def report_row(report_id: int, trial_id: int, epoch: int, revision: str) -> dict[str, Any]:
+    # Since 0005 a step counts from 0; before, the Keras hook's epochs counted from 1.
+    step = {"step": epoch - 1} if revision >= "0005" else {"epoch": epoch}
     return {
         "id": report_id,
         "trial_id": trial_id,
         "attempt": 1,
         "kind": "epoch",
         "at": stored(ENDED_AT),
-        "epoch": epoch,
+        **step,
         "samples": 1000.0,
         "seconds": 8.0,
         "samples_per_s": 125.0,
@@ -145,9 +149,9 @@ def populate(connection: Connection, revision: str) -> None:
     )
     statuses = [(1, 1, "succeeded"), (2, 1, "failed"), (3, 2, "running"), (4, 2, "queued")]
     insert(connection, "trials", [trial_row(t, s, status, revision) for t, s, status in statuses])
-    # Keras epochs as the hook counted them before 0005: from 1.
-    insert(connection, "trial_reports", [report_row(1, 1, 1), report_row(2, 1, 2)])
-    insert(connection, "trial_reports", [report_row(3, 3, 1)])
+    reports = [report_row(1, 1, 1, revision), report_row(2, 1, 2, revision)]
+    insert(connection, "trial_reports", reports)
+    insert(connection, "trial_reports", [report_row(3, 3, 1, revision)])
     if revision >= "0002":
         profile = {
             "id": 1,
@@ -262,6 +266,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         newer = revision >= "0003"
         assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
         assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
+        # 0006: sweeps written before it start their trials cold.
+        assert [s.warm for s in sweeps] == [False, False]
 
         trials, _ = store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [
