@@ -42,9 +42,11 @@ def warm_spawner(tmp_path: Path) -> Iterator[Spawner]:
     spawner.close(kill=True)
 
 
-def run(tmp_path: Path, argv: list[str], spawner: Spawner, *, warm: bool = True) -> SupervisedTrial:
+def run(
+    tmp_path: Path, argv: list[str], spawner: Spawner, *, warm: bool = True, code: int = 0
+) -> SupervisedTrial:
     return SupervisedTrial.spawn(
-        launch_spec(tmp_path, argv, warm=warm),
+        launch_spec(tmp_path, argv, warm=warm, params={"code": code}),
         run_dir=tmp_path / "runs" / "3.1",
         options=OPTIONS,
         spawner=spawner,
@@ -67,7 +69,7 @@ def exit_code(trial: SupervisedTrial) -> int | None:
 def test_a_warm_trial_starts_with_the_framework_imported_and_keeps_its_exit_status(
     tmp_path: Path, warm_spawner: Spawner
 ) -> None:
-    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK, "7"], warm_spawner)
+    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm_spawner, code=7)
     assert exit_code(trial) == 7
     assert reported(tmp_path)["warm"] == 1
     # Its own session and group, as a cold trial's: the supervisor is not its leader.
@@ -77,7 +79,7 @@ def test_a_warm_trial_starts_with_the_framework_imported_and_keeps_its_exit_stat
 def test_a_trial_not_marked_warm_execs_even_from_the_warm_spawner(
     tmp_path: Path, warm_spawner: Spawner
 ) -> None:
-    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK, "3"], warm_spawner, warm=False)
+    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm_spawner, warm=False, code=3)
     assert exit_code(trial) == 3
     assert reported(tmp_path)["warm"] == 0
 
@@ -90,7 +92,7 @@ def test_a_trial_not_marked_warm_execs_even_from_the_warm_spawner(
         [
             sys.executable,
             "-c",
-            "import runpy, sys; sys.argv[1:] = ['numpy', '5']; "
+            "import runpy, sys; sys.argv[1:] = ['numpy']; "
             f"runpy.run_path({PROBE!r}, run_name='__main__')",
         ],
     ],
@@ -99,7 +101,7 @@ def test_a_trial_not_marked_warm_execs_even_from_the_warm_spawner(
 def test_a_command_that_cannot_start_warm_is_executed(
     tmp_path: Path, warm_spawner: Spawner, argv: list[str]
 ) -> None:
-    trial = run(tmp_path, argv, warm_spawner)
+    trial = run(tmp_path, argv, warm_spawner, code=5)
     assert exit_code(trial) == 5
     assert reported(tmp_path)["warm"] == 0
 
