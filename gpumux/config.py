@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="a trial log is rotated when it reaches this size"
     )
     log_keep: int = Field(default=2, ge=0, description="rotated pieces kept of each trial log")
+    warm_preload: str = Field(
+        default="tensorflow",
+        description="modules the warm spawner imports before it forks the trials of --warm "
+        "sweeps (comma list; from the daemon's own environment)",
+    )
 
     admins: str = Field(default="", description="users who see and cancel all work (comma list)")
     admin_group: str | None = Field(
@@ -145,6 +150,17 @@ class Settings(BaseSettings):
         ge=MIN_BODY_BYTES,
         description="largest request body the API reads; a larger one is refused (413) unread",
     )
+
+    @field_validator("warm_preload")
+    @classmethod
+    def _warm_preload_names(cls, text: str) -> str:
+        for name in text.split(","):
+            if not all(part.isidentifier() for part in name.strip().split(".")):
+                raise ValueError(
+                    f"warm_preload: {name.strip()!r} is not a module name; give modules as "
+                    "in tensorflow,numpy"
+                )
+        return text
 
     @field_validator("shares")
     @classmethod
@@ -193,6 +209,11 @@ class Settings(BaseSettings):
             return None
         path = unquote(rest.split("?", 1)[0])
         return Path(path) if path and path != ":memory:" else None
+
+    @property
+    def warm_modules(self) -> list[str]:
+        """The modules the warm spawner preloads, in order."""
+        return [name.strip() for name in self.warm_preload.split(",")]
 
     @property
     def logs_dir(self) -> Path:

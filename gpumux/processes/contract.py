@@ -37,6 +37,8 @@ class LaunchSpec:
     split: int
     memory_limit_mb: int | None
     cpu_threads: int | None
+    # Start it from the warm spawner, where the framework is imported (a `--warm` sweep).
+    warm: bool = False
 
 
 def trial_env(spec: LaunchSpec) -> dict[str, str]:

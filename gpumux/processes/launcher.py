@@ -253,6 +253,7 @@ def supervisor_spec(
         "log_keep": options.log_keep,
         "kill_grace": options.kill_grace,
         "heartbeat_interval": options.heartbeat_interval,
+        "warm": spec.warm,
         "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
         f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",
     }

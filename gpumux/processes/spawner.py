@@ -14,7 +14,9 @@ supervisor does not depend on it: if the spawner dies, its supervisors run on, l
 The spawner exits when the daemon closes its end.
 
 `--preload MODULE` imports a module before the first fork, so that every supervisor (and what
-it forks) starts with it loaded.
+it forks) starts with it loaded: the warm spawner preloads the framework (see spawning.py). Once
+its preloads are done the spawner says READY, before it reads the first request; a preload that
+fails is said instead (FAILED and why), and the spawner exits.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ MAX_REQUEST = 4096
 REQUEST_FDS = 2
 # The first byte of an answer that reports a failure instead of a pid.
 FAILED = b"!"
+# The spawner's first message: its preloads are imported, it serves requests.
+READY = b"ready"
 # Held in the spawner, and so in every supervisor from its first instruction, until the
 # supervisor's handlers are in place: an early stop must not kill it.
 HELD_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
@@ -108,10 +112,19 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or len(args) % 2 or any(flag != "--preload" for flag in args[::2]):
         print("usage: spawner.py RUNS_DIR [--preload MODULE]... (started by the gpumux daemon)")
         return 2
+    channel = socket.socket(fileno=0)
     for name in args[1::2]:
-        __import__(name)
+        try:
+            __import__(name)
+        except Exception as error:
+            channel.send(FAILED + f"cannot import {name}: {error!r}".encode(errors="replace"))
+            return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    return serve(socket.socket(fileno=0), argv[1])
+    try:
+        channel.send(READY)
+    except ConnectionError:
+        return 0
+    return serve(channel, argv[1])

@@ -4,19 +4,26 @@ A supervisor forked by the spawner is not the daemon's child: the daemon watches
 watches one it adopted (by its pidfd), and the kernel reaps it. When the spawner does not
 answer, the launch starts its supervisor directly (see launcher.start_supervisor) and a new
 spawner serves the next one.
+
+The warm spawner is a second one, for the trials of `--warm` sweeps: `python -I` with the
+daemon's own site-packages (so the framework imports; still no PYTHONPATH and no user site), it
+preloads gpumux.runtime.warm and the framework, so the supervisors it forks start their trials
+without an exec (see supervisor.py). Its imports take seconds: it starts on the first warm
+trial, and until it says it is ready, warm trials start cold from the ordinary spawner.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumux.processes import spawner
+from gpumux.processes import spawner, supervisor
 
 log = logging.getLogger(__name__)
 
@@ -27,28 +34,59 @@ SPAWNER_BOOT = (
     "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0]); "
     "from gpumux.processes.spawner import main; sys.exit(main(sys.argv[1:]))"
 )
+# The warm spawner runs with site-packages, where another gpumux may be installed (an editable
+# install of another checkout): its own package is imported first from its root, and the root
+# is then taken off sys.path, so that nothing else there shadows a module.
+WARM_BOOT = (
+    "import sys; r = sys.argv[1].rsplit('/', 3)[0]; sys.path.insert(0, r); import gpumux; "
+    "sys.path.remove(r); from gpumux.processes.spawner import main; sys.exit(main(sys.argv[1:]))"
+)
 # A fork takes a few milliseconds; a spawner silent for this long is hung, and replaced.
 ANSWER_TIMEOUT_S = 5.0
 # An answer is a pid, or a failure's one-line message.
 MAX_ANSWER = 4096
 
 
-def spawner_command(runs_dir: Path, preload: Sequence[str] = ()) -> list[str]:
+def spawner_command(
+    runs_dir: Path, preload: Sequence[str] = (), *, warm: bool = False
+) -> list[str]:
     """The command line of a spawner of supervisors for `runs_dir`; `preload`: modules it
-    imports before its first fork."""
+    imports before its first fork; `warm`: with site-packages, for warm trials."""
     preloads = [word for name in preload for word in ("--preload", name)]
-    return [sys.executable, "-I", "-S", "-c", SPAWNER_BOOT, SPAWNER_PATH, str(runs_dir), *preloads]
+    # -u: a warm trial keeps the interpreter's streams, and its output must reach the log as it
+    # is printed, as PYTHONUNBUFFERED (the contract) makes it in a cold one.
+    flags, boot = (["-I", "-u"], WARM_BOOT) if warm else (["-I", "-S"], SPAWNER_BOOT)
+    return [sys.executable, *flags, "-c", boot, SPAWNER_PATH, str(runs_dir), *preloads]
 
 
 class Spawner:
     """The daemon's spawner: forks the supervisor of a run directory on request; a spawner that
     died is replaced, and when none can start, supervisors are started directly."""
 
-    def __init__(self, *, runs_dir: Path, preload: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        runs_dir: Path,
+        preload: Sequence[str] = (),
+        warm: bool = False,
+        warm_spawner: Spawner | None = None,
+    ) -> None:
         self.runs_dir = runs_dir
         self.preload = tuple(preload)
+        self.warm = warm
+        # The spawner of warm trials, started on the first that asks for it (see serving).
+        self.warm_spawner = warm_spawner
+        # Why this spawner cannot serve (a preload that failed): it is not started again.
+        self.failed: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._channel: socket.socket | None = None
+        self._ready = False
+
+    @classmethod
+    def with_warm(cls, *, runs_dir: Path, warm_preload: Sequence[str]) -> Spawner:
+        """The daemon's spawner, with a warm spawner that preloads `warm_preload`."""
+        warm = cls(runs_dir=runs_dir, preload=(supervisor.WARM_MODULE, *warm_preload), warm=True)
+        return cls(runs_dir=runs_dir, warm_spawner=warm)
 
     def start(self) -> None:
         """Start the spawner process (OSError when it cannot be started)."""
@@ -56,7 +94,7 @@ class Spawner:
         try:
             # Its own session: the terminal's Ctrl-C is the daemon's to handle, not the spawner's.
             self.process = subprocess.Popen(
-                spawner_command(self.runs_dir, self.preload),
+                spawner_command(self.runs_dir, self.preload, warm=self.warm),
                 stdin=theirs.fileno(),
                 env={"PATH": os.defpath},
                 start_new_session=True,
@@ -68,11 +106,63 @@ class Spawner:
             theirs.close()
         ours.settimeout(ANSWER_TIMEOUT_S)
         self._channel = ours
-        log.info("spawner: pid %d forks the supervisors", self.process.pid)
+        self._ready = False
+        if self.warm:
+            log.info(
+                "warm spawner: pid %d imports %s; warm trials start cold until it is ready",
+                self.process.pid,
+                ", ".join(self.preload),
+            )
+        else:
+            log.info("spawner: pid %d forks the supervisors", self.process.pid)
+
+    @property
+    def name(self) -> str:
+        """What the log calls it."""
+        return "warm spawner" if self.warm else "spawner"
 
     @property
     def running(self) -> bool:
         return self._channel is not None
+
+    def serving(self, *, warm: bool) -> Spawner:
+        """The spawner that forks a trial's supervisor: for a warm trial the warm spawner once
+        it is ready (started here on the first that asks), else this one."""
+        partner = self.warm_spawner
+        if not warm or partner is None or partner.failed is not None:
+            return self
+        if not partner.running:
+            try:
+                partner.start()
+            except OSError as error:
+                partner.failed = str(error)
+                log.warning("warm spawner: cannot start (%s); warm trials start cold", error)
+                return self
+        return partner if partner.is_ready() else self
+
+    def is_ready(self) -> bool:
+        """Whether the spawner has said it is ready (its preloads imported); never waits. One
+        that failed is closed, its reason in `failed`."""
+        if self._ready or self._channel is None:
+            return self._ready
+        if not select.select([self._channel], [], [], 0)[0]:
+            return False
+        try:
+            expect_ready(self._channel.recv(MAX_ANSWER))
+        except OSError as error:
+            self.failed = str(error)
+            log.error(
+                "%s: pid %s cannot serve (%s); its trials start cold: install what it imports "
+                "in the daemon's environment, or set GPUMUX_WARM_PRELOAD",
+                self.name,
+                self.process.pid if self.process is not None else None,
+                error,
+            )
+            self._stop(kill=True)
+            return False
+        self._ready = True
+        log.info("%s: ready", self.name)
+        return True
 
     def fork(self, run_dir: Path, go_read: int, own_log: int) -> int | None:
         """The pid of a supervisor forked for `run_dir` with this GO pipe and log; None when
@@ -81,6 +171,9 @@ class Spawner:
         if self._channel is None:
             return None
         try:
+            if not self._ready:
+                expect_ready(self._channel.recv(MAX_ANSWER))
+                self._ready = True
             socket.send_fds(self._channel, [os.fsencode(run_dir)], [go_read, own_log])
             answer = self._channel.recv(MAX_ANSWER)
         except OSError as error:
@@ -95,7 +188,7 @@ class Spawner:
 
     def _replace(self, why: str) -> None:
         gone = self.process.pid if self.process is not None else None
-        self.close(kill=True)
+        self._stop(kill=True)
         try:
             self.start()
         except OSError as error:
@@ -115,12 +208,19 @@ class Spawner:
         )
 
     def close(self, *, kill: bool = False) -> None:
-        """Stop the spawner (`kill`: now); the supervisors it forked run on."""
+        """Stop the spawner and its warm spawner (`kill`: now); the supervisors they forked run
+        on."""
+        if self.warm_spawner is not None:
+            self.warm_spawner.close(kill=kill)
+        self._stop(kill=kill)
+
+    def _stop(self, *, kill: bool) -> None:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
         if self.process is not None:
-            if kill:
+            # One still importing its preloads serves no one, and would not see the close yet.
+            if kill or not self._ready:
                 self.process.kill()
             try:
                 self.process.wait(timeout=ANSWER_TIMEOUT_S)
@@ -128,3 +228,14 @@ class Spawner:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+
+
+def expect_ready(message: bytes) -> None:
+    """OSError unless `message` is a spawner's READY: it exited, or said why it cannot serve."""
+    if message == spawner.READY:
+        return
+    if not message:
+        raise ConnectionResetError("it exited before it was ready")
+    if message.startswith(spawner.FAILED):
+        raise OSError(message[len(spawner.FAILED) :].decode(errors="replace"))
+    raise OSError(f"it said {message[:100]!r} instead of {spawner.READY!r}")

@@ -13,6 +13,12 @@ One starts per trial attempt, so it imports little: the standard library, less s
 pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it forks and
 execs the trial itself), and from gpumux only the stdlib-only modules that own the run
 directory, the log format and process identity.
+
+A warm start (the spec's `warm`): when this supervisor was forked by the warm spawner, which
+imported gpumux.runtime.warm and the framework, and the command is `python script.py` with that
+very interpreter, the trial child becomes the trial without an exec (warm.run_trial), after the
+same session, descriptors, user and directory as a cold one. It finds that module in
+sys.modules, never imports it: a supervisor not forked warm has none, and simply execs.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ GO = b"g"
 READ_SIZE = 64 * 1024
 # After the leader exits, a grandchild outside its group may still hold the output pipe.
 DRAIN_SECONDS = 2.0
+# The trial's side of a warm start: the warm spawner preloads it; never imported here.
+WARM_MODULE = "gpumux.runtime.warm"
 
 
 def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, path: str) -> str:
@@ -209,13 +217,25 @@ class Supervisor:
             # Entered after the switch to the user: a directory they may not enter fails.
             stage = "chdir"
             os.chdir(spec["cwd"])
+            warm = sys.modules.get(WARM_MODULE) if spec.get("warm") else None
+            if warm is not None and warm.script_argv(spec["argv"], spec["env"]) is not None:
+                stage = "warm"
+                # No exec closes the error pipe: the command runs from here on. The wakeup fd
+                # was the supervisor's, closed above; its number may name the trial's files.
+                signal.set_wakeup_fd(-1)
+                os.close(errors)
+                errors = -1
+                warm.run_trial(spec["argv"], spec["env"], spec["cwd"])
             stage = "exec"
             os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
         except BaseException as error:
             number = getattr(error, "errno", None) or 0
             text = getattr(error, "strerror", None) or str(error)
             with contextlib.suppress(OSError):
-                os.write(errors, f"{stage}:{number}:{text}".encode(errors="replace"))
+                if errors < 0:
+                    os.write(2, f"gpumux: the warm start failed: {text}\n".encode(errors="replace"))
+                else:
+                    os.write(errors, f"{stage}:{number}:{text}".encode(errors="replace"))
         finally:
             os._exit(127)
 

@@ -65,9 +65,10 @@ class Launcher:
             spec = self._claim(session, trial, chosen, device, token, user_env)
             time_limit = trial.sweep.time_limit_s
             directory = run_dir(self.settings, trial)
+        spawner = self.spawner.serving(warm=spec.warm) if self.spawner is not None else None
         try:
             process = SupervisedTrial.spawn(
-                spec, run_dir=directory, options=self.options, user=user, spawner=self.spawner
+                spec, run_dir=directory, options=self.options, user=user, spawner=spawner
             )
         except LaunchError as error:
             log.warning("trial %s: %s", chosen.trial_id, error)
@@ -132,6 +133,7 @@ class Launcher:
             split=chosen.split,
             memory_limit_mb=chosen.memory_limit_mb,
             cpu_threads=chosen.cpu_threads,
+            warm=sweep.warm,
         )
 
     def fail_unstarted(self, trial_id: int, error: str) -> None:

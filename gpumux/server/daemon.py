@@ -10,7 +10,6 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
 
 import uvicorn
@@ -136,7 +135,7 @@ class Daemon:
         self._signals = asyncio.Queue()
         probe = self._probe or make_probe(visible=visible_gpus(self.settings.gpus, os.environ))
         metrics = Metrics()
-        spawner = start_spawner(self.settings.runs_dir)
+        spawner = start_spawner(self.settings)
         self.scheduler = Scheduler(
             settings=self.settings,
             sessions=self.sessions,
@@ -236,9 +235,10 @@ class Daemon:
         self._lock = self._home_lock = None
 
 
-def start_spawner(runs_dir: Path) -> Spawner | None:
-    """The helper that forks trial supervisors; None (each starts afresh) when it cannot start."""
-    spawner = Spawner(runs_dir=runs_dir)
+def start_spawner(settings: Settings) -> Spawner | None:
+    """The helper that forks trial supervisors, with its warm partner (started on the first
+    warm trial); None (each starts afresh) when it cannot start."""
+    spawner = Spawner.with_warm(runs_dir=settings.runs_dir, warm_preload=settings.warm_modules)
     try:
         spawner.start()
     except OSError as error:

@@ -83,6 +83,14 @@ def test_the_search_line_says_how_many_trials_an_adaptive_search_asked_of_its_bu
     assert not [line for line in lines_of(render.sweep_summary(a_sweep())) if "prune" in line]
 
 
+def test_the_summary_says_warm_only_of_a_warm_sweep() -> None:
+    def warm_lines(sweep: SweepPublic) -> list[list[str]]:
+        return [line.split() for line in lines_of(render.sweep_summary(sweep)) if "warm" in line]
+
+    assert warm_lines(a_sweep(warm=True)) == [["warm", "yes"]]
+    assert warm_lines(a_sweep()) == []
+
+
 def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> None:
     trials = [a_trial(1, TrialStatus.pruned, 4), a_trial(2, TrialStatus.succeeded, 20)]
     lines = lines_of(render.trials_table(trials, objective="val_loss:min"))

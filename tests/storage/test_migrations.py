@@ -29,8 +29,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005"]
-HEAD = "0006"
+EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006"]
+HEAD = "0007"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -265,6 +265,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         newer = revision >= "0003"
         assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
         assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
+        # 0007: sweeps written before it start their trials cold.
+        assert [s.warm for s in sweeps] == [False, False]
 
         trials, _ = store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [

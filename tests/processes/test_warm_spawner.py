@@ -1,0 +1,161 @@
+"""The warm spawner: supervisors forked from a process that imported the framework start their
+trials without an exec, keep their exit status and outlive it; other commands exec as before."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_launcher import OPTIONS, launch_spec, wait_exited
+
+from gpumux.processes.launcher import SupervisedTrial
+from gpumux.processes.procfs import start_ticks
+from gpumux.processes.spawning import Spawner
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+PROBE = str(FIXTURES / "warm_probe.py")
+# Light, and never imported by a cold trial's bootstrap: it tells a warm start from a cold one.
+FRAMEWORK = "numpy"
+TIMEOUT_S = 60.0
+
+
+def until_ready(spawner: Spawner) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not spawner.is_ready():
+        assert spawner.failed is None, spawner.failed
+        assert time.monotonic() < deadline, "the warm spawner never said it was ready"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def warm_spawner(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(
+        runs_dir=tmp_path / "runs", preload=("gpumux.runtime.warm", FRAMEWORK), warm=True
+    )
+    spawner.start()
+    until_ready(spawner)
+    yield spawner
+    spawner.close(kill=True)
+
+
+def run(
+    tmp_path: Path, argv: list[str], spawner: Spawner, *, warm: bool = True, code: int = 0
+) -> SupervisedTrial:
+    return SupervisedTrial.spawn(
+        launch_spec(tmp_path, argv, warm=warm, params={"code": code}),
+        run_dir=tmp_path / "runs" / "3.1",
+        options=OPTIONS,
+        spawner=spawner,
+    )
+
+
+def reported(tmp_path: Path) -> dict[str, float]:
+    lines = (tmp_path / "logs" / "trial.log").read_text().splitlines()
+    [line] = [line for line in lines if line.startswith("GPUMUX_REPORT ")]
+    return dict(json.loads(line.removeprefix("GPUMUX_REPORT ")))
+
+
+def exit_code(trial: SupervisedTrial) -> int | None:
+    wait_exited(trial)
+    end = trial.finish()
+    assert end is not None and end.error is None
+    return end.exit_status.exit_code
+
+
+def test_a_warm_trial_starts_with_the_framework_imported_and_keeps_its_exit_status(
+    tmp_path: Path, warm_spawner: Spawner
+) -> None:
+    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm_spawner, code=7)
+    assert exit_code(trial) == 7
+    assert reported(tmp_path)["warm"] == 1
+    # Its own session and group, as a cold trial's: the supervisor is not its leader.
+    assert trial.leader is not None and trial.leader[0] != trial.pid
+
+
+def test_a_trial_not_marked_warm_execs_even_from_the_warm_spawner(
+    tmp_path: Path, warm_spawner: Spawner
+) -> None:
+    trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm_spawner, warm=False, code=3)
+    assert exit_code(trial) == 3
+    assert reported(tmp_path)["warm"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/bin/sh", "-c", 'echo "GPUMUX_REPORT {\\"warm\\": 0}"; exit 5'],
+        # Not `python script.py`: -c cannot start warm.
+        [
+            sys.executable,
+            "-c",
+            "import runpy, sys; sys.argv[1:] = ['numpy']; "
+            f"runpy.run_path({PROBE!r}, run_name='__main__')",
+        ],
+    ],
+    ids=["shell", "python-c"],
+)
+def test_a_command_that_cannot_start_warm_is_executed(
+    tmp_path: Path, warm_spawner: Spawner, argv: list[str]
+) -> None:
+    trial = run(tmp_path, argv, warm_spawner, code=5)
+    assert exit_code(trial) == 5
+    assert reported(tmp_path)["warm"] == 0
+
+
+def test_a_trial_forked_cold_with_the_warm_mark_execs(tmp_path: Path) -> None:
+    spawner = Spawner(runs_dir=tmp_path / "runs")
+    spawner.start()
+    try:
+        trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], spawner)
+        assert exit_code(trial) == 0
+    finally:
+        spawner.close(kill=True)
+    assert reported(tmp_path)["warm"] == 0
+
+
+def test_a_warm_supervisor_outlives_the_warm_spawner(tmp_path: Path, warm_spawner: Spawner) -> None:
+    release = tmp_path / "release"
+    waiter = tmp_path / "waiter.py"
+    waiter.write_text(
+        "import os, sys, time\n"
+        f"print('GPUMUX_REPORT {{\"warm\": %d}}' % ({FRAMEWORK!r} in sys.modules), flush=True)\n"
+        f"while not os.path.exists({str(release)!r}): time.sleep(0.01)\n"
+        "raise SystemExit(4)\n"
+    )
+    trial = run(tmp_path, [sys.executable, str(waiter)], warm_spawner)
+    assert warm_spawner.process is not None
+    spawner_pid = warm_spawner.process.pid
+    warm_spawner.close(kill=True)
+    assert start_ticks(spawner_pid) is None
+    assert start_ticks(trial.pid, living=True) == trial.started and not trial.exited()
+
+    release.touch()
+    assert exit_code(trial) == 4
+    assert reported(tmp_path)["warm"] == 1
+
+
+def test_a_preload_that_fails_is_said_and_warm_trials_start_from_the_ordinary_spawner(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spawner = Spawner.with_warm(runs_dir=tmp_path / "runs", warm_preload=["no_such_framework"])
+    spawner.start()
+    try:
+        assert spawner.serving(warm=True) is spawner  # just started: not ready yet
+        partner = spawner.warm_spawner
+        assert partner is not None
+        deadline = time.monotonic() + TIMEOUT_S
+        while partner.failed is None:
+            assert not partner.is_ready()
+            assert time.monotonic() < deadline, "the failed preload was never said"
+            time.sleep(0.02)
+        assert "cannot import no_such_framework" in partner.failed
+        assert "GPUMUX_WARM_PRELOAD" in caplog.text
+        assert not partner.running and spawner.serving(warm=True) is spawner
+        trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], spawner.serving(warm=True))
+        assert exit_code(trial) == 0
+    finally:
+        spawner.close(kill=True)
