@@ -68,7 +68,7 @@ class SlotFiller:
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
         policy = self.policy()
         for waiting in list(pending):
-            # Strict FIFO would wait for it forever, and every trial behind it too.
+            # It would reserve a device forever, and hold back every trial behind it there.
             reason = placement.never_fits(waiting, devices, policy)
             if reason is not None:
                 log.warning("trial %s: %s", waiting.trial_id, reason)
@@ -84,6 +84,8 @@ class SlotFiller:
                 device_key=t.device,
                 slot=t.slot or 0,
                 memory_limit_mb=t.memory_limit_mb,
+                # Every launch records its N; one without (none should be) holds the device.
+                split=t.split or 1,
             )
             for t in active
             if t.device is not None
