@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_SAMPLES
@@ -131,16 +132,6 @@ def samples_reported(*, session: Session, device: str, start: datetime, end: dat
     return float(total or 0.0)
 
 
-def trials_reporting(*, session: Session, device: str, since: datetime) -> int:
-    """How many distinct trials on `device` have reported since `since` (past their start-up)."""
-    count = session.scalar(
-        select(func.count(func.distinct(TrialReport.trial_id)))
-        .join(Trial, Trial.id == TrialReport.trial_id)
-        .where(Trial.device == device, TrialReport.at > since)
-    )
-    return int(count or 0)
-
-
 def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
     """Trials on `device` that ended, whichever way, in the window (start, end]."""
     ended = session.scalars(
@@ -151,3 +142,51 @@ def trials_ended(*, session: Session, device: str, start: datetime, end: datetim
     # Status is checked here, not in SQL: SQLite would pick the status index over the time
     # window's and walk every trial that ever finished.
     return [trial for trial in ended if trial.status in FINAL_TRIAL_STATUSES]
+
+
+def trials_at_split(*, session: Session, device: str, split: int, since: datetime) -> list[Trial]:
+    """Trials launched on `device` under N=`split` that are active, or ended after `since`."""
+    found = session.scalars(
+        select(Trial)
+        .where(
+            Trial.device == device,
+            Trial.split == split,
+            or_(Trial.status.in_(ACTIVE_TRIAL_STATUSES), Trial.ended_at > since),
+        )
+        .order_by(Trial.id)
+    )
+    return [trial for trial in found if trial.started_at is not None]
+
+
+def report_times(
+    *, session: Session, trial_ids: Collection[int], start: datetime, end: datetime
+) -> dict[int, list[tuple[datetime, float]]]:
+    """When each trial's current attempt reported samples in the window (start, end], and how
+    many, in order."""
+    rows = session.execute(
+        select(TrialReport.trial_id, TrialReport.at, TrialReport.samples)
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(
+            TrialReport.trial_id.in_(trial_ids),
+            TrialReport.attempt == Trial.attempt,
+            TrialReport.samples.is_not(None),
+            TrialReport.at > start,
+            TrialReport.at <= end,
+        )
+        .order_by(TrialReport.at, TrialReport.id)
+    )
+    times: dict[int, list[tuple[datetime, float]]] = {}
+    for trial_id, at, samples in rows:
+        times.setdefault(trial_id, []).append((at, samples or 0.0))
+    return times
+
+
+def samples_of(*, session: Session, trial_ids: Collection[int]) -> dict[int, float]:
+    """The samples each trial's current attempt reported in all."""
+    rows = session.execute(
+        select(TrialReport.trial_id, func.sum(TrialReport.samples))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
+        .group_by(TrialReport.trial_id)
+    )
+    return {trial_id: float(total or 0.0) for trial_id, total in rows}
