@@ -1,0 +1,214 @@
+"""Several workloads on one device: each search keeps measuring from its own trials' rates."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from builders import sweep_in
+
+from gpumux.config import Settings
+from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.fields import MAX_SPLIT
+from gpumux.scheduling.next_trials import next_trials
+from gpumux.splits.curve import Decision
+from gpumux.splits.online import Mix, SplitSearch, Timing
+from gpumux.splits.searches import Searches
+from gpumux.status import TrialStatus
+from gpumux.storage import store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
+
+TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
+NUMBERS = itertools.count(100)
+
+
+def make_sweep(sessions: Sessions, tmp_path: Path, script: str, trials: int = 1) -> int:
+    """An auto sweep of `trials` trials of `python script` (its workload)."""
+    with sessions.write.begin() as session:
+        sweep = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path, "x=1..9", command=["python", script]),
+            owner=store.get_or_create_owner(session=session, name="alice"),
+            seed=1,
+            trial_params=[{"x": n} for n in range(trials)],
+        )
+        return sweep.id
+
+
+def search_of(sessions: Sessions, sweep_id: int) -> SplitSearch:
+    with sessions.read() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        return SplitSearch.resume(
+            session=session,
+            device_key="cpu",
+            device_name="Test CPU",
+            command=[sweep.workdir, *sweep.command],
+            param_tokens=sweep.param_tokens,
+            ceiling=8,
+            timing=TIMING,
+        )
+
+
+def running(sweep_id: int, split: int, started: datetime) -> Trial:
+    """A trial of the sweep running on the CPU device under `split` since `started`."""
+    return Trial(
+        sweep_id=sweep_id,
+        number=next(NUMBERS),
+        params={},
+        status=TrialStatus.running,
+        device="cpu",
+        split=split,
+        started_at=started,
+    )
+
+
+def reports(trial: Trial, start: datetime, seconds: range, samples: float) -> list[TrialReport]:
+    return [
+        TrialReport(
+            trial_id=trial.id,
+            attempt=1,
+            kind="batch",
+            at=start + timedelta(seconds=second),
+            samples=samples,
+            seconds=1.0,
+            metrics={},
+        )
+        for second in seconds
+    ]
+
+
+def test_a_workload_sharing_the_device_is_measured_as_n_times_its_median_trial_rate(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    ours, theirs = make_sweep(sessions, tmp_path, "a.py"), make_sweep(sessions, tmp_path, "b.py")
+    search = search_of(sessions, ours)
+    search.decision = Decision(split=4, settled=False, reason="measuring N=4")
+    # Two trials of ours at N=4 hold half the device; one of theirs at N=2 holds the rest.
+    mix = Mix(shares=Fraction(1), first=False)
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=2, queued=3, sweep_id=ours, mix=mix)
+        fast, slow = running(ours, 4, start), running(ours, 4, start)
+        other = running(theirs, 2, start)
+        session.add_all([fast, slow, other])
+        session.flush()
+        session.add_all(reports(fast, start, range(1, 17), 30.0))
+        session.add_all(reports(slow, start, range(1, 17), 20.0))
+        # The other workload's samples are not ours: they must not count.
+        session.add_all(reports(other, start, range(1, 17), 5000.0))
+        session.flush()
+        end = start + TIMING.warmup + TIMING.window
+        search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours, mix=mix)
+    (point,) = search.curve
+    # Each trial holds 1/4 of the device: 4 times the median of 30 and 20 samples/s.
+    assert point.split == 4 and point.throughput == pytest.approx(4 * 25.0)
+
+
+def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    ours = make_sweep(sessions, tmp_path, "a.py")
+    search = search_of(sessions, ours)
+    search.decision = Decision(split=2, settled=False, reason="measuring N=2")
+    start = utcnow()
+    end = start + TIMING.warmup + TIMING.window
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=2, queued=3, sweep_id=ours)
+        early, late = running(ours, 2, start), running(ours, 2, start)
+        session.add_all([early, late])
+        session.flush()
+        session.add_all(reports(early, start, range(6, 16), 10.0))
+        session.add_all(reports(late, start, range(14, 15), 10.0))
+        session.flush()
+        search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours)
+        assert search.curve == [], "one trial has reported once since the warm-up"
+        session.add_all(reports(late, start, range(16, 17), 20.0))
+        session.flush()
+        # No trial ended: the rates alone close the window.
+        search.observe(
+            session=session, now=end + timedelta(seconds=2), running=2, queued=3, sweep_id=ours
+        )
+    (point,) = search.curve
+    assert point.throughput == pytest.approx(2 * (10.0 + 10.0) / 2)
+
+
+def test_a_device_with_room_a_waiting_trial_would_take_is_not_measured(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    ours = make_sweep(sessions, tmp_path, "a.py")
+    search = search_of(sessions, ours)
+    start = utcnow()
+    # A quarter of the device is free and a trial that takes a quarter waits: not full.
+    room = Mix(shares=Fraction(3, 4), waiting=True, fitting=True, first=False)
+    # The same quarter, with only trials of half a device waiting: as full as it gets.
+    crowded = Mix(shares=Fraction(3, 4), waiting=True, fitting=False, first=False)
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=0, sweep_id=ours, mix=room)
+        assert search.phase_start is None
+        search.observe(session=session, now=start, running=1, queued=0, sweep_id=ours, mix=crowded)
+        assert search.phase_start == start
+
+
+def cpu() -> DeviceSnapshot:
+    return DeviceSnapshot(
+        key="cpu",
+        kind="cpu",
+        index=0,
+        name="Test CPU",
+        uuid=None,
+        memory_total_mb=80_000,
+        memory_used_mb=0,
+        memory_free_mb=80_000,
+        utilization_pct=None,
+        processes=(),
+        cpu_count=8,
+    )
+
+
+def test_two_workloads_on_one_device_both_keep_searching(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    first = make_sweep(sessions, tmp_path, "a.py", trials=4)
+    second = make_sweep(sessions, tmp_path, "b.py", trials=4)
+    searches = Searches(settings)
+    device = cpu()
+    with sessions.read() as session:
+        for sweep_id in (first, second):
+            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            assert sweep is not None
+            assert searches.tuned_splits(session=session, sweep=sweep, devices=[device]) == {
+                "cpu": 1
+            }
+    # Both at N=2 share the device half and half, each trial reporting 40 samples/s.
+    start = utcnow()
+    with sessions.write.begin() as session:
+        for sweep_id in (first, second):
+            trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+            store.set_trial_status(
+                session=session, trial=trial, status=TrialStatus.running, device="cpu"
+            )
+            trial.split, trial.started_at = 2, start
+            session.add_all(reports(trial, start, range(1, 40), 40.0))
+    for search in searches:
+        search.decision = Decision(split=2, settled=False, reason="N=2")
+    warmup, window = settings.tune_warmup, settings.tune_window
+    for second in (0, warmup + window + 1):
+        with sessions.read() as session:
+            waiting = [t.sweep for t in next_trials(session=session, limit=MAX_SPLIT)]
+            searches.observe(
+                session=session,
+                now=start + timedelta(seconds=second),
+                waiting=waiting,
+                devices=[device],
+                group_of={},
+            )
+    assert [[(p.split, p.throughput) for p in search.curve] for search in searches] == [
+        [(2, pytest.approx(80.0))],
+        [(2, pytest.approx(80.0))],
+    ]
