@@ -194,6 +194,15 @@ def _usable_devices(
     return usable
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One place() call's decisions, and the devices that trials fitting nowhere reserved."""
+
+    placements: list[Placement]
+    # Device key to the trial that reserved it, in the order they did.
+    reserved: dict[str, int]
+
+
 def place(
     *,
     devices: Sequence[DeviceSnapshot],
@@ -202,6 +211,20 @@ def place(
     policy: PackingPolicy,
     our_pids: Collection[int] = (),
 ) -> list[Placement]:
+    """Placements for the queue, in its order (plan() tells which devices were reserved)."""
+    return plan(
+        devices=devices, running=running, pending=pending, policy=policy, our_pids=our_pids
+    ).placements
+
+
+def plan(
+    *,
+    devices: Sequence[DeviceSnapshot],
+    running: Sequence[RunningTrial],
+    pending: Sequence[PendingTrial],
+    policy: PackingPolicy,
+    our_pids: Collection[int] = (),
+) -> Plan:
     """Placements for the queue, in its order; a trial that fits nowhere reserves a device.
 
     A trial that fits on no open device reserves the open device where it will fit soonest:
@@ -210,7 +233,7 @@ def place(
     there once enough share frees. With one device this is strict FIFO.
     """
     usable = _usable_devices(devices, running, policy, our_pids)
-    reserved: set[str] = set()
+    reserved: dict[str, int] = {}
     placements = []
     for trial in pending:
         open_devices = [device for device in usable if device.snapshot.key not in reserved]
@@ -219,11 +242,11 @@ def place(
         fits = [(d, p) for d in open_devices if (p := d.fit(trial, policy)) is not None]
         if not fits:
             soonest = min(open_devices, key=lambda d: (d.short_by(trial, policy), d.snapshot.index))
-            reserved.add(soonest.snapshot.key)
+            reserved[soonest.snapshot.key] = trial.trial_id
             continue
         device, placement = min(
             fits, key=lambda f: (-f[0].free_slots(f[1].split), f[0].snapshot.index)
         )
         device.take(placement)
         placements.append(placement)
-    return placements
+    return Plan(placements=placements, reserved=reserved)

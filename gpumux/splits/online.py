@@ -59,8 +59,9 @@ class Mix:
     # Whether a trial waits for a slot, and whether one would fit in the share left.
     waiting: bool = True
     fitting: bool = True
-    # Whether the first trial in line is this workload's.
-    first: bool = True
+    # Whether another workload's trial waits for more than the share left: it may hold the
+    # device reserved (placement's rule for a trial that fits nowhere), not memory.
+    reserved: bool = False
 
     @property
     def full(self) -> bool:
@@ -180,7 +181,7 @@ class SplitSearch:
                 waiting=queued > 0,
                 fitting=queued > 0,
             )
-        if running == 0 or mix.stale or not mix.full:
+        if mix.stale or not mix.full:
             # Trials of the last N still run, or the device has room it could fill (or the
             # sweep's tail leaves it): per-trial rates would not be those of a full device.
             self.phase_start = None
@@ -188,8 +189,11 @@ class SplitSearch:
             return
         self.filling_since = None
         if self.phase_start is None:
-            self.phase_start = now
-            self.peak_mb = max(held, default=None)
+            if running:
+                self.phase_start = now
+                self.peak_mb = max(held, default=None)
+            # Else other workloads fill the device: nothing of this one to measure yet. Once
+            # a phase runs, their turns on a full device only pause it.
             return
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
@@ -213,10 +217,11 @@ class SplitSearch:
         )
 
     def _filling(self, *, session: Session, now: datetime, queued: int, mix: Mix) -> None:
-        """The workload's trial is first in line and its share is free, yet none was placed:
-        memory holds fewer than N; once that lasts a warm-up and a window, lower the ceiling."""
+        """The workload's trial waits and its share is free, no other trial may hold the device
+        reserved, yet none was placed: memory holds fewer than N; once that lasts a warm-up and
+        a window, lower the ceiling."""
         room = mix.shares + Fraction(1, self.split) <= 1
-        if not (queued and mix.first and room and not mix.stale):
+        if not (queued and room and not mix.reserved and not mix.stale):
             self.filling_since = None
         elif self.filling_since is None:
             self.filling_since = now

@@ -97,8 +97,10 @@ class Searches:
         changed: their profiles need saving.
         """
         on = ActiveTrials.now(session=session)
-        head = sweep_fingerprint(waiting[0]) if waiting and waiting[0].split is None else None
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
+        workload = {
+            sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
+        }
         by_key = {device.key: device for device in devices}
         changed = []
         for (model, fingerprint), search in self._searches.items():
@@ -112,7 +114,11 @@ class Searches:
                 stale=sum(n for split, n in on.splits[here].items() if split != search.split),
                 waiting=bool(waiting),
                 fitting=any(self.share(model, sweep) <= free for sweep in waiting),
-                first=head == fingerprint,
+                reserved=any(
+                    self.share(model, sweep) > free
+                    for sweep in waiting
+                    if workload[sweep.id] != fingerprint
+                ),
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
