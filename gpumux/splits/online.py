@@ -7,7 +7,8 @@ workloads mix). While the device is full, a phase runs: after a warm-up, each of
 trials under N gives its samples/s between its reports, and the device's throughput at N is N
 times the median trial's rate (completed trials/s for scripts that report nothing); with the
 most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
-stored as the workload's profile so that the next sweep of the workload starts settled."""
+stored as the workload's profile so that the next sweep of the workload starts settled.
+"""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class SplitSearch:
     # The most memory one trial held while N of them ran in this phase (MiB).
     peak_mb: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
-    _sweeps: dict[int, bool] = field(default_factory=dict, repr=False)
+    _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def split(self) -> int:
