@@ -183,22 +183,31 @@ class SplitSearch:
                 fitting=queued > 0,
             )
         if mix.stale or not mix.full:
+            self._filling(session=session, now=now, queued=queued, mix=mix)
+        else:
+            self.filling_since = None
+        if running == 0 and mix.shares > 0 and not mix.stale:
+            # Only other workloads hold the device: a phase pauses (its rates were taken while
+            # the device was full, and its window may close), none begins.
+            if self.phase_start is not None:
+                self._close(session=session, now=now)
+            return
+        if running == 0 or mix.stale or not mix.full:
             # Trials of the last N still run, or the device has room it could fill (or the
             # sweep's tail leaves it): per-trial rates would not be those of a full device.
             self.phase_start = None
-            self._filling(session=session, now=now, queued=queued, mix=mix)
             return
-        self.filling_since = None
         if self.phase_start is None:
-            if running:
-                self.phase_start = now
-                self.peak_mb = max(held, default=None)
-            # Else other workloads fill the device: nothing of this one to measure yet. Once
-            # a phase runs, their turns on a full device only pause it.
+            self.phase_start = now
+            self.peak_mb = max(held, default=None)
             return
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
+        self._close(session=session, now=now)
+
+    def _close(self, *, session: Session, now: datetime) -> None:
+        """Measure the phase's window if it can close now: a point on the curve, the next N."""
         window = self._window(session=session, now=now)
         if window is None:
             return
@@ -302,7 +311,9 @@ class SplitSearch:
         self, *, session: Session, trials: Sequence[Trial], start: datetime, end: datetime
     ) -> dict[int, float]:
         """Each trial's samples/s between its first and last report in the window, where it
-        reported twice or more there; a rate out of range (absurd reports) is left out."""
+        reported twice or more there, half a window apart at least (report lines read from a
+        log in one tick arrive together: their spacing is the reading's, not the work's); a
+        rate out of range (absurd reports) is left out."""
         times = report_store.report_times(
             session=session, trial_ids=[t.id for t in trials], start=start, end=end
         )
@@ -311,7 +322,9 @@ class SplitSearch:
             if len(reports) < 2:
                 continue
             seconds = (reports[-1][0] - reports[0][0]).total_seconds()
-            rate = sum(samples for _, samples in reports[1:]) / seconds if seconds > 0 else math.inf
+            if seconds < self.timing.window.total_seconds() / 2:
+                continue
+            rate = sum(samples for _, samples in reports[1:]) / seconds
             if 0 <= rate <= report_store.MAX_RATE:
                 rates[trial_id] = rate
         return rates

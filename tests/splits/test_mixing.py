@@ -133,11 +133,11 @@ def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
         session.add_all([early, late])
         session.flush()
         session.add_all(reports(early, start, range(6, 16), 10.0))
-        session.add_all(reports(late, start, range(14, 15), 10.0))
+        session.add_all(reports(late, start, range(8, 9), 10.0))
         session.flush()
         search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours)
         assert search.curve == [], "one trial has reported once since the warm-up"
-        session.add_all(reports(late, start, range(16, 17), 20.0))
+        session.add_all(reports(late, start, range(16, 17), 80.0))
         session.flush()
         # No trial ended: the rates alone close the window.
         search.observe(
@@ -145,6 +145,26 @@ def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
         )
     (point,) = search.curve
     assert point.throughput == pytest.approx(2 * (10.0 + 10.0) / 2)
+
+
+def test_reports_read_together_give_no_rate(sessions: Sessions, tmp_path: Path) -> None:
+    ours = make_sweep(sessions, tmp_path, "a.py")
+    search = search_of(sessions, ours)
+    start = utcnow()
+    end = start + TIMING.warmup + TIMING.window
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=3, sweep_id=ours)
+        trial = running(ours, 1, start)
+        session.add(trial)
+        session.flush()
+        # Two report lines read from its log in one tick: a millisecond apart.
+        burst = start + timedelta(seconds=14)
+        (first,) = reports(trial, burst, range(1), 100.0)
+        (second,) = reports(trial, burst + timedelta(milliseconds=1), range(1), 100.0)
+        session.add_all([first, second])
+        session.flush()
+        search.observe(session=session, now=end, running=1, queued=3, sweep_id=ours)
+    assert search.curve == []
 
 
 def test_a_device_with_room_a_waiting_trial_would_take_is_not_measured(
@@ -224,7 +244,7 @@ def test_two_workloads_on_one_device_both_keep_searching(
     ]
 
 
-def test_a_phase_goes_on_while_another_workload_takes_its_turn_on_a_full_device(
+def test_a_phase_pauses_while_only_another_workload_runs(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     ours = make_sweep(sessions, tmp_path, "a.py")
@@ -242,6 +262,11 @@ def test_a_phase_goes_on_while_another_workload_takes_its_turn_on_a_full_device(
         # Its trial ended and another workload's holds the whole device: the phase pauses.
         pause = start + timedelta(seconds=13)
         search.observe(session=session, now=pause, running=0, queued=3, sweep_id=ours, mix=full)
+        assert search.phase_start == start
+        # Half of it, while our next trial waits for the whole device: still only a pause.
+        half = Mix(shares=Fraction(1, 2), fitting=True, reserved=False)
+        later = pause + timedelta(seconds=1)
+        search.observe(session=session, now=later, running=0, queued=3, sweep_id=ours, mix=half)
         assert search.phase_start == start
         end = start + TIMING.warmup + TIMING.window
         search.observe(session=session, now=end, running=0, queued=3, sweep_id=ours, mix=full)
@@ -301,7 +326,7 @@ def test_two_auto_sweeps_share_the_cpu_by_their_shares_and_both_searches_learn(
                     created = client.post(
                         "/sweeps",
                         json={
-                            "params": ["x=1..10"],
+                            "params": ["x=1..16"],
                             "command": ["sh", "-c", TRIAL.format(work=WORKLOADS[name])],
                             "workdir": str(workdir),
                             "env": dict(os.environ),
