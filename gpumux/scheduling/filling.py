@@ -47,6 +47,10 @@ class SlotFiller:
         self.shares = settings.share_weights
         # What a trial holds beyond its cap, per device: measured here, read by the search too.
         self.overheads = overheads
+        # The sweeps whose next trial reserved a device at the last fill, in that order: it
+        # keeps its turn, or a trial fair share puts first at the next fill would take the
+        # share it waits for, again and again.
+        self.heads: list[int] = []
 
     def fill(self, devices: Sequence[DeviceSnapshot], *, group_of: Mapping[int, int]) -> None:
         """Fill free device slots with the next trials, each user's fair share first;
@@ -68,7 +72,7 @@ class SlotFiller:
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
         policy = self.policy()
         for waiting in list(pending):
-            # Strict FIFO would wait for it forever, and every trial behind it too.
+            # It would reserve a device forever, and hold back every trial behind it there.
             reason = placement.never_fits(waiting, devices, policy)
             if reason is not None:
                 log.warning("trial %s: %s", waiting.trial_id, reason)
@@ -77,6 +81,7 @@ class SlotFiller:
                     self.launcher.fail_unstarted(trial_id, reason)
                 pending.remove(waiting)
         if not pending:
+            self.heads = []
             return
         running = [
             placement.RunningTrial(
@@ -84,21 +89,24 @@ class SlotFiller:
                 device_key=t.device,
                 slot=t.slot or 0,
                 memory_limit_mb=t.memory_limit_mb,
+                # Every launch records its N; one without (none should be) holds the device.
+                split=t.split or 1,
             )
             for t in active
             if t.device is not None
         ]
         if self.overheads.measurable(devices):
             self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
-        plan = placement.place(
+        plan = placement.plan(
             devices=devices,
             running=running,
-            pending=pending,
+            pending=heads_first(pending, self.heads, sweep_of),
             policy=policy,
             our_pids=group_of.keys(),
         )
+        self.heads = [sweep_of[trial_id] for trial_id in plan.reserved.values()]
         by_key = {device.key: device for device in devices}
-        for planned in plan:
+        for planned in plan.placements:
             trial_id = self.asked(planned.trial_id, sweep_of[planned.trial_id])
             if trial_id is None:
                 continue
@@ -161,3 +169,17 @@ class SlotFiller:
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )
+
+
+def heads_first(
+    pending: Sequence[placement.PendingTrial], heads: Sequence[int], sweep_of: Mapping[int, int]
+) -> list[placement.PendingTrial]:
+    """The queue with the next trial of each sweep in `heads` (in their order) put first."""
+    first: list[placement.PendingTrial] = []
+    for sweep_id in heads:
+        head = next(
+            (t for t in pending if sweep_of[t.trial_id] == sweep_id and t not in first), None
+        )
+        if head is not None:
+            first.append(head)
+    return first + [trial for trial in pending if trial not in first]

@@ -1,9 +1,15 @@
-"""Which queued trial goes to which device slot, with which memory cap: a pure function."""
+"""Which queued trial goes to which device slot, with which memory cap: a pure function.
+
+A trial launched under split N holds 1/N of its device, whatever its workload: a device is full
+when its trials' shares add up to 1, so several workloads pack one device by their own N.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import DeviceKind
@@ -18,6 +24,8 @@ class RunningTrial:
     device_key: str
     slot: int
     memory_limit_mb: int | None
+    # The N it was launched under: it holds 1/split of the device.
+    split: int
 
 
 @dataclass(frozen=True)
@@ -101,17 +109,25 @@ class _Device:
     overhead_mb: int
     usable_mb: int
     held_mb: int
-    trials: int
+    shares: Fraction
     slots: set[int]
 
-    def fit(self, trial: PendingTrial, policy: PackingPolicy) -> Placement | None:
-        """Where the trial would go on this device, or None when it does not fit."""
-        split = (
+    def split_for(self, trial: PendingTrial, policy: PackingPolicy) -> int:
+        """The N the trial would run under here: its sweep's, the tuned one, or the default."""
+        return (
             trial.split
             or trial.tuned.get(self.snapshot.key)
             or self.kind.default_split(self.snapshot, policy)
         )
-        if self.trials + 1 > split:
+
+    def short_by(self, trial: PendingTrial, policy: PackingPolicy) -> Fraction:
+        """The share of the device that must free before the trial fits (<= 0: it fits)."""
+        return self.shares + Fraction(1, self.split_for(trial, policy)) - 1
+
+    def fit(self, trial: PendingTrial, policy: PackingPolicy) -> Placement | None:
+        """Where the trial would go on this device, or None when it does not fit."""
+        split = self.split_for(trial, policy)
+        if self.short_by(trial, policy) > 0:
             return None
         cap = self.kind.cap(
             self.snapshot,
@@ -126,7 +142,7 @@ class _Device:
         return Placement(
             trial_id=trial.trial_id,
             device_key=self.snapshot.key,
-            slot=min(set(range(split)) - self.slots),
+            slot=next(i for i in itertools.count() if i not in self.slots),
             split=split,
             memory_limit_mb=cap.memory_limit_mb,
             cpu_threads=cap.cpu_threads,
@@ -134,14 +150,14 @@ class _Device:
 
     def take(self, placement: Placement) -> None:
         """Count a placement made in this call as running here."""
-        self.trials += 1
+        self.shares += Fraction(1, placement.split)
         self.slots.add(placement.slot)
         if placement.memory_limit_mb is not None:
             self.held_mb += placement.memory_limit_mb + self.overhead_mb
 
-    def free_slots(self, split: int) -> int:
-        """Slots left under this split: the rank of the device for the next trial."""
-        return split - self.trials
+    def free_slots(self, split: int) -> Fraction:
+        """How many more trials of this split the free share holds: the device's rank."""
+        return (1 - self.shares) * split
 
 
 def _usable_devices(
@@ -171,11 +187,20 @@ def _usable_devices(
                 overhead_mb=overhead,
                 usable_mb=room,
                 held_mb=sum((t.memory_limit_mb or 0) + overhead for t in on_device),
-                trials=len(on_device),
+                shares=sum((Fraction(1, t.split) for t in on_device), Fraction(0)),
                 slots={t.slot for t in on_device},
             )
         )
     return usable
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One place() call's decisions, and the devices that trials fitting nowhere reserved."""
+
+    placements: list[Placement]
+    # Device key to the trial that reserved it, in the order they did.
+    reserved: dict[str, int]
 
 
 def place(
@@ -186,17 +211,42 @@ def place(
     policy: PackingPolicy,
     our_pids: Collection[int] = (),
 ) -> list[Placement]:
-    """Placements for the head of the FIFO queue, stopping at the first trial that fits nowhere."""
+    """Placements for the queue, in its order (plan() tells which devices were reserved)."""
+    return plan(
+        devices=devices, running=running, pending=pending, policy=policy, our_pids=our_pids
+    ).placements
+
+
+def plan(
+    *,
+    devices: Sequence[DeviceSnapshot],
+    running: Sequence[RunningTrial],
+    pending: Sequence[PendingTrial],
+    policy: PackingPolicy,
+    our_pids: Collection[int] = (),
+) -> Plan:
+    """Placements for the queue, in its order; a trial that fits nowhere reserves a device.
+
+    A trial that fits on no open device reserves the open device where it will fit soonest:
+    the one with the least share to free before it fits (ties: the lower index). Trials behind
+    it may still go to other devices, never to a reserved one, so the reserving trial is next
+    there once enough share frees. With one device this is strict FIFO.
+    """
     usable = _usable_devices(devices, running, policy, our_pids)
+    reserved: dict[str, int] = {}
     placements = []
     for trial in pending:
-        fits = [(d, p) for d in usable if (p := d.fit(trial, policy)) is not None]
-        if not fits:
-            # Strict FIFO: a trial waiting for room is never overtaken by smaller later ones.
+        open_devices = [device for device in usable if device.snapshot.key not in reserved]
+        if not open_devices:
             break
+        fits = [(d, p) for d in open_devices if (p := d.fit(trial, policy)) is not None]
+        if not fits:
+            soonest = min(open_devices, key=lambda d: (d.short_by(trial, policy), d.snapshot.index))
+            reserved[soonest.snapshot.key] = trial.trial_id
+            continue
         device, placement = min(
             fits, key=lambda f: (-f[0].free_slots(f[1].split), f[0].snapshot.index)
         )
         device.take(placement)
         placements.append(placement)
-    return placements
+    return Plan(placements=placements, reserved=reserved)

@@ -1,12 +1,13 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
 Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
-for sweeps with `--split auto`. Each tick it reports how many trials run on the device and the
-memory each holds; the search waits until exactly N of them have run together for a warm-up and
-a window, then measures the device's aggregate throughput over the window from the trials'
-reports (samples/s; completed trials/s for scripts that report nothing) and the most memory one
-trial held, hands the curve to the pure tuner for the next N, and stores the curve as the
-workload's profile so that the next sweep of the workload starts settled.
+for sweeps with `--split auto`. Each tick it reports the workload's trials running on the device
+under the current N and what shares the device (a trial under N holds 1/N of it, so several
+workloads mix). While the device is full, a phase runs: after a warm-up, each of the workload's
+trials under N gives its samples/s between its reports, and the device's throughput at N is N
+times the median trial's rate (completed trials/s for scripts that report nothing); with the
+most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
+stored as the workload's profile so that the next sweep of the workload starts settled.
 
 A new search starts from the best prior there is: the workload's own profile (settled: its N;
 else its curve), else the newest settled profile of the same command with other cost parameters
@@ -23,6 +24,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from sqlalchemy.orm import Session
 
@@ -41,9 +43,6 @@ from gpumux.throughput import (
 
 log = logging.getLogger(__name__)
 
-# Long trials, which rarely end within a window, are measured over this many window lengths.
-LONG_WINDOWS = 6
-
 # What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
 OUT_OF_MEMORY = re.compile(
     r"ResourceExhaustedError|OOM when allocating|CUDA out of memory|out of memory|"
@@ -54,6 +53,35 @@ OUT_OF_MEMORY = re.compile(
 def is_out_of_memory(log_tail: str) -> bool:
     """Whether a failed trial's last log lines say it ran out of device memory."""
     return OUT_OF_MEMORY.search(log_tail) is not None
+
+
+@dataclass(frozen=True)
+class Mix:
+    """What shares a search's device at one tick, every workload's trials counted."""
+
+    # The sum of 1/split over the trials active on the device: each holds 1/N of it.
+    shares: Fraction
+    # The workload's own trials there launched under another N (left from the last N).
+    stale: int = 0
+    # Whether a trial waits for a slot, and whether one would fit in the share left.
+    waiting: bool = True
+    fitting: bool = True
+    # Whether another workload's trial waits for more than the share left: it may hold the
+    # device reserved (placement's rule for a trial that fits nowhere), not memory.
+    reserved: bool = False
+
+    @property
+    def full(self) -> bool:
+        """Whether the device holds all it can: every share taken, or none that waits fits."""
+        return self.shares >= 1 or (self.waiting and not self.fitting)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A closed measuring window: the per-trial rates in it, and the trials that ended."""
+
+    rates: list[float]
+    ended: list[Trial]
 
 
 @dataclass(frozen=True)
@@ -83,7 +111,6 @@ class SplitSearch:
         default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
     )
     phase_start: datetime | None = None
-    ready_at: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
     # The most memory one trial held while N of them ran in this phase (MiB).
@@ -93,6 +120,8 @@ class SplitSearch:
     origin: str = ""
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
+    # Whether each sweep seen on the device runs this workload at auto.
+    _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def split(self) -> int:
@@ -189,43 +218,51 @@ class SplitSearch:
         queued: int,
         sweep_id: int,
         held: Sequence[int] = (),
+        mix: Mix | None = None,
     ) -> None:
-        """After a tick's placements: trials of the workload running on the device and queued,
-        and the memory (MiB) each running one holds, where measured."""
+        """After a tick's placements: the workload's trials running on the device under the
+        current N and queued, the memory (MiB) each running one holds where measured, and what
+        shares the device (None: the workload has it to itself)."""
         if self.decision.settled:
             return
         self.sweep_id = sweep_id
-        if running != self.split:
-            self.phase_start = None
-            if running > self.split or queued == 0:
-                # Above N: waiting for trials of a larger N to finish. Below N with nothing
-                # queued: the sweep's tail, too few trials left to fill N. Neither measures N.
-                self.filling_since = None
-            elif self.filling_since is None:
-                self.filling_since = now
-            elif now - self.filling_since > self.timing.warmup + self.timing.window:
-                # Work is queued, yet placement found room for fewer than N: memory.
-                self._hit_ceiling(session=session, fits=max(1, running))
+        if mix is None:
+            mix = Mix(
+                shares=Fraction(min(running, self.split), self.split),
+                stale=max(0, running - self.split),
+                waiting=queued > 0,
+                fitting=queued > 0,
+            )
+        if mix.stale or not mix.full:
+            self._filling(session=session, now=now, queued=queued, mix=mix)
+        else:
+            self.filling_since = None
+        if running == 0 and mix.shares > 0 and not mix.stale:
+            # Only other workloads hold the device: a phase pauses (its rates were taken while
+            # the device was full, and its window may close), none begins.
+            if self.phase_start is not None:
+                self._close(session=session, now=now)
             return
-        self.filling_since = None
+        if running == 0 or mix.stale or not mix.full:
+            # Trials of the last N still run, or the device has room it could fill (or the
+            # sweep's tail leaves it): per-trial rates would not be those of a full device.
+            self.phase_start = None
+            return
         if self.phase_start is None:
-            self.phase_start, self.ready_at = now, None
+            self.phase_start = now
             self.peak_mb = max(held, default=None)
             return
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
-        if self.ready_at is None:
-            reporting = report_store.trials_reporting(
-                session=session, device=self.device_key, since=self.phase_start
-            )
-            if reporting >= self.split:
-                self.ready_at = now
+        self._close(session=session, now=now)
+
+    def _close(self, *, session: Session, now: datetime) -> None:
+        """Measure the phase's window if it can close now: a point on the curve, the next N."""
         window = self._window(session=session, now=now)
         if window is None:
             return
-        start, ended = window
-        point = self._measure(session=session, start=start, end=now, ended=ended)
+        point = self._measure(session=session, window=window)
         if point is None:
             return
         self.curve = [p for p in self.curve if p.split != point.split] + [point]
@@ -239,6 +276,19 @@ class SplitSearch:
             self.unit,
             self.decision.reason,
         )
+
+    def _filling(self, *, session: Session, now: datetime, queued: int, mix: Mix) -> None:
+        """The workload's trial waits and its share is free, no other trial may hold the device
+        reserved, yet none was placed: memory holds fewer than N; once that lasts a warm-up and
+        a window, lower the ceiling."""
+        room = mix.shares + Fraction(1, self.split) <= 1
+        if not (queued and room and not mix.reserved and not mix.stale):
+            self.filling_since = None
+        elif self.filling_since is None:
+            self.filling_since = now
+        elif now - self.filling_since > self.timing.warmup + self.timing.window:
+            fits = max(1, math.floor(mix.shares * self.split))
+            self._hit_ceiling(session=session, fits=fits)
 
     def out_of_memory(self, *, session: Session, split: int) -> None:
         """A trial ran out of memory at N=`split`: that N and above are off the table."""
@@ -287,63 +337,106 @@ class SplitSearch:
             decision, reason=f"{decision.reason}; started at N={self.start}: {self.origin}"
         )
 
-    def _window(self, *, session: Session, now: datetime) -> tuple[datetime, list[Trial]] | None:
-        """The window to measure now, with the trials that ended in it; None: not yet.
+    def _window(self, *, session: Session, now: datetime) -> Window | None:
+        """The window to measure now; None: not yet.
 
-        Short trials spend much of their life starting (TensorFlow's import alone takes
-        seconds): their window closes once N of them have ended in it, start-ups averaged in.
-        Long trials end rarely: their window opens when N trials have reported, all past
-        their start-up, and closes LONG_WINDOWS window lengths later.
+        It opens a warm-up after the phase began. The phase's trials are the workload's trials
+        under N running when it opened. It closes once each of them has reported twice in it
+        (a rate between its reports) or ended, and at least one gave a rate; or, for scripts
+        that report too rarely or nothing, once every one of them has ended.
         """
         assert self.phase_start is not None
         start = self.phase_start + self.timing.warmup
         if now - start < self.timing.window:
             return None
-        ended = report_store.trials_ended(
-            session=session, device=self.device_key, start=start, end=now
-        )
-        if len(ended) >= self.split:
-            return start, ended
-        if self.ready_at is not None and now - self.ready_at >= LONG_WINDOWS * self.timing.window:
-            ready = self.ready_at
-            # Sparse reports (one per long epoch): wait until each of the N has reported in it.
-            reporting = report_store.trials_reporting(
-                session=session, device=self.device_key, since=ready
+        trials = [
+            trial
+            for trial in report_store.trials_at_split(
+                session=session, device=self.device_key, split=self.split, since=start
             )
-            if reporting >= self.split:
-                return ready, [t for t in ended if t.ended_at is not None and t.ended_at > ready]
+            if self._ours(trial)
+        ]
+        ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
+        phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
+        done = {t.id for t in ended}
+        rates = self._rates(session=session, trials=trials, start=start, end=now)
+        if (
+            self.unit == SAMPLES_PER_S
+            and rates
+            and all(t.id in rates or t.id in done for t in phase)
+        ):
+            return Window(rates=list(rates.values()), ended=ended)
+        if ended and all(t.id in done for t in phase):
+            return Window(rates=list(rates.values()), ended=ended)
         return None
 
-    def _measure(
-        self, *, session: Session, start: datetime, end: datetime, ended: list[Trial]
-    ) -> CurvePoint | None:
-        seconds = (end - start).total_seconds()
+    def _rates(
+        self, *, session: Session, trials: Sequence[Trial], start: datetime, end: datetime
+    ) -> dict[int, float]:
+        """Each trial's samples/s between its first and last report in the window, where it
+        reported twice or more there, half a window apart at least (report lines read from a
+        log in one tick arrive together: their spacing is the reading's, not the work's); a
+        rate out of range (absurd reports) is left out."""
+        times = report_store.report_times(
+            session=session, trial_ids=[t.id for t in trials], start=start, end=end
+        )
+        rates = {}
+        for trial_id, reports in times.items():
+            if len(reports) < 2:
+                continue
+            seconds = (reports[-1][0] - reports[0][0]).total_seconds()
+            if seconds < self.timing.window.total_seconds() / 2:
+                continue
+            rate = sum(samples for _, samples in reports[1:]) / seconds
+            if 0 <= rate <= report_store.MAX_RATE:
+                rates[trial_id] = rate
+        return rates
+
+    def _ours(self, trial: Trial) -> bool:
+        """Whether the trial is of this workload in an auto sweep."""
+        sweep = trial.sweep
+        if sweep.id not in self._sweeps:
+            self._sweeps[sweep.id] = (
+                sweep.split is None and sweep_fingerprint(sweep) == self.fingerprint
+            )
+        return self._sweeps[sweep.id]
+
+    def _measure(self, *, session: Session, window: Window) -> CurvePoint | None:
+        """The device's throughput at N: N times the median trial's rate (each trial holds 1/N
+        of the device, whatever shares the rest), or N over the median trial's duration."""
         durations = [
             (t.ended_at - t.started_at).total_seconds()
-            for t in ended
-            if t.started_at is not None and t.ended_at is not None
+            for t in window.ended
+            if t.started_at is not None and t.ended_at is not None and t.ended_at > t.started_at
         ]
         per_trial = statistics.median(durations) if durations else None
-        samples = report_store.samples_reported(
-            session=session, device=self.device_key, start=start, end=end
-        )
-        if self.unit == SAMPLES_PER_S and samples == 0 and not self.curve:
-            # A script that reports nothing: count finished trials instead, from now on.
-            self.unit = TRIALS_PER_S
-        if self.unit == SAMPLES_PER_S:
-            if samples == 0:
-                # Nothing reported yet (long epochs): widen the window.
-                return None
-            throughput = samples / seconds
-        else:
-            if per_trial is None:
-                return None
-            # N slots, each finishing a trial every `per_trial` seconds: counting completions
-            # against the window instead would skew with the warm-up cut from its start.
+        rates = window.rates
+        if self.unit == SAMPLES_PER_S and not rates:
+            totals = report_store.samples_of(
+                session=session, trial_ids=[t.id for t in window.ended]
+            )
+            if not any(totals.values()) and not self.curve:
+                # A script that reports nothing: count finished trials instead, from now on.
+                self.unit = TRIALS_PER_S
+            # Trials that reported too rarely for a rate between reports: their samples over
+            # their lives, start-up included, as a trial count would have it.
+            rates = [
+                rate
+                for t in window.ended
+                if t.started_at is not None
+                and t.ended_at is not None
+                and t.ended_at > t.started_at
+                and 0
+                < (rate := totals.get(t.id, 0.0) / (t.ended_at - t.started_at).total_seconds())
+                <= report_store.MAX_RATE
+            ]
+        if self.unit == SAMPLES_PER_S and rates:
+            throughput = self.split * statistics.median(rates)
+        elif self.unit == TRIALS_PER_S and per_trial is not None:
             throughput = self.split / per_trial
-        if not math.isfinite(throughput):
-            # Reports of absurd sizes (stored before they were bounded) add up to infinity:
-            # such a window tells nothing, and an infinite point would poison the curve.
+        else:
+            # Nothing in range was reported (absurd sizes stored before they were bounded):
+            # such a window tells nothing; the phase starts again.
             log.warning("device %s: N=%d gave no finite throughput", self.device_key, self.split)
             self.phase_start = None
             return None

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -19,7 +20,7 @@ from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
-from gpumux.splits.online import SplitSearch, Timing, sweep_fingerprint
+from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
 
@@ -101,28 +102,38 @@ class Searches:
         changed: their profiles need saving.
         """
         on = ActiveTrials.now(session=session)
-        head = sweep_fingerprint(waiting[0]) if waiting and waiting[0].split is None else None
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
+        workload = {
+            sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
+        }
         by_key = {device.key: device for device in devices}
         changed = []
-        for (_, fingerprint), search in self._searches.items():
+        for (model, fingerprint), search in self._searches.items():
             if search.decision.settled:
                 continue
             device, here = search.device_key, (search.device_key, fingerprint)
-            others = sum(n for (d, f), n in on.trials.items() if d == device and f != fingerprint)
-            if others or (waiting and head != fingerprint and on.trials[here] < search.split):
-                # Another sweep shares the device, or holds the head of the queue so that this
-                # workload cannot fill N: neither measures this workload, nor its memory.
-                search.phase_start = search.filling_since = None
-                continue
+            free = 1 - on.shares[device]
+            # Other workloads share the device: the search goes on, by per-trial rates.
+            mix = Mix(
+                shares=on.shares[device],
+                stale=sum(n for split, n in on.splits[here].items() if split != search.split),
+                waiting=bool(waiting),
+                fitting=any(self.share(model, sweep) <= free for sweep in waiting),
+                reserved=any(
+                    self.share(model, sweep) > free
+                    for sweep in waiting
+                    if workload[sweep.id] != fingerprint
+                ),
+            )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
                 self._look(
                     search,
                     session=session,
                     now=now,
-                    running=on.trials[here],
+                    running=on.splits[here][search.split],
                     queued=queued[fingerprint],
+                    mix=mix,
                     sweep_id=on.sweep_of.get(here, search.sweep_id or 0),
                     held=trial_memory(by_key.get(device), on.groups[here], group_of),
                     snapshot=by_key.get(device),
@@ -152,6 +163,7 @@ class Searches:
         sweep_id: int,
         held: list[int],
         snapshot: DeviceSnapshot | None,
+        mix: Mix,
     ) -> None:
         """One search sees its device: the ceiling memory now allows, then its trials."""
         if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
@@ -164,7 +176,16 @@ class Searches:
             queued=queued,
             sweep_id=sweep_id,
             held=held,
+            mix=mix,
         )
+
+    def share(self, model: str, sweep: Sweep) -> Fraction:
+        """The share of a device of this model that a trial of the sweep would take there."""
+        if sweep.split is not None:
+            return Fraction(1, sweep.split)
+        search = self._searches.get((model, sweep_fingerprint(sweep)))
+        # Not searched on this model yet: its N is unknown, so it may fit in any share left.
+        return Fraction(0) if search is None else Fraction(1, search.split)
 
     def out_of_memory(self, *, session: Session, trial: Trial) -> None:
         """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
@@ -189,7 +210,12 @@ class Searches:
 class ActiveTrials:
     """The active trials on each device, per workload (None: a fixed-split sweep's)."""
 
-    trials: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    # Each workload's trials there by the N they were launched under.
+    splits: defaultdict[tuple[str, str | None], Counter[int]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    # The share of each device its trials hold: 1/N each.
+    shares: defaultdict[str, Fraction] = field(default_factory=lambda: defaultdict(Fraction))
     # A sweep of each workload running there, and the process groups of its trials.
     sweep_of: dict[tuple[str, str | None], int] = field(default_factory=dict)
     groups: defaultdict[tuple[str, str | None], list[int]] = field(
@@ -205,7 +231,10 @@ class ActiveTrials:
                 # Fixed-split trials count too: they share the device as much as any.
                 fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None
                 key = (trial.device, fingerprint)
-                on.trials[key] += 1
+                # Every launch records its N; one without (none should be) holds the device.
+                split = trial.split or 1
+                on.splits[key][split] += 1
+                on.shares[trial.device] += Fraction(1, split)
                 on.sweep_of[key] = trial.sweep_id
                 if trial.pid is not None:
                     # The trial's leader started its process group: its pid is the group's id.

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, union
 from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
-from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
+from gpumux.status import ACTIVE_TRIAL_STATUSES
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.store import token_hash
 
@@ -119,35 +120,51 @@ def list_reports(
     return list(page), count
 
 
-def samples_reported(*, session: Session, device: str, start: datetime, end: datetime) -> float:
-    """Samples that the trials on `device` reported processing in the window (start, end]."""
-    # Each report counts the samples since the trial's previous one, so the reports in a window
-    # add up to the work done in it, without double counting across windows.
-    total = session.scalar(
-        select(func.sum(TrialReport.samples))
-        .join(Trial, Trial.id == TrialReport.trial_id)
-        .where(Trial.device == device, TrialReport.at > start, TrialReport.at <= end)
+def trials_at_split(*, session: Session, device: str, split: int, since: datetime) -> list[Trial]:
+    """Trials launched on `device` under N=`split` that are active, or ended after `since`."""
+    # A union, not an OR: each side searches its own index (status; end time), where an OR
+    # scans every trial that ever ran, each tick of each unsettled search.
+    ids = union(
+        select(Trial.id).where(Trial.status.in_(ACTIVE_TRIAL_STATUSES)),
+        select(Trial.id).where(Trial.ended_at > since),
     )
-    return float(total or 0.0)
-
-
-def trials_reporting(*, session: Session, device: str, since: datetime) -> int:
-    """How many distinct trials on `device` have reported since `since` (past their start-up)."""
-    count = session.scalar(
-        select(func.count(func.distinct(TrialReport.trial_id)))
-        .join(Trial, Trial.id == TrialReport.trial_id)
-        .where(Trial.device == device, TrialReport.at > since)
-    )
-    return int(count or 0)
-
-
-def trials_ended(*, session: Session, device: str, start: datetime, end: datetime) -> list[Trial]:
-    """Trials on `device` that ended, whichever way, in the window (start, end]."""
-    ended = session.scalars(
+    found = session.scalars(
         select(Trial)
-        .where(Trial.ended_at > start, Trial.ended_at <= end, Trial.device == device)
-        .order_by(Trial.ended_at, Trial.id)
+        .where(Trial.id.in_(ids), Trial.device == device, Trial.split == split)
+        .order_by(Trial.id)
     )
-    # Status is checked here, not in SQL: SQLite would pick the status index over the time
-    # window's and walk every trial that ever finished.
-    return [trial for trial in ended if trial.status in FINAL_TRIAL_STATUSES]
+    return [trial for trial in found if trial.started_at is not None]
+
+
+def report_times(
+    *, session: Session, trial_ids: Collection[int], start: datetime, end: datetime
+) -> dict[int, list[tuple[datetime, float]]]:
+    """When each trial's current attempt reported samples in the window (start, end], and how
+    many, in order."""
+    rows = session.execute(
+        select(TrialReport.trial_id, TrialReport.at, TrialReport.samples)
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(
+            TrialReport.trial_id.in_(trial_ids),
+            TrialReport.attempt == Trial.attempt,
+            TrialReport.samples.is_not(None),
+            TrialReport.at > start,
+            TrialReport.at <= end,
+        )
+        .order_by(TrialReport.at, TrialReport.id)
+    )
+    times: dict[int, list[tuple[datetime, float]]] = {}
+    for trial_id, at, samples in rows:
+        times.setdefault(trial_id, []).append((at, samples or 0.0))
+    return times
+
+
+def samples_of(*, session: Session, trial_ids: Collection[int]) -> dict[int, float]:
+    """The samples each trial's current attempt reported in all."""
+    rows = session.execute(
+        select(TrialReport.trial_id, func.sum(TrialReport.samples))
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
+        .group_by(TrialReport.trial_id)
+    )
+    return {trial_id: float(total or 0.0) for trial_id, total in rows}

@@ -253,7 +253,7 @@ def test_a_third_kind_is_one_class_that_placement_takes(monkeypatch: pytest.Monk
     ]  # fmt: skip
     beside = place(devices=[rack, cpu()], running=[], pending=pending, policy=policy)
     assert {p.device_key for p in beside} == {"cpu"}, "the CPU's 8 free slots rank first"
-    running = [RunningTrial(trial_id=9, device_key="rack-0", slot=0, memory_limit_mb=1000)]
+    running = [RunningTrial(trial_id=9, device_key="rack-0", slot=0, split=3, memory_limit_mb=1000)]
     again = place(devices=[rack], running=running, pending=pending[:2], policy=policy)
     assert [(p.trial_id, p.slot) for p in again] == [(1, 1)]
     tiny = snapshot("rack", key="rack-1", name="tiny rack", memory_total_mb=900)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.gpu import foreign_memory_mb
 from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
 from gpumux.scheduling.placement import (
@@ -67,9 +69,11 @@ def queue(count: int, split: int | None = None, first_id: int = 1) -> list[Pendi
     return [PendingTrial(trial_id=first_id + i, split=split) for i in range(count)]
 
 
-def running_on(key: str, slots: list[int], cap: int | None) -> list[RunningTrial]:
+def running_on(key: str, slots: list[int], cap: int | None, split: int = 4) -> list[RunningTrial]:
     return [
-        RunningTrial(trial_id=100 + slot, device_key=key, slot=slot, memory_limit_mb=cap)
+        RunningTrial(
+            trial_id=100 + slot, device_key=key, slot=slot, memory_limit_mb=cap, split=split
+        )
         for slot in slots
     ]
 
@@ -270,7 +274,8 @@ def scenarios(
     for device in devices:
         for slot in draw(st.sets(st.integers(0, 9), max_size=5)):
             cap = draw(st.none() | st.integers(0, 40_000))
-            running.append(RunningTrial(len(running) + 1, device.key, slot, cap))
+            split = draw(st.integers(1, 12))
+            running.append(RunningTrial(len(running) + 1, device.key, slot, cap, split))
     splits = st.none() | st.integers(1, 12)
     pending = [PendingTrial(1000 + i, draw(splits)) for i in range(draw(st.integers(0, 30)))]
     policy = PackingPolicy(
@@ -295,18 +300,27 @@ def test_placement_invariants(
     placed = place(
         devices=devices, running=running, pending=pending, policy=policy, our_pids=our_pids
     )
-    # Strict FIFO: what is placed is the head of the queue, each trial once.
-    assert [p.trial_id for p in placed] == [t.trial_id for t in pending[: len(placed)]]
+    # Placed in the queue's order, each trial once; with one usable device, strict FIFO.
+    order = [t.trial_id for t in pending]
+    placed_ids = [p.trial_id for p in placed]
+    assert placed_ids == sorted(placed_ids, key=order.index)
+    assert len(set(placed_ids)) == len(placed_ids)
+    if sum(kind_of(d).usable(d) for d in devices) < 2:
+        assert placed_ids == order[: len(placed)]
     by_key = {d.key: d for d in devices}
-    on_device = Counter(t.device_key for t in running)
+    by_id = {t.trial_id: t for t in pending}
+    shares = {
+        key: sum(Fraction(1, t.split) for t in running if t.device_key == key) for key in by_key
+    }
     slots = {key: {t.slot for t in running if t.device_key == key} for key in by_key}
-    for placement, trial in zip(placed, pending, strict=False):
+    for placement in placed:
+        trial = by_id[placement.trial_id]
         device = by_key[placement.device_key]
         assert device.error is None
-        on_device[device.key] += 1
-        assert on_device[device.key] <= placement.split
-        assert 0 <= placement.slot < placement.split
-        assert placement.slot not in slots[device.key]
+        # Shares, not counts: the running trials' 1/split and the new ones' never pass 1.
+        shares[device.key] += Fraction(1, placement.split)
+        assert shares[device.key] <= 1
+        assert placement.slot == min(set(range(len(slots[device.key]) + 1)) - slots[device.key])
         slots[device.key].add(placement.slot)
         if device.kind == "cpu":
             count = device.cpu_count or 1
@@ -377,3 +391,52 @@ def test_a_tuned_split_applies_on_its_device_only() -> None:
     by_device = Counter(p.device_key for p in plan)
     assert by_device == {"GPU-1": 3, "GPU-0": POLICY.default_split}
     assert {p.split for p in plan if p.device_key == "GPU-1"} == {3}
+
+
+def test_a_mixed_device_is_packed_by_each_trials_share() -> None:
+    # Two trials of a workload at N=4 hold half the CPU: a workload at N=2 fits once, not twice.
+    running = running_on("cpu", [0, 1], cap=None, split=4)
+    pending = [PendingTrial(trial_id=1, split=2), PendingTrial(trial_id=2, split=2)]
+    placed = place(devices=[cpu(8)], running=running, pending=pending, policy=POLICY)
+    assert [(p.trial_id, p.slot, p.split, p.cpu_threads) for p in placed] == [(1, 2, 2, 4)]
+    # The share left by one N=2 and one N=4 trial holds one more N=4 trial, not an N=3 one.
+    half = [RunningTrial(1, "cpu", 0, None, split=2), RunningTrial(2, "cpu", 1, None, split=4)]
+    assert place(devices=[cpu(8)], running=half, pending=queue(1, 3), policy=POLICY) == []
+    (quarter,) = place(devices=[cpu(8)], running=half, pending=queue(2, 4), policy=POLICY)
+    assert (quarter.slot, quarter.split) == (2, 4)
+
+
+def test_shares_are_exact_fractions() -> None:
+    # Three thirds fill a device exactly; floats would leave 1/3 + 1/3 + 1/3 a hair from 1.
+    thirds = [RunningTrial(n, "cpu", n, None, split=3) for n in range(2)]
+    (last,) = place(devices=[cpu(6)], running=thirds, pending=queue(2, 3), policy=POLICY)
+    assert last.slot == 2
+    tenths = [RunningTrial(n, "cpu", n, None, split=10) for n in range(7)]
+    placed = place(devices=[cpu(10)], running=tenths, pending=queue(4, 10), policy=POLICY)
+    assert [p.slot for p in placed] == [7, 8, 9]
+
+
+def test_the_head_reserves_the_device_where_it_fits_soonest_and_others_pass_elsewhere() -> None:
+    # GPU-0 has half of its share free, GPU-1 a quarter: the head (N=1) fits on neither, and
+    # reserves GPU-0, which frees sooner; the N=4 trials behind it go to GPU-1 only.
+    running = [
+        *running_on("GPU-0", [0, 1], cap=19237),
+        *running_on("GPU-1", [0, 1, 2], cap=19237),
+    ]
+    pending = [PendingTrial(trial_id=1, split=1), *queue(3, split=4, first_id=2)]
+    placed = place(devices=[gpu(0), gpu(1)], running=running, pending=pending, policy=POLICY)
+    assert [(p.trial_id, p.device_key, p.slot) for p in placed] == [(2, "GPU-1", 3)]
+    # Once GPU-0 is empty, the head is placed there first.
+    emptied = running_on("GPU-1", [0, 1, 2], cap=19237)
+    placed = place(devices=[gpu(0), gpu(1)], running=emptied, pending=pending, policy=POLICY)
+    assert [(p.trial_id, p.device_key) for p in placed] == [(1, "GPU-0"), (2, "GPU-1")]
+
+
+def test_every_device_reserved_places_nothing_more() -> None:
+    running = [*running_on("GPU-0", [0], cap=19237), *running_on("GPU-1", [0], cap=19237)]
+    pending = [
+        PendingTrial(trial_id=1, split=1),
+        PendingTrial(trial_id=2, split=1),
+        *queue(4, split=4, first_id=3),
+    ]
+    assert place(devices=[gpu(0), gpu(1)], running=running, pending=pending, policy=POLICY) == []

@@ -10,7 +10,7 @@ from builders import sweep_in
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
-from gpumux.splits.online import LONG_WINDOWS, SplitSearch, Timing, is_out_of_memory
+from gpumux.splits.online import SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
@@ -29,7 +29,11 @@ def trial_id(sessions: Sessions, tmp_path: Path) -> int:
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
         sweep = store.create_sweep(
-            session=session, sweep_in=sweep_in(tmp_path), owner=owner, seed=1, trial_params=[{}]
+            session=session,
+            sweep_in=sweep_in(tmp_path, *TOKENS, command=COMMAND),
+            owner=owner,
+            seed=1,
+            trial_params=[{}],
         )
         trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.device = "cpu"
@@ -37,28 +41,51 @@ def trial_id(sessions: Sessions, tmp_path: Path) -> int:
 
 
 def search_of(sessions: Sessions) -> SplitSearch:
+    """The search of sweep 1's workload on the CPU device, as the daemon makes it."""
     with sessions.read() as session:
+        sweep = store.get_sweep(session=session, sweep_id=1)
+        assert sweep is not None
         return SplitSearch.resume(
             session=session,
             device_key="cpu",
             device_name="Test CPU",
-            command=COMMAND,
-            param_tokens=TOKENS,
+            command=[sweep.workdir, *sweep.command],
+            param_tokens=sweep.param_tokens,
             ceiling=8,
             timing=TIMING,
         )
 
 
-def ended_trial(started: datetime, ended: datetime) -> Trial:
-    """A trial of sweep 1 that ran on the CPU device from `started` to `ended`."""
+def ended_trial(started: datetime, ended: datetime, split: int = 1) -> Trial:
+    """A trial of sweep 1 that ran on the CPU device under `split` from `started` to `ended`."""
     return Trial(
         sweep_id=1,
         number=next(NUMBERS),
         params={},
         status=TrialStatus.succeeded,
         device="cpu",
+        split=split,
         started_at=started,
         ended_at=ended,
+    )
+
+
+def running_trial(started: datetime, split: int) -> Trial:
+    """A trial of sweep 1 running on the CPU device under `split` since `started`."""
+    return Trial(
+        sweep_id=1,
+        number=next(NUMBERS),
+        params={},
+        status=TrialStatus.running,
+        device="cpu",
+        split=split,
+        started_at=started,
+    )
+
+
+def report(trial: Trial, at: datetime, samples: float) -> TrialReport:
+    return TrialReport(
+        trial_id=trial.id, attempt=1, kind="batch", at=at, samples=samples, seconds=1.0, metrics={}
     )
 
 
@@ -66,27 +93,22 @@ def run_phase(
     sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
 ) -> datetime:
     """N trials run for warm-up + window, reporting `rate` samples/s in all; returns the end."""
+    split = search.split
     with sessions.write.begin() as session:
-        search.observe(session=session, now=start, running=search.split, queued=9, sweep_id=1)
+        search.observe(session=session, now=start, running=split, queued=9, sweep_id=1)
+        trials = [running_trial(start - timedelta(seconds=1), split) for _ in range(split)]
+        session.add_all(trials)
+        session.flush()
         for second in range(1, 17):
-            session.add(
-                TrialReport(
-                    trial_id=trial_id,
-                    attempt=1,
-                    kind="batch",
-                    at=start + timedelta(seconds=second),
-                    samples=rate,
-                    seconds=1.0,
-                    metrics={},
-                )
-            )
-        for _ in range(search.split):
-            # N trials finish inside the window, as short trials do.
-            session.add(ended_trial(start, start + TIMING.warmup + timedelta(seconds=2)))
+            for trial in trials:
+                at = start + timedelta(seconds=second)
+                session.add(report(trial, at, rate / split))
         session.flush()
         end = start + TIMING.warmup + TIMING.window
-        search.observe(session=session, now=end, running=search.split, queued=9, sweep_id=1)
+        search.observe(session=session, now=end, running=split, queued=9, sweep_id=1)
         search.save(session=session)  # as the scheduler does for a search that changed
+        for trial in trials:
+            trial.status, trial.ended_at = TrialStatus.succeeded, end
     return end + timedelta(seconds=1)
 
 
@@ -177,40 +199,29 @@ def test_out_of_memory_is_recognised_from_the_frameworks_messages(tail: str, oom
     assert is_out_of_memory(tail) is oom
 
 
-def test_a_long_trial_is_measured_from_its_first_report_over_long_windows(
+def test_a_long_trial_is_measured_once_it_reported_twice_after_the_warm_up(
     sessions: Sessions, trial_id: int
 ) -> None:
     search = search_of(sessions)
     start = utcnow()
-
-    def report(at: datetime, samples: float) -> TrialReport:
-        return TrialReport(
-            trial_id=trial_id,
-            attempt=1,
-            kind="batch",
-            at=at,
-            samples=samples,
-            seconds=1.0,
-            metrics={},
-        )
-
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
-        session.add(report(start + timedelta(seconds=3), 100.0))  # its start-up is over
+        trial = running_trial(start - timedelta(seconds=1), 1)
+        session.add(trial)
         session.flush()
-        ready = start + timedelta(seconds=4)
-        search.observe(session=session, now=ready, running=1, queued=5, sweep_id=1)
-        assert search.ready_at == ready
+        session.add(report(trial, start + timedelta(seconds=3), 100.0))  # in its warm-up
+        session.add(report(trial, start + TIMING.warmup + timedelta(seconds=2), 100.0))
+        session.flush()
         later = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
         search.observe(session=session, now=later, running=1, queued=5, sweep_id=1)
-        assert search.curve == [], "no trial ended and the long window has not passed"
-        session.add(report(start + timedelta(seconds=30), 600.0))
+        assert search.curve == [], "one report after the warm-up gives no rate"
+        session.add(report(trial, start + timedelta(seconds=47), 600.0))
         session.flush()
-        end = ready + LONG_WINDOWS * TIMING.window
+        end = start + timedelta(seconds=50)
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
     (point,) = search.curve
-    # Only what was reported after the start-up, over the long window.
-    assert point.throughput == pytest.approx(600.0 / (LONG_WINDOWS * 10))
+    # What it reported after its first report past the warm-up, between the two.
+    assert point.throughput == pytest.approx(600.0 / 40)
     assert search.split == 2
 
 
@@ -275,6 +286,10 @@ def test_reports_of_absurd_samples_never_put_an_infinite_throughput_in_the_curve
     search = search_of(sessions)
     now = run_phase(sessions, search, trial_id, utcnow(), 1e308)
     assert search.curve == [] and not search.decision.settled
+    with sessions.write.begin() as session:
+        # Its trials ended with nothing in range measured: the phase starts over.
+        search.observe(session=session, now=now, running=1, queued=9, sweep_id=1)
+    assert search.phase_start is None and search.curve == []
     # The next window, of sane reports, is measured as if the absurd one never was.
     run_phase(sessions, search, trial_id, now + timedelta(seconds=100), 100.0)
     assert [point.split for point in search.curve] == [1]

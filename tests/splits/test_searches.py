@@ -138,7 +138,7 @@ def hog() -> Iterator[subprocess.Popen[str]]:
     assert child.returncode == 0
 
 
-def test_another_sweep_on_the_device_pauses_the_search_and_never_lowers_its_ceiling(
+def test_another_sweep_holding_the_device_never_lowers_the_searchs_ceiling(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, fixed_id = two_sweeps(sessions, tmp_path)
@@ -331,8 +331,9 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
     with sessions.read() as session:
         observe(searches, session, now=now, devices=[cpu], group_of={})
     assert search.phase_start is not None
-    # The next look reads the reports: a database that cannot answer fails that read.
+    # The look once the window opens reads the reports: a database that cannot answer fails.
     with sqlite3.connect(settings.database_file or "") as broken:
         broken.execute("DROP TABLE trial_reports")
+    later = now + timedelta(seconds=settings.tune_warmup + settings.tune_window)
     with sessions.read() as session, pytest.raises(OperationalError, match="trial_reports"):
-        observe(searches, session, now=now + timedelta(seconds=1), devices=[cpu], group_of={})
+        observe(searches, session, now=later, devices=[cpu], group_of={})

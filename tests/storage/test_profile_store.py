@@ -13,7 +13,6 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
@@ -185,51 +184,19 @@ def add_reports(session: Session, trial: Trial, samples: dict[float, float | Non
     )
 
 
-def test_samples_reported_sums_the_window_on_one_device(sessions: Sessions, tmp_path: Path) -> None:
-    with sessions.write.begin() as session:
-        first, second, elsewhere = place(
-            session, make_sweep(session, tmp_path, 3), ["cpu"] * 2 + ["gpu0"]
-        )
-        # The window is (T0, T0 + 10 s]: a report at its start belongs to the window before.
-        add_reports(session, first, {0: 1, 0.000001: 10, 5: 20, 10: 40, 10.000001: 80})
-        add_reports(session, second, {3: 100, 7: None})
-        add_reports(session, elsewhere, {5: 1000})
-    with sessions.read() as session:
-        window = dict(start=T0, end=T0 + timedelta(seconds=10))
-        assert report_store.samples_reported(session=session, device="cpu", **window) == 170
-        assert report_store.samples_reported(session=session, device="gpu0", **window) == 1000
-        assert report_store.samples_reported(session=session, device="gpu1", **window) == 0
-        later = dict(start=T0 + timedelta(seconds=10), end=T0 + timedelta(seconds=20))
-        assert report_store.samples_reported(session=session, device="cpu", **later) == 80
+def trials_at_split(session: Session, **window: Any) -> None:
+    report_store.trials_at_split(session=session, device="cpu", split=2, since=window["start"])
 
 
-def test_trials_ended_in_the_window_on_one_device(sessions: Sessions, tmp_path: Path) -> None:
-    devices = ["cpu"] * 5 + ["gpu0"]
-    ends = [0, 1, 10, 11, 4, 5]
-    statuses = [TrialStatus.succeeded, TrialStatus.failed, TrialStatus.lost]
-    statuses += [TrialStatus.succeeded, TrialStatus.running, TrialStatus.succeeded]
-    with sessions.write.begin() as session:
-        trials = place(session, make_sweep(session, tmp_path, 6), devices)
-        for trial, end, status in zip(trials, ends, statuses, strict=True):
-            # Set directly: the scheduler's moves are not what is tested here.
-            trial.status, trial.ended_at = status, T0 + timedelta(seconds=end)
-        expected = [trials[1].id, trials[2].id]
-    with sessions.read() as session:
-        ended = report_store.trials_ended(
-            session=session, device="cpu", start=T0, end=T0 + timedelta(seconds=10)
-        )
-        assert [trial.id for trial in ended] == expected
-        assert [t.status for t in ended] == [TrialStatus.failed, TrialStatus.lost]
+def report_times(session: Session, **window: Any) -> None:
+    report_store.report_times(session=session, trial_ids=[1, 3], **window)
 
 
 @pytest.mark.parametrize(
     ("read", "index"),
-    [
-        (report_store.samples_reported, "ix_trial_reports_at"),
-        (report_store.trials_ended, "ix_trials_ended_at"),
-    ],
+    [(trials_at_split, "ix_trials_ended_at"), (report_times, "ix_trial_reports_trial_id_id")],
 )
-def test_window_reads_search_an_index_on_time(
+def test_window_reads_search_an_index(
     sessions: Sessions, tmp_path: Path, read: Any, index: str
 ) -> None:
     with sessions.write.begin() as session:
@@ -238,7 +205,7 @@ def test_window_reads_search_an_index_on_time(
             add_reports(session, trial, {float(n): 1.0 for n in range(20)})
     window = dict(start=T0, end=T0 + timedelta(seconds=10))
     with sessions.read() as session, selects(sessions) as statements:
-        read(session=session, device="cpu", **window)
+        read(session, **window)
     assert len(statements) == 1
     statement, parameters = statements[0]
     with sessions.read() as session:

@@ -52,10 +52,10 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
         assert stored.metrics == {"val_loss": 0.41}
         # The split search counts a line's samples in its windows like any report's.
         window = (reports[0].at - timedelta(seconds=1), stored.at)
-        total = report_store.samples_reported(
-            session=session, device="cpu", start=window[0], end=window[1]
+        times = report_store.report_times(
+            session=session, trial_ids=[trial_id], start=window[0], end=window[1]
         )
-        assert total == 612
+        assert sum(samples for _, samples in times[trial_id]) == 612
 
 
 def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_path: Path) -> None:
