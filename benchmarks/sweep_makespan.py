@@ -1,13 +1,15 @@
 """How soon one sweep finishes: sequentially, all at once, at each fixed N, and with --split auto.
 
     python benchmarks/sweep_makespan.py [--trials 12] [--splits 2,3,4] [--repeats 3] [--epochs 8]
-                                        [--example digits|torch]
+                                        [--example digits|torch] [--warm]
 
 Every variant runs the same sweep (`--trials` trials of an example, one seed each) through a
 real `gpumux serve` on a fresh database, in one run of this script:
 - sequential: --split 1;   N=k: --split k;   all at once: --split TRIALS;
 - auto: --split auto on a database with no profile, so the search is paid for in this sweep;
-- auto (reused): --split auto again on the same database: the stored profile is reused.
+- auto (reused): --split auto again on the same database: the stored profile is reused;
+- with --warm, each fixed N and auto again with `--warm` (its daemon's warm spawner, started by
+  the sweep's first trial, pays its preload inside the sweep), each compared with its cold twin.
 Makespan is what the user waits for: from the submission to the sweep's end, as the daemon
 recorded them. The variants are interleaved (their order rotates with each repeat) because
 these machines are noisy, and medians are quoted.
@@ -88,7 +90,7 @@ EXAMPLES = {
 
 
 def run_sweep(
-    home: Path, split: int | str, trials: int, epochs: int, example: str
+    home: Path, split: int | str, trials: int, epochs: int, example: str, warm: bool = False
 ) -> tuple[float, list[int]]:
     """Makespan of one sweep, and the N its trials ran at."""
     script, *flags = EXAMPLES[example]
@@ -102,6 +104,7 @@ def run_sweep(
                 "env": dict(os.environ),
                 "split": split,
                 "objective": "val_accuracy:max",
+                "warm": warm,
             },
         )
         created.raise_for_status()
@@ -139,6 +142,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="digits")
+    parser.add_argument("--warm", action="store_true", help="also run each gpumux N and auto warm")
     args = parser.parse_args()
     fixed = [int(n) for n in args.splits.split(",")]
     console.print(f"$ python benchmarks/sweep_makespan.py {' '.join(sys.argv[1:])}".rstrip())
@@ -147,24 +151,28 @@ def main() -> None:
         f"{args.trials} trials of {' '.join(EXAMPLES[args.example])} --epochs={args.epochs}, "
         f"{args.repeats} repeats, variants interleaved"
     )
-    variants: list[tuple[str, int | str]] = [
-        ("sequential", 1),
-        *((f"N={n}", n) for n in fixed),
-        ("all at once", args.trials),
-        ("auto", "auto"),
+    variants: list[tuple[str, int | str, bool]] = [
+        ("sequential", 1, False),
+        *((f"N={n}", n, False) for n in fixed),
+        ("all at once", args.trials, False),
+        ("auto", "auto", False),
     ]
-    makespans: dict[str, list[float]] = {name: [] for name, _ in variants}
+    if args.warm:
+        variants += [(f"N={n} warm", n, True) for n in fixed] + [("auto warm", "auto", True)]
+    makespans: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     makespans["auto (reused)"] = []
     profiles: list[str] = []
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
-        for name, split in order:
+        for name, split, warm in order:
             home = Path(tempfile.mkdtemp(prefix="gpumux-makespan-"))
             try:
-                seconds, used = run_sweep(home, split, args.trials, args.epochs, args.example)
+                seconds, used = run_sweep(
+                    home, split, args.trials, args.epochs, args.example, warm=warm
+                )
                 makespans[name].append(seconds)
                 show(repeat, name, seconds, used)
-                if split == "auto":
+                if name == "auto":
                     profiles.append(profile_of(home))
                     seconds, used = run_sweep(home, split, args.trials, args.epochs, args.example)
                     makespans["auto (reused)"].append(seconds)
@@ -183,12 +191,19 @@ def main() -> None:
             " ".join(f"{value:.1f}" for value in values),
         )
     console.print(table)
-    best_name = min((name for name, _ in variants if name != "auto"), key=median.__getitem__)
+    cold = [name for name, split, warm in variants if split != "auto" and not warm]
+    best_name = min(cold, key=median.__getitem__)
     for name in ("auto", "auto (reused)"):
         console.print(
             f"{name}: {median[name] / median[best_name]:.2f} x the best fixed split "
             f"({best_name}, {median[best_name]:.1f} s); "
             f"{median['sequential'] / median[name]:.2f}x faster than sequential"
+        )
+    for name in (name for name, _, warm in variants if warm):
+        twin = name.removesuffix(" warm")
+        console.print(
+            f"{name}: {median[name] / median[twin]:.2f} x {twin} started cold "
+            f"({median[twin]:.1f} s against {median[name]:.1f} s)"
         )
     for number, profile in enumerate(profiles, 1):
         console.print(f"profile found by auto, repeat {number}: {profile}")

@@ -373,21 +373,31 @@ class SplitSearch:
     def _rates(
         self, *, session: Session, trials: Sequence[Trial], start: datetime, end: datetime
     ) -> dict[int, float]:
-        """Each trial's samples/s between its first and last report in the window, where it
-        reported twice or more there, half a window apart at least (report lines read from a
-        log in one tick arrive together: their spacing is the reading's, not the work's); a
-        rate out of range (absurd reports) is left out."""
+        """Each trial's samples/s over its life so far: what it reported in all over the time
+        from its start to its last report, where it reported twice or more in the window, half
+        a window apart at least (report lines read from a log in one tick arrive together:
+        their spacing is the reading's, not the work's); a rate out of range is left out.
+
+        Its life, not the span between its reports: a short trial spends much of it starting
+        (TensorFlow's import alone takes seconds), and N trials that start together crowd each
+        other's start-up as much as their training. N times a life rate counts both.
+        """
         times = report_store.report_times(
             session=session, trial_ids=[t.id for t in trials], start=start, end=end
         )
+        totals = report_store.samples_of(session=session, trial_ids=list(times))
+        started = {t.id: t.started_at for t in trials}
         rates = {}
         for trial_id, reports in times.items():
-            if len(reports) < 2:
+            began = started.get(trial_id)
+            if len(reports) < 2 or began is None:
                 continue
-            seconds = (reports[-1][0] - reports[0][0]).total_seconds()
-            if seconds < self.timing.window.total_seconds() / 2:
+            if (
+                reports[-1][0] - reports[0][0]
+            ).total_seconds() < self.timing.window.total_seconds() / 2:
                 continue
-            rate = sum(samples for _, samples in reports[1:]) / seconds
+            seconds = (reports[-1][0] - began).total_seconds()
+            rate = totals.get(trial_id, 0.0) / seconds if seconds > 0 else math.inf
             if 0 <= rate <= report_store.MAX_RATE:
                 rates[trial_id] = rate
         return rates
