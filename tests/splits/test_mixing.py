@@ -107,10 +107,11 @@ def test_a_workload_sharing_the_device_is_measured_as_n_times_its_median_trial_r
         other = running(theirs, 2, start)
         session.add_all([fast, slow, other])
         session.flush()
-        session.add_all(reports(fast, start, range(1, 17), 30.0))
-        session.add_all(reports(slow, start, range(1, 17), 20.0))
+        # A report a second from their start to the window's end: 30 and 20 samples/s of life.
+        session.add_all(reports(fast, start, range(1, 16), 30.0))
+        session.add_all(reports(slow, start, range(1, 16), 20.0))
         # The other workload's samples are not ours: they must not count.
-        session.add_all(reports(other, start, range(1, 17), 5000.0))
+        session.add_all(reports(other, start, range(1, 16), 5000.0))
         session.flush()
         end = start + TIMING.warmup + TIMING.window
         search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours, mix=mix)
@@ -144,7 +145,8 @@ def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
             session=session, now=end + timedelta(seconds=2), running=2, queued=3, sweep_id=ours
         )
     (point,) = search.curve
-    assert point.throughput == pytest.approx(2 * (10.0 + 10.0) / 2)
+    # Each trial's samples over its life: 100 in 15 s and 90 in 16 s; N times their median.
+    assert point.throughput == pytest.approx(2 * (100 / 15 + 90 / 16) / 2)
 
 
 def test_reports_read_together_give_no_rate(sessions: Sessions, tmp_path: Path) -> None:
@@ -215,7 +217,10 @@ def test_two_workloads_on_one_device_both_keep_searching(
             assert searches.tuned_splits(session=session, sweep=sweep, devices=[device]) == {
                 "cpu": 8
             }
-    # Both at N=2 share the device half and half, each trial reporting 40 samples/s.
+    # Both at N=2 share the device half and half, each trial reporting 40 samples/s of its
+    # life, a report a second up to the moment the searches look.
+    warmup, window = settings.tune_warmup, settings.tune_window
+    look = int(warmup + window) + 1
     start = utcnow()
     with sessions.write.begin() as session:
         for sweep_id in (first, second):
@@ -225,11 +230,10 @@ def test_two_workloads_on_one_device_both_keep_searching(
                 session=session, trial=trial, status=TrialStatus.running, device="cpu"
             )
             trial.split, trial.started_at = 2, start
-            session.add_all(reports(trial, start, range(1, 40), 40.0))
+            session.add_all(reports(trial, start, range(1, look + 1), 40.0))
     for search in searches:
         search.decision = Decision(split=2, settled=False, reason="N=2")
-    warmup, window = settings.tune_warmup, settings.tune_window
-    for elapsed in (0.0, warmup + window + 1):
+    for elapsed in (0, look):
         with sessions.read() as session:
             waiting = [t.sweep for t in next_trials(session=session, limit=MAX_SPLIT)]
             searches.observe(
@@ -257,7 +261,7 @@ def test_a_phase_pauses_while_only_another_workload_runs(
         trial = running(ours, 1, start)
         session.add(trial)
         session.flush()
-        session.add_all(reports(trial, start, range(6, 12), 50.0))
+        session.add_all(reports(trial, start, range(1, 12), 50.0))
         trial.status, trial.ended_at = TrialStatus.succeeded, start + timedelta(seconds=12)
         session.flush()
         # Its trial ended and another workload's holds the whole device: the phase pauses.

@@ -220,8 +220,8 @@ def test_a_long_trial_is_measured_once_it_reported_twice_after_the_warm_up(
         end = start + timedelta(seconds=50)
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
     (point,) = search.curve
-    # What it reported after its first report past the warm-up, between the two.
-    assert point.throughput == pytest.approx(600.0 / 40)
+    # All it reported over its life: from its start, a second before the phase, to its last report.
+    assert point.throughput == pytest.approx((100.0 + 100.0 + 600.0) / 48)
     assert search.split == 2
 
 
