@@ -458,12 +458,16 @@ class SplitSearch:
         )
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
-        self.lower_ceiling(fits, why=f"only {fits} trial(s) fit at once")
+        # What held the trial back (memory, another workload, a user's running limit) may pass:
+        # this sweep stays under it, the profile does not keep it.
+        self.lower_ceiling(fits, why=f"only {fits} trial(s) fit at once", keep=False)
 
-    def lower_ceiling(self, ceiling: int, *, why: str) -> None:
-        """No N above `ceiling` will be tried (or kept): memory allows no more."""
+    def lower_ceiling(self, ceiling: int, *, why: str, keep: bool = True) -> None:
+        """No N above `ceiling` will be tried (or kept): memory allows no more; `keep`: the
+        profile keeps the ceiling, so that the next sweep of the workload stays under it."""
         self.ceiling = min(self.ceiling, ceiling)
-        self.lowered = self.ceiling if self.lowered is None else min(self.lowered, self.ceiling)
+        if keep:
+            self.lowered = min(self.ceiling, self.lowered or self.ceiling)
         self.curve = [p for p in self.curve if p.split <= self.ceiling]
         self.decision = self._decide()
         self.filling_since = None

@@ -168,7 +168,11 @@ class Searches:
         """One search sees its device: the ceiling memory now allows, then its trials."""
         if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
             # The overhead measured since the search began leaves room for fewer trials.
-            search.lower_ceiling(bound, why=f"memory leaves room for at most {bound} trials")
+            search.lower_ceiling(
+                bound,
+                why=f"memory leaves room for at most {bound} trials",
+                keep=kind_of(snapshot).stable_ceiling,
+            )
         search.observe(
             session=session,
             now=now,

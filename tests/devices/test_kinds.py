@@ -261,3 +261,20 @@ def test_a_third_kind_is_one_class_that_placement_takes(monkeypatch: pytest.Monk
         "tiny rack has no room for one bay"
     )
     assert kind_of(rack).cuda_visible_devices(rack) == "rack-0"
+
+
+STEPS = (1, 2, 3, 5, 8, 13, 21, 34)
+
+
+def test_a_gpu_search_starts_at_a_quarter_of_what_the_smallest_slices_allow() -> None:
+    kind = GpuKind()
+    assert kind.first_split(gpu(), 62, steps=STEPS).split == 13
+    assert kind.first_split(gpu(), 12, steps=STEPS).split == 3
+    assert kind.first_split(gpu(), 3, steps=STEPS).split == 1, "a small card starts alone"
+
+
+def test_a_cpu_search_starts_at_its_cores_and_only_a_gpu_ceiling_is_worth_keeping() -> None:
+    kind = CpuKind()
+    assert kind.first_split(cpu(cpu_count=6), 12, steps=STEPS).split == 6
+    assert kind.first_split(cpu(cpu_count=6), 4, steps=STEPS).split == 4, "under the ceiling"
+    assert not CpuKind.stable_ceiling and GpuKind.stable_ceiling

@@ -170,6 +170,8 @@ def test_no_room_for_n_while_work_waits_lowers_the_ceiling(
         stuck = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
         search.observe(session=session, now=stuck, running=1, queued=4, sweep_id=1)
     assert search.ceiling == 1 and search.decision.settled and search.split == 1
+    # What held the trial back may pass (another workload, a user's limit): not kept.
+    assert search.lowered is None
 
 
 def test_out_of_memory_at_n_settles_below_it(sessions: Sessions, trial_id: int) -> None:

@@ -53,6 +53,9 @@ class DeviceKind(ABC):
     name: ClassVar[str]
     # Whether snapshots list each process's memory, so that our process groups are worth listing.
     lists_processes: ClassVar[bool]
+    # Whether `ceiling` is the device's and the workload's (worth keeping in a profile), not
+    # what free memory allows at one moment.
+    stable_ceiling: ClassVar[bool] = True
 
     def usable(self, device: DeviceSnapshot) -> bool:
         """Whether trials may be placed on the device as probed."""

@@ -24,6 +24,8 @@ class CpuKind(DeviceKind):
 
     name: ClassVar[str] = "cpu"
     lists_processes: ClassVar[bool] = False
+    # Its ceiling follows free memory, which the running trials themselves hold.
+    stable_ceiling: ClassVar[bool] = False
 
     def model_name(self, device: DeviceSnapshot) -> str:
         """The CPU model and its usable cores: a daemon given fewer cores finds another N."""

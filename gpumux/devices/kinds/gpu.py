@@ -67,10 +67,16 @@ class GpuKind(DeviceKind):
     def first_split(
         self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
     ) -> FirstSplit:
-        """The largest step under the memory ceiling: the most trials whose slices fit."""
-        split = max((step for step in steps if 1 <= step <= ceiling), default=1)
+        """The largest step within a quarter of the memory ceiling.
+
+        The ceiling gives each trial the smallest slice allowed (`min_memory_mb`), which few
+        real trainings fit in: starting there (N=34 on an 80 GB card) would run a wave of
+        trials out of memory before the search backs off. A quarter of it leaves each trial
+        four times that slice, and the search climbs from there when memory allows.
+        """
+        split = max((step for step in steps if 1 <= step <= max(1, ceiling // 4)), default=1)
         return FirstSplit(
-            split=split, why=f"the largest N whose memory slices fit on {device.name}"
+            split=split, why=f"a quarter of the N whose smallest slices fit on {device.name}"
         )
 
     def room_mb(
