@@ -111,7 +111,8 @@ def test_split_auto_measures_a_profile_and_the_next_sweep_reuses_it(tmp_path: Pa
             base_url=daemon.url, timeout=30, headers=daemon_bearer(settings.home)
         ) as client,
     ):
-        first = run_sweep(client, ["seed=1..24"])
+        # The search starts at the CPU's cores: enough trials to measure several N from there.
+        first = run_sweep(client, [f"seed=1..{max(24, 8 * len(os.sched_getaffinity(0)))}"])
         profiles = client.get("/profiles").json()
         assert profiles["count"] == 1, profiles
         profile = profiles["data"][0]

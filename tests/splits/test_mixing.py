@@ -321,6 +321,8 @@ def test_two_auto_sweeps_share_the_cpu_by_their_shares_and_both_searches_learn(
     workdir = Path(tempfile.mkdtemp(prefix="gpumux-mixing-"))
     workdir.chmod(0o755)
     peer = peer_owner()
+    # Each search starts at the CPU's cores: enough trials to fill it at several N.
+    trials = max(16, 8 * len(os.sched_getaffinity(0)))
     try:
         with embedded(settings) as daemon:
             sessions = make_sessions(make_engine(settings.database_url))
@@ -331,7 +333,7 @@ def test_two_auto_sweeps_share_the_cpu_by_their_shares_and_both_searches_learn(
                     created = client.post(
                         "/sweeps",
                         json={
-                            "params": ["x=1..16"],
+                            "params": [f"x=1..{trials}"],
                             "command": ["sh", "-c", TRIAL.format(work=WORKLOADS[name])],
                             "workdir": str(workdir),
                             "env": dict(os.environ),

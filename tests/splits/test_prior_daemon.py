@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -19,9 +20,9 @@ from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 
-# The similar workload's best N: neither N=1 nor the CPU's guess (its cores) on this machine,
-# and under its ceiling of two trials per core.
-SIMILAR_N = 3
+# The similar workload's best N: neither N=1 nor the CPU's guess (its cores), and under the
+# CPU's ceiling of two trials per core.
+SIMILAR_N = len(os.sched_getaffinity(0)) + 1
 TRIAL = "import time; time.sleep(1.0)"
 
 
@@ -85,7 +86,11 @@ def test_a_new_workload_starts_at_the_n_of_a_similar_workloads_profile(tmp_path:
     ):
         created = client.post(
             "/sweeps",
-            json={"params": ["batch_size=32", "seed=1..9"], "command": command, "workdir": workdir},
+            json={
+                "params": ["batch_size=32", f"seed=1..{3 * SIMILAR_N}"],
+                "command": command,
+                "workdir": workdir,
+            },
         )
         assert created.status_code == 201, created.text
         sweep_id = created.json()["id"]
