@@ -3,13 +3,15 @@
 A supervisor forked by the spawner is not the daemon's child: the daemon watches it as it
 watches one it adopted (by its pidfd), and the kernel reaps it. When the spawner does not
 answer, the launch starts its supervisor directly (see launcher.start_supervisor) and a new
-spawner serves the next one.
+spawner serves the next one; when it answers that it could not fork, the same launch starts
+directly too.
 
 The warm spawner is a second one, for the trials of `--warm` sweeps: `python -I` with the
-daemon's own site-packages (so the framework imports; still no PYTHONPATH and no user site), it
-preloads gpumux.runtime.warm and the framework, so the supervisors it forks start their trials
-without an exec (see supervisor.py). Its imports take seconds: it starts on the first warm
-trial, and until it says it is ready, warm trials start cold from the ordinary spawner.
+daemon's own site-packages (so the framework imports; no PYTHONPATH, no user site: each trial
+adds its own) and the daemon's LD_LIBRARY_PATH and LD_PRELOAD; it preloads gpumux.runtime.warm
+and the framework, so the supervisors it forks start their trials without an exec (see
+supervisor.py). Its imports take seconds: it starts on the first warm trial, and until it says
+it is ready, warm trials start cold from the ordinary spawner.
 """
 
 from __future__ import annotations
