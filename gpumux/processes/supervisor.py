@@ -16,9 +16,10 @@ directory, the log format and process identity.
 
 A warm start (the spec's `warm`): when this supervisor was forked by the warm spawner, which
 imported gpumux.runtime.warm and the framework, and the command is `python script.py` with that
-very interpreter, the trial child becomes the trial without an exec (warm.run_trial), after the
-same session, descriptors, user and directory as a cold one. It finds that module in
-sys.modules, never imports it: a supervisor not forked warm has none, and simply execs.
+very interpreter (and nothing else needs a fresh process: warm.cold_reason), the trial child
+becomes the trial without an exec (warm.run_trial), after the same session, descriptors, user
+and directory as a cold one; otherwise it says why on the trial's log, and execs. It finds that
+module in sys.modules, never imports it: a supervisor not forked warm has none.
 """
 
 from __future__ import annotations
