@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     )
     log_keep: int = Field(default=2, ge=0, description="rotated pieces kept of each trial log")
     warm_preload: str = Field(
-        default="tensorflow",
+        # Keras is its own package since TensorFlow 2.16, imported by `import keras`.
+        default="tensorflow,keras",
         description="modules the warm spawner imports before it forks the trials of --warm "
         "sweeps (comma list; from the daemon's own environment)",
     )

@@ -55,7 +55,7 @@ def serve(channel: socket.socket, runs_dir: str) -> int:
             run_dir = os.fsdecode(message)
             if len(fds) != REQUEST_FDS:
                 answer = FAILED + b"a request carries the GO pipe and the log"
-            elif os.path.dirname(run_dir) != runs_dir:
+            elif not is_run_dir(run_dir, runs_dir):
                 answer = FAILED + f"{run_dir!r} is not a run directory of {runs_dir}".encode()
             else:
                 answer = b"%d" % fork_supervisor(channel, run_dir, *fds)
@@ -68,6 +68,15 @@ def serve(channel: socket.socket, runs_dir: str) -> int:
             channel.send(answer)
         except ConnectionError:
             return 0
+
+
+def is_run_dir(run_dir: str, runs_dir: str) -> bool:
+    """Whether `run_dir` names a directory right inside `runs_dir` (not `.` nor `..`, nor
+    through a link that leads elsewhere)."""
+    if os.path.basename(run_dir) in ("", ".", ".."):
+        return False
+    parent = os.path.realpath(os.path.dirname(run_dir))
+    return parent == os.path.realpath(runs_dir) == os.path.dirname(os.path.realpath(run_dir))
 
 
 def fork_supervisor(channel: socket.socket, run_dir: str, go_read: int, own_log: int) -> int:

@@ -3,13 +3,15 @@
 A supervisor forked by the spawner is not the daemon's child: the daemon watches it as it
 watches one it adopted (by its pidfd), and the kernel reaps it. When the spawner does not
 answer, the launch starts its supervisor directly (see launcher.start_supervisor) and a new
-spawner serves the next one.
+spawner serves the next one; when it answers that it could not fork, the same launch starts
+directly too.
 
 The warm spawner is a second one, for the trials of `--warm` sweeps: `python -I` with the
-daemon's own site-packages (so the framework imports; still no PYTHONPATH and no user site), it
-preloads gpumux.runtime.warm and the framework, so the supervisors it forks start their trials
-without an exec (see supervisor.py). Its imports take seconds: it starts on the first warm
-trial, and until it says it is ready, warm trials start cold from the ordinary spawner.
+daemon's own site-packages (so the framework imports; no PYTHONPATH, no user site: each trial
+adds its own) and the daemon's LD_LIBRARY_PATH and LD_PRELOAD; it preloads gpumux.runtime.warm
+and the framework, so the supervisors it forks start their trials without an exec (see
+supervisor.py). Its imports take seconds: it starts on the first warm trial, and until it says
+it is ready, warm trials start cold from the ordinary spawner.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ WARM_BOOT = (
     "import sys; r = sys.argv[1].rsplit('/', 3)[0]; sys.path.insert(0, r); import gpumux; "
     "sys.path.remove(r); from gpumux.processes.spawner import main; sys.exit(main(sys.argv[1:]))"
 )
+# The loader's settings the warm spawner keeps from the daemon's environment (see
+# warm.LOADER_VARIABLES: a trial whose own differ starts cold).
+LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 # A fork takes a few milliseconds; a spawner silent for this long is hung, and replaced.
 ANSWER_TIMEOUT_S = 5.0
 # An answer is a pid, or a failure's one-line message.
@@ -96,7 +101,7 @@ class Spawner:
             self.process = subprocess.Popen(
                 spawner_command(self.runs_dir, self.preload, warm=self.warm),
                 stdin=theirs.fileno(),
-                env={"PATH": os.defpath},
+                env=self._environment(),
                 start_new_session=True,
             )
         except BaseException:
@@ -115,6 +120,14 @@ class Spawner:
             )
         else:
             log.info("spawner: pid %d forks the supervisors", self.process.pid)
+
+    def _environment(self) -> dict[str, str]:
+        # The warm spawner loads the framework's libraries for its trials: with the daemon's
+        # loader settings (CUDA from an environment module), which a trial's usually match.
+        env = {"PATH": os.defpath}
+        if self.warm:
+            env.update({name: os.environ[name] for name in LOADER_VARIABLES if name in os.environ})
+        return env
 
     @property
     def name(self) -> str:
@@ -166,8 +179,8 @@ class Spawner:
 
     def fork(self, run_dir: Path, go_read: int, own_log: int) -> int | None:
         """The pid of a supervisor forked for `run_dir` with this GO pipe and log; None when
-        the spawner did not answer (the caller starts this supervisor itself, and a new spawner
-        serves the next). OSError when the spawner could not fork."""
+        the spawner did not answer (a new spawner serves the next) or could not fork: the
+        caller starts this supervisor itself."""
         if self._channel is None:
             return None
         try:
@@ -183,7 +196,14 @@ class Spawner:
             self._replace("it exited")
             return None
         if answer.startswith(spawner.FAILED):
-            raise OSError(answer[len(spawner.FAILED) :].decode(errors="replace"))
+            # It could not fork (EAGAIN at a process limit): a direct start may still succeed.
+            log.warning(
+                "%s: could not fork the supervisor of %s (%s); it starts directly",
+                self.name,
+                run_dir,
+                answer[len(spawner.FAILED) :].decode(errors="replace"),
+            )
+            return None
         return int(answer)
 
     def _replace(self, why: str) -> None:

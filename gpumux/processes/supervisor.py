@@ -16,9 +16,10 @@ directory, the log format and process identity.
 
 A warm start (the spec's `warm`): when this supervisor was forked by the warm spawner, which
 imported gpumux.runtime.warm and the framework, and the command is `python script.py` with that
-very interpreter, the trial child becomes the trial without an exec (warm.run_trial), after the
-same session, descriptors, user and directory as a cold one. It finds that module in
-sys.modules, never imports it: a supervisor not forked warm has none, and simply execs.
+very interpreter (and nothing else needs a fresh process: warm.cold_reason), the trial child
+becomes the trial without an exec (warm.run_trial), after the same session, descriptors, user
+and directory as a cold one; otherwise it says why on the trial's log, and execs. It finds that
+module in sys.modules, never imports it: a supervisor not forked warm has none.
 """
 
 from __future__ import annotations
@@ -217,8 +218,8 @@ class Supervisor:
             # Entered after the switch to the user: a directory they may not enter fails.
             stage = "chdir"
             os.chdir(spec["cwd"])
-            warm = sys.modules.get(WARM_MODULE) if spec.get("warm") else None
-            if warm is not None and warm.script_argv(spec["argv"], spec["env"]) is not None:
+            if spec.get("warm") and self._starts_warm():
+                warm = sys.modules[WARM_MODULE]
                 stage = "warm"
                 # No exec closes the error pipe: the command runs from here on. The wakeup fd
                 # was the supervisor's, closed above; its number may name the trial's files.
@@ -238,6 +239,21 @@ class Supervisor:
                     os.write(errors, f"{stage}:{number}:{text}".encode(errors="replace"))
         finally:
             os._exit(127)
+
+    def _starts_warm(self) -> bool:
+        """In the trial child of a --warm trial: whether it can start warm here; if not, says
+        why on its output (the trial's log) before it starts cold."""
+        warm = sys.modules.get(WARM_MODULE)
+        if warm is None:
+            why = "the warm spawner did not fork its supervisor (not ready yet, or failed: see "
+            why += "the daemon's log)"
+        else:
+            why = warm.cold_reason(self.spec["argv"], self.spec["env"])
+            if why is None:
+                return True
+        with contextlib.suppress(OSError):
+            os.write(2, f"gpumux: this --warm trial starts cold: {why}\n".encode(errors="replace"))
+        return False
 
     def _watch(self, read_end: int, wake_read: int, log: RotatingLog) -> None:
         assert self.trial is not None

@@ -18,6 +18,7 @@ import os
 import runpy
 import shutil
 import signal
+import site
 import sys
 import threading
 import time
@@ -34,6 +35,44 @@ if TYPE_CHECKING:
 
 # Interpreter options a warm child can honour: the trial's environment already sets -u's effect.
 HONOURED_OPTIONS = ("-u",)
+# Read by the dynamic loader when the process started, which for a warm child was the parent.
+LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+# Read by the interpreter as it starts, into its hash seed, flags, streams, allocator or first
+# sys.path entry: a warm child's interpreter started long ago (isolated, -I), so a trial that
+# sets one starts cold. Not here: PYTHONPATH, PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE (common
+# in containers), PYTHONNOUSERSITE and PYTHONUSERBASE, which run_trial applies itself, and those
+# read later from os.environ (PYTHONBREAKPOINT, PYTHONASYNCIODEBUG) or only when interactive.
+STARTUP_VARIABLES = (
+    "PYTHONHASHSEED",
+    "PYTHONWARNINGS",
+    "PYTHONIOENCODING",
+    "PYTHONOPTIMIZE",
+    "PYTHONSAFEPATH",
+    "PYTHONHOME",
+    "PYTHONPLATLIBDIR",
+    "PYTHONINSPECT",
+    "PYTHONVERBOSE",
+    "PYTHONDEBUG",
+    "PYTHONDEVMODE",
+    "PYTHONUTF8",
+    "PYTHONCOERCECLOCALE",
+    "PYTHONMALLOC",
+    "PYTHONMALLOCSTATS",
+    "PYTHONFAULTHANDLER",
+    "PYTHONTRACEMALLOC",
+    "PYTHONPROFILEIMPORTTIME",
+    "PYTHONPYCACHEPREFIX",
+    "PYTHONWARNDEFAULTENCODING",
+    "PYTHONINTMAXSTRDIGITS",
+    "PYTHONNODEBUGRANGES",
+    "PYTHONPERFSUPPORT",
+    "PYTHONFROZENMODULES",
+    "PYTHON_CPU_COUNT",
+    "PYTHON_GIL",
+    "PYTHON_PRESITE",
+    "PYTHON_JIT",
+    "PYTHON_PERF_JIT_SUPPORT",
+)
 # OpenBLAS reads OPENBLAS_NUM_THREADS when it loads, in the parent: the child sets it by name.
 OPENBLAS_SETTERS = (
     "openblas_set_num_threads",
@@ -76,17 +115,37 @@ def script_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None
     return None if rest[0].startswith("-") else rest
 
 
+def cold_reason(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why `argv` with the trial's `env` must start cold in this process, or None if it can
+    start warm. Call it before the trial's environment replaces this process's own."""
+    if script_argv(argv, env) is None:
+        return f"{' '.join(argv)!r} is not `python script.py` with this interpreter"
+    for name in LOADER_VARIABLES:
+        if env.get(name, "") != os.environ.get(name, ""):
+            return f"its {name} is not the warm spawner's, which its libraries were loaded with"
+    # An empty value is no setting, for the interpreter as here.
+    startup = [name for name in STARTUP_VARIABLES if env.get(name)]
+    if startup:
+        return f"it sets {', '.join(startup)}, read only as an interpreter starts"
+    return None
+
+
 def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn:
     """In a forked child: become the trial that `argv` starts, run its script, exit as it did."""
     # First, as for an exec: a relative command or script is found from the trial's directory.
     os.chdir(cwd)
+    reason = cold_reason(argv, env)
+    if reason is not None:
+        raise ValueError(f"cannot start warm: {reason}")
     script = script_argv(argv, env)
-    if script is None:
-        raise ValueError(f"{' '.join(argv)!r} is not `python script.py` with this interpreter")
+    assert script is not None
     os.environ.clear()
     os.environ.update(env)
     _reset_signal_handlers()
     _set_sys_path(script, env)
+    _add_user_site(env)
+    # What a fresh interpreter does with PYTHONDONTWRITEBYTECODE.
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     # The first report's interval starts with the trial, as at a cold interpreter's start.
     gpumux.runtime._previous_report_at = time.monotonic()
     _cap_openblas(env)
@@ -107,6 +166,10 @@ def _reset_signal_handlers() -> None:
             if callable(signal.getsignal(signum)):
                 signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A fresh interpreter ignores these (a write to a closed pipe raises BrokenPipeError, past
+    # the file size limit OSError); the supervisor restored them for an exec, which never comes.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def _same_interpreter(program: str) -> bool:
@@ -123,6 +186,46 @@ def _set_sys_path(script: list[str], env: Mapping[str, str]) -> None:
     extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
     rest = [entry for entry in sys.path[1:] if entry not in extra]
     sys.path[:] = [first, *extra, *rest]
+
+
+def _add_user_site(env: Mapping[str, str]) -> None:
+    # The warm parent runs isolated, without the user's site-packages (pip install --user),
+    # which `python script.py` has: added after the trial's HOME and user are in place.
+    if env.get("PYTHONNOUSERSITE") or not user_site_enabled(sys.prefix):
+        return
+    directory = user_site_dir(env)
+    if not os.path.isdir(directory):
+        return
+    before = list(sys.path)
+    site.addsitedir(directory)
+    added = [entry for entry in sys.path if entry not in before]
+    # Where the interpreter puts it: before the installation's own site-packages.
+    installed = set(site.getsitepackages())
+    at = next((i for i, entry in enumerate(before) if entry in installed), len(before))
+    sys.path[:] = [*before[:at], *added, *before[at:]]
+
+
+def user_site_enabled(prefix: str) -> bool:
+    """Whether an interpreter of the installation at `prefix` has a user site (not a virtual
+    environment without the system's site-packages)."""
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg")) as config:
+            lines = config.read().splitlines()
+    except FileNotFoundError:
+        return True
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "include-system-site-packages":
+            return value.strip().lower() == "true"
+    return False
+
+
+def user_site_dir(env: Mapping[str, str]) -> str:
+    """The user's site-packages, as the interpreter finds it from the trial's environment."""
+    base = env.get("PYTHONUSERBASE") or os.path.join(os.path.expanduser("~"), ".local")
+    threads = "t" if "t" in sys.abiflags else ""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}{threads}"
+    return os.path.join(base, "lib", version, "site-packages")
 
 
 def _cap_openblas(env: Mapping[str, str]) -> None:

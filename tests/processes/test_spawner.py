@@ -139,13 +139,46 @@ def test_a_supervisor_forked_before_the_spawner_died_never_runs_its_trial(
     assert marker.read_text() == "x"
 
 
-def test_the_spawner_refuses_a_directory_outside_its_runs_directory(
-    tmp_path: Path, spawner: Spawner
-) -> None:
+def fork_refused(spawner: Spawner, run_dir: Path) -> bool:
+    """Whether the spawner refuses to fork a supervisor for `run_dir` (the caller starts it)."""
     read_end, write_end = os.pipe()
     try:
-        with pytest.raises(OSError, match="is not a run directory of"):
-            spawner.fork(tmp_path / "elsewhere" / "3.1", read_end, write_end)
+        return spawner.fork(run_dir, read_end, write_end) is None
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "link/3.1", "../runs-not/3.1"])
+def test_the_spawner_refuses_a_directory_outside_its_runs_directory(
+    tmp_path: Path, spawner: Spawner, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "link").symlink_to(tmp_path / "elsewhere")
+    assert spawner.process is not None
+    pid = spawner.process.pid
+
+    with caplog.at_level(logging.WARNING):
+        assert fork_refused(spawner, tmp_path / "runs" / name)
+    assert "is not a run directory of" in caplog.text
+    # It could not fork this one, and is still the spawner of the next.
+    assert spawner.process is not None and spawner.process.pid == pid
+    assert not fork_refused(spawner, tmp_path / "runs" / "3.1")
+
+
+def test_a_launch_the_spawner_cannot_fork_starts_its_supervisor_directly(
+    tmp_path: Path, spawner: Spawner
+) -> None:
+    # The spawner answers FAILED for a run directory not in its runs directory, as for a fork
+    # that failed (EAGAIN at the process limit): the trial runs all the same, once.
+    trial = SupervisedTrial.spawn(
+        launch_spec(tmp_path, [sys.executable, "-c", "print('ran'); raise SystemExit(6)"]),
+        run_dir=tmp_path / "elsewhere" / "3.1",
+        options=OPTIONS,
+        spawner=spawner,
+    )
+    wait_exited(trial)
+    end = trial.finish()
+    assert end is not None and end.exit_status.exit_code == 6
+    assert (tmp_path / "logs" / "trial.log").read_text().count("ran\n") == 1

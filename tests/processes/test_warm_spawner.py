@@ -3,7 +3,9 @@ trials without an exec, keep their exit status and outlive it; other commands ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 PROBE = str(FIXTURES / "warm_probe.py")
 # Light, and never imported by a cold trial's bootstrap: it tells a warm start from a cold one.
 FRAMEWORK = "numpy"
+WARM = "gpumux.runtime.warm"
 TIMEOUT_S = 60.0
 
 
@@ -33,9 +36,7 @@ def until_ready(spawner: Spawner) -> None:
 
 @pytest.fixture
 def warm_spawner(tmp_path: Path) -> Iterator[Spawner]:
-    spawner = Spawner(
-        runs_dir=tmp_path / "runs", preload=("gpumux.runtime.warm", FRAMEWORK), warm=True
-    )
+    spawner = Spawner(runs_dir=tmp_path / "runs", preload=(WARM, FRAMEWORK), warm=True)
     spawner.start()
     until_ready(spawner)
     yield spawner
@@ -157,5 +158,85 @@ def test_a_preload_that_fails_is_said_and_warm_trials_start_from_the_ordinary_sp
         assert not partner.running and spawner.serving(warm=True) is spawner
         trial = run(tmp_path, [sys.executable, PROBE, FRAMEWORK], spawner.serving(warm=True))
         assert exit_code(trial) == 0
+        assert not partner.is_ready() and spawner.serving(warm=True) is spawner
+        # Said once, in the daemon's log; each trial it starts cold says so in its own log.
+        assert caplog.text.count("cannot serve") == 1
+        log = (tmp_path / "logs" / "trial.log").read_text()
+        assert "gpumux: this --warm trial starts cold: the warm spawner did not fork" in log
     finally:
         spawner.close(kill=True)
+
+
+def test_a_warm_trial_gets_broken_pipe_and_file_size_errors_as_a_cold_one(
+    tmp_path: Path, warm_spawner: Spawner
+) -> None:
+    # A fresh interpreter ignores SIGPIPE and SIGXFSZ: the write fails instead of killing it.
+    script = tmp_path / "writes.py"
+    script.write_text(
+        "import os, resource, sys\n"
+        "read_end, write_end = os.pipe()\n"
+        "os.close(read_end)\n"
+        "try:\n"
+        "    os.write(write_end, b'x')\n"
+        "except BrokenPipeError:\n"
+        "    pipe = 1\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))\n"
+        "big = os.open('big', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n"
+        "os.write(big, b'x')\n"
+        "try:\n"
+        "    os.write(big, b'x')\n"
+        "except OSError:\n"
+        "    size = 1\n"
+        f"warm = int({FRAMEWORK!r} in sys.modules)\n"
+        'print(f\'GPUMUX_REPORT {{"warm": {warm}, "pipe": {pipe}, "size": {size}}}\')\n'
+    )
+    for warm in (False, True):
+        trial = run(tmp_path, [sys.executable, str(script)], warm_spawner, warm=warm)
+        assert exit_code(trial) == 0
+        assert reported(tmp_path) == {"warm": int(warm), "pipe": 1, "size": 1}
+        (tmp_path / "logs" / "trial.log").unlink()
+        shutil.rmtree(tmp_path / "runs" / "3.1")
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"PYTHONHASHSEED": "0"}, "it sets PYTHONHASHSEED, read only as an interpreter starts"),
+        ({"LD_LIBRARY_PATH": "/opt/cuda/lib64"}, "its LD_LIBRARY_PATH is not the warm spawner's"),
+    ],
+    ids=["hash-seed", "library-path"],
+)
+def test_a_warm_trial_the_warm_spawner_cannot_honour_starts_cold_and_says_why(
+    tmp_path: Path, warm_spawner: Spawner, env: dict[str, str], said: str
+) -> None:
+    spec = launch_spec(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm=True)
+    spec = dataclasses.replace(spec, base_env={**spec.base_env, **env})
+    trial = SupervisedTrial.spawn(
+        spec, run_dir=tmp_path / "runs" / "3.1", options=OPTIONS, spawner=warm_spawner
+    )
+    assert exit_code(trial) == 0
+    assert reported(tmp_path)["warm"] == 0
+    lines = (tmp_path / "logs" / "trial.log").read_text().splitlines()
+    [line] = [line for line in lines if "starts cold" in line]
+    assert line.startswith("gpumux: this --warm trial starts cold: ") and said in line
+
+
+def test_the_warm_spawner_keeps_the_daemons_library_path_for_trials_that_share_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    spawner = Spawner(runs_dir=tmp_path / "runs", preload=(WARM, FRAMEWORK), warm=True)
+    spawner.start()
+    try:
+        until_ready(spawner)
+        spec = launch_spec(tmp_path, [sys.executable, PROBE, FRAMEWORK], warm=True)
+        spec = dataclasses.replace(
+            spec, base_env={**spec.base_env, "LD_LIBRARY_PATH": str(tmp_path)}
+        )
+        trial = SupervisedTrial.spawn(
+            spec, run_dir=tmp_path / "runs" / "3.1", options=OPTIONS, spawner=spawner
+        )
+        assert exit_code(trial) == 0
+    finally:
+        spawner.close(kill=True)
+    assert reported(tmp_path)["warm"] == 1

@@ -28,13 +28,17 @@ WARM_SCRIPT = FIXTURES / "warm_script.py"
 
 
 def run_warm(
-    preload: list[str], argv: list[str], env: dict[str, str], cwd: Path
+    preload: list[str],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """A real warm parent (not a trial itself) that forks one trial; the output of both."""
     parent_env = {name: value for name, value in os.environ.items() if name in ("PATH", "HOME")}
     parent_env.update(PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     request = json.dumps({"preload": preload, "argv": argv, "env": env, "cwd": str(cwd)})
-    return run_python([str(FIXTURES / "warm_parent.py"), request], parent_env, cwd)
+    return run_python([str(FIXTURES / "warm_parent.py"), request], parent_env, cwd, python)
 
 
 def child_exit(result: subprocess.CompletedProcess[str]) -> int:
@@ -219,3 +223,71 @@ def test_script_argv_refuses_another_interpreter(tmp_path: Path) -> None:
 def test_run_trial_refuses_a_command_it_cannot_run_warm(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not `python script.py` with this interpreter"):
         warm.run_trial(["sh", "-c", "true"], {"PATH": "/usr/bin:/bin"}, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"LD_PRELOAD": "/lib/libfake.so"}, "its LD_PRELOAD is not the warm spawner's"),
+        ({"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "error"}, "PYTHONHASHSEED, PYTHONWARNINGS"),
+        ({"PYTHONIOENCODING": "latin-1"}, "it sets PYTHONIOENCODING"),
+    ],
+)
+def test_a_trial_that_needs_a_fresh_interpreter_or_loader_starts_cold(
+    env: dict[str, str], said: str
+) -> None:
+    base = {"PATH": os.path.dirname(sys.executable)}
+    argv = [sys.executable, "train.py"]
+    assert warm.cold_reason(argv, base) is None
+
+    reason = warm.cold_reason(argv, {**base, **env})
+
+    assert reason is not None and said in reason
+
+
+def test_what_a_warm_child_applies_itself_does_not_make_a_trial_cold() -> None:
+    env = {
+        "PATH": os.path.dirname(sys.executable),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUSERBASE": "/u",
+        "PYTHONHASHSEED": "",
+        "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", ""),
+    }
+
+    assert warm.cold_reason([sys.executable, "train.py"], env) is None
+
+
+def test_run_trial_refuses_a_trial_that_must_start_cold(tmp_path: Path) -> None:
+    env = {"PATH": os.path.dirname(sys.executable), "PYTHONHASHSEED": "1"}
+    with pytest.raises(ValueError, match="cannot start warm: it sets PYTHONHASHSEED"):
+        warm.run_trial([sys.executable, "train.py"], env, str(tmp_path))
+
+
+def test_the_child_has_the_users_site_packages_as_a_cold_interpreter(tmp_path: Path) -> None:
+    # Outside a virtual environment, where `python script.py` has the user's site-packages:
+    # the warm parent runs with the daemon's HOME, the trial with its own.
+    python = os.path.realpath(sys.executable)
+    home = tmp_path / "home"
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    user_site = home / ".local" / "lib" / version / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "users_module.py").write_text("WHERE = 'user site'\n")
+    script = tmp_path / "uses.py"
+    script.write_text("import users_module\nprint('script:', users_module.WHERE)\n")
+    env = trial_env(None, HOME=str(home), PYTHONNOUSERSITE=None)
+    cold = run_python([str(script)], env, tmp_path, python=python)
+    assert script_lines(cold.stdout) == ["script: user site"], cold.stdout
+
+    result = run_warm(["json"], [python, str(script)], env, tmp_path, python=python)
+
+    assert child_exit(result) == 0
+    assert script_lines(result.stdout) == ["script: user site"]
+
+
+def test_a_virtual_environment_without_system_packages_has_no_user_site(tmp_path: Path) -> None:
+    assert warm.user_site_enabled(str(tmp_path))
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    assert not warm.user_site_enabled(str(tmp_path))
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = True\n")
+    assert warm.user_site_enabled(str(tmp_path))
