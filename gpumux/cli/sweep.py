@@ -290,7 +290,7 @@ def sweep(
         typer.Option(
             "--warm",
             help="start each `python script.py` trial from a helper that has already imported "
-            "the framework (the daemon's GPUMUX_WARM_PRELOAD, tensorflow by default): seconds "
+            "the framework (the daemon's GPUMUX_WARM_PRELOAD, tensorflow,keras by default): seconds "
             "less per trial; other commands start as usual",
         ),
     ] = False,
