@@ -100,6 +100,20 @@ def never_fits(
     return "; ".join(reasons) or None
 
 
+def expected_split(
+    trial: PendingTrial, devices: Sequence[DeviceSnapshot], policy: PackingPolicy
+) -> int:
+    """The N the trial will likely run under, before it is placed: its sweep's, else the tuned
+    or the default N on the first usable device (its 1/N is what fair share counts it at)."""
+    if trial.split is not None:
+        return trial.split
+    for device in devices:
+        kind = kind_of(device)
+        if kind.usable(device):
+            return trial.tuned.get(device.key) or kind.default_split(device, policy)
+    return policy.default_split
+
+
 @dataclass
 class _Device:
     """The running trials and remaining room of one usable device during one place() call."""

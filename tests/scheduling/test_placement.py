@@ -15,6 +15,7 @@ from gpumux.scheduling.placement import (
     PendingTrial,
     Placement,
     RunningTrial,
+    expected_split,
     never_fits,
     place,
 )
@@ -440,3 +441,13 @@ def test_every_device_reserved_places_nothing_more() -> None:
         *queue(4, split=4, first_id=3),
     ]
     assert place(devices=[gpu(0), gpu(1)], running=running, pending=pending, policy=POLICY) == []
+
+
+def test_the_split_fair_share_expects_is_the_sweeps_else_the_first_usable_devices() -> None:
+    broken, devices = gpu(0, error="lost"), [gpu(0, error="lost"), gpu(1), cpu(8)]
+    tuned = {"GPU-0": 7, "GPU-1": 5}
+    assert expected_split(PendingTrial(1, split=3, tuned=tuned), devices, POLICY) == 3
+    assert expected_split(PendingTrial(1, split=None, tuned=tuned), devices, POLICY) == 5
+    assert expected_split(PendingTrial(1, split=None), devices, POLICY) == POLICY.default_split
+    assert expected_split(PendingTrial(1, split=None), [broken, cpu(8)], POLICY) == 8
+    assert expected_split(PendingTrial(1, split=None), [broken], POLICY) == POLICY.default_split
