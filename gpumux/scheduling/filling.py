@@ -6,6 +6,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from fractions import Fraction
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
@@ -67,10 +68,11 @@ class SlotFiller:
                     )
             pending = [
                 placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
-                for t in self.fair_order(queued, active)
+                for t in queued
             ]
+            policy = self.policy()
+            pending = self.fair_order(queued, active, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
-        policy = self.policy()
         for waiting in list(pending):
             # It would reserve a device forever, and hold back every trial behind it there.
             reason = placement.never_fits(waiting, devices, policy)
@@ -139,10 +141,23 @@ class SlotFiller:
                 return None
             return None if trial is None else trial.id
 
-    def fair_order(self, queued: list[NextTrial], active: list[Trial]) -> list[NextTrial]:
-        """Queued trials in the order free slots go to them: each user's fair share first."""
+    def fair_order(
+        self,
+        queued: list[NextTrial],
+        active: list[Trial],
+        pending: list[placement.PendingTrial],
+        devices: Sequence[DeviceSnapshot],
+        policy: placement.PackingPolicy,
+    ) -> list[placement.PendingTrial]:
+        """The pending trials in the order free slots go to them: each user's fair share of
+        the devices first, a trial counted at the share 1/N it holds or is expected to hold."""
+        held: dict[str, Fraction] = {}
+        for trial in active:
+            owner = trial.sweep.owner.name
+            # Every launch records its N; one without (none should be) holds its device.
+            held[owner] = held.get(owner, Fraction(0)) + Fraction(1, trial.split or 1)
         running = Counter(trial.sweep.owner.name for trial in active)
-        by_id = {trial.id: trial for trial in queued}
+        by_id = {trial.trial_id: trial for trial in pending}
         order = fairshare.fair_order(
             (
                 fairshare.Candidate(
@@ -150,9 +165,11 @@ class SlotFiller:
                     owner=trial.sweep.owner.name,
                     sweep_id=trial.sweep_id,
                     priority=trial.sweep.priority,
+                    share=Fraction(1, placement.expected_split(by_id[trial.id], devices, policy)),
                 )
                 for trial in queued
             ),
+            held=held,
             running=running,
             shares=self.shares,
             max_running=self.settings.max_running_per_user,

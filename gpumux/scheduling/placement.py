@@ -100,6 +100,20 @@ def never_fits(
     return "; ".join(reasons) or None
 
 
+def expected_split(
+    trial: PendingTrial, devices: Sequence[DeviceSnapshot], policy: PackingPolicy
+) -> int:
+    """The N the trial will likely run under, before it is placed: its sweep's, else the tuned
+    or the default N on the first usable device (its 1/N is what fair share counts it at)."""
+    if trial.split is not None:
+        return trial.split
+    for device in devices:
+        kind = kind_of(device)
+        if kind.usable(device):
+            return trial.tuned.get(device.key) or kind.default_split(device, policy)
+    return policy.default_split
+
+
 @dataclass
 class _Device:
     """The running trials and remaining room of one usable device during one place() call."""
@@ -123,6 +137,12 @@ class _Device:
     def short_by(self, trial: PendingTrial, policy: PackingPolicy) -> Fraction:
         """The share of the device that must free before the trial fits (<= 0: it fits)."""
         return self.shares + Fraction(1, self.split_for(trial, policy)) - 1
+
+    def wait_rank(self, trial: PendingTrial, policy: PackingPolicy) -> tuple[bool, Fraction, int]:
+        """How soon a trial that does not fit here would: share to free, least first; a device
+        where only memory stops it last, as it may be held by a process that never ends."""
+        short_by = self.short_by(trial, policy)
+        return (short_by <= 0, short_by, self.snapshot.index)
 
     def fit(self, trial: PendingTrial, policy: PackingPolicy) -> Placement | None:
         """Where the trial would go on this device, or None when it does not fit."""
@@ -228,7 +248,8 @@ def plan(
     """Placements for the queue, in its order; a trial that fits nowhere reserves a device.
 
     A trial that fits on no open device reserves the open device where it will fit soonest:
-    the one with the least share to free before it fits (ties: the lower index). Trials behind
+    the one with the least share to free before it fits (ties: the lower index), a device where
+    it lacks only memory after every one where it waits for share. Trials behind
     it may still go to other devices, never to a reserved one, so the reserving trial is next
     there once enough share frees. With one device this is strict FIFO.
     """
@@ -241,7 +262,7 @@ def plan(
             break
         fits = [(d, p) for d in open_devices if (p := d.fit(trial, policy)) is not None]
         if not fits:
-            soonest = min(open_devices, key=lambda d: (d.short_by(trial, policy), d.snapshot.index))
+            soonest = min(open_devices, key=lambda d: d.wait_rank(trial, policy))
             reserved[soonest.snapshot.key] = trial.trial_id
             continue
         device, placement = min(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -15,8 +16,10 @@ from gpumux.scheduling.placement import (
     PendingTrial,
     Placement,
     RunningTrial,
+    expected_split,
     never_fits,
     place,
+    plan,
 )
 
 H100_MB = 81559
@@ -440,3 +443,32 @@ def test_every_device_reserved_places_nothing_more() -> None:
         *queue(4, split=4, first_id=3),
     ]
     assert place(devices=[gpu(0), gpu(1)], running=running, pending=pending, policy=POLICY) == []
+
+
+def test_the_split_fair_share_expects_is_the_sweeps_else_the_first_usable_devices() -> None:
+    broken, devices = gpu(0, error="lost"), [gpu(0, error="lost"), gpu(1), cpu(8)]
+    tuned = {"GPU-0": 7, "GPU-1": 5}
+    assert expected_split(PendingTrial(1, split=3, tuned=tuned), devices, POLICY) == 3
+    assert expected_split(PendingTrial(1, split=None, tuned=tuned), devices, POLICY) == 5
+    assert expected_split(PendingTrial(1, split=None), devices, POLICY) == POLICY.default_split
+    assert expected_split(PendingTrial(1, split=None), [broken, cpu(8)], POLICY) == 8
+    assert expected_split(PendingTrial(1, split=None), [broken], POLICY) == POLICY.default_split
+
+
+def test_the_head_reserves_a_device_it_waits_on_for_share_before_one_it_lacks_memory_on() -> None:
+    # GPU-0 has three quarters of its share free, but another process took 50 GB there since our
+    # trial started: the head (N=2) fits by share, not in the memory left. GPU-1 frees a quarter
+    # of its share before the head fits: the head reserves GPU-1, and the N=4 trial behind it,
+    # small enough for GPU-0's memory, goes there.
+    ours = GpuProcess(pid=71, used_memory_mb=20261)
+    crowded = gpu(0, processes=(GpuProcess(pid=FOREIGN_PID, used_memory_mb=50000), ours))
+    crowded = replace(crowded, memory_used_mb=70261, memory_free_mb=H100_MB - 70261)
+    running = [*running_on("GPU-0", [0], cap=19237), *running_on("GPU-1", [0, 1, 2], cap=19237)]
+    pending = [PendingTrial(trial_id=1, split=2), PendingTrial(trial_id=2, split=4)]
+    made = plan(
+        devices=[crowded, gpu(1)], running=running, pending=pending, policy=POLICY, our_pids={71}
+    )
+    assert made.reserved == {"GPU-1": 1}
+    assert [(p.trial_id, p.device_key, p.memory_limit_mb) for p in made.placements] == [
+        (2, "GPU-0", (USABLE - 50000) // 4 - POLICY.overhead_mb)
+    ]
