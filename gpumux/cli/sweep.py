@@ -290,8 +290,8 @@ def sweep(
         typer.Option(
             "--warm",
             help="start each `python script.py` trial from a helper that has already imported "
-            "the framework (the daemon's GPUMUX_WARM_PRELOAD, tensorflow,keras by default): seconds "
-            "less per trial; other commands start as usual",
+            "the framework (the daemon's GPUMUX_WARM_PRELOAD, tensorflow,keras by default): "
+            "seconds less per trial; other commands start as usual",
         ),
     ] = False,
     detach: Annotated[
