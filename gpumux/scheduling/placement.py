@@ -116,7 +116,7 @@ def expected_split(
 
 @dataclass
 class _Device:
-    """The running trials and remaining room of one usable device during one place() call."""
+    """The running trials and remaining room of one usable device during one plan() call."""
 
     snapshot: DeviceSnapshot
     kind: DeviceKind
@@ -216,25 +216,11 @@ def _usable_devices(
 
 @dataclass(frozen=True)
 class Plan:
-    """One place() call's decisions, and the devices that trials fitting nowhere reserved."""
+    """One plan() call's decisions, and the devices that trials fitting nowhere reserved."""
 
     placements: list[Placement]
     # Device key to the trial that reserved it, in the order they did.
     reserved: dict[str, int]
-
-
-def place(
-    *,
-    devices: Sequence[DeviceSnapshot],
-    running: Sequence[RunningTrial],
-    pending: Sequence[PendingTrial],
-    policy: PackingPolicy,
-    our_pids: Collection[int] = (),
-) -> list[Placement]:
-    """Placements for the queue, in its order (plan() tells which devices were reserved)."""
-    return plan(
-        devices=devices, running=running, pending=pending, policy=policy, our_pids=our_pids
-    ).placements
 
 
 def plan(

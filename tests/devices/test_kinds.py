@@ -22,12 +22,17 @@ from gpumux.scheduling.placement import (
     Placement,
     RunningTrial,
     never_fits,
-    place,
+    plan,
 )
 
 H100_MB = 81559
 FOREIGN_PID = 424242
 POLICY = PackingPolicy()
+
+
+def place(**request: Any) -> list[Placement]:
+    """What plan() places, in the queue's order."""
+    return plan(**request).placements
 
 
 BASE = DeviceSnapshot(

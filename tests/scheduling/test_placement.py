@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,6 @@ from gpumux.scheduling.placement import (
     RunningTrial,
     expected_split,
     never_fits,
-    place,
     plan,
 )
 
@@ -26,6 +26,11 @@ H100_MB = 81559
 POLICY = PackingPolicy()
 USABLE = H100_MB - POLICY.reserve_mb
 FOREIGN_PID = 424242
+
+
+def place(**request: Any) -> list[Placement]:
+    """What plan() places, in the queue's order."""
+    return plan(**request).placements
 
 
 def gpu(

@@ -21,7 +21,7 @@ from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
 from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.scheduling.next_trials import next_trials
-from gpumux.scheduling.placement import PackingPolicy, PendingTrial, place
+from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
@@ -214,9 +214,9 @@ def test_the_ceiling_divides_by_the_overhead_placement_budgets(
     policy = PackingPolicy(
         overhead_mb=overheads.configured_mb, overhead_by_device=overheads.measured()
     )
-    (placed,) = place(
+    (placed,) = plan(
         devices=[gpu], running=[], pending=[PendingTrial(trial_id=1, split=2)], policy=policy
-    )
+    ).placements
     assert placed.memory_limit_mb == room // 2 - 3000
 
 
