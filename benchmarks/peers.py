@@ -30,7 +30,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,8 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
-from sweep_makespan import EXAMPLES, ROOT, profile_of, run_sweep
+from sweep_makespan import EXAMPLES, ROOT, makespan_table, profile_of, run_sweep
 
 console = Console(soft_wrap=True)
 
@@ -271,19 +269,8 @@ def variants_of(args: argparse.Namespace, skipped: str | None) -> list[Variant]:
 
 def print_results(makespans: dict[str, list[float]], variants: list[Variant]) -> None:
     """The table of medians, then auto's ratios to the best fixed N and to Ray Tune."""
-    median = {name: statistics.median(values) for name, values in makespans.items()}
     repeats = max(len(values) for values in makespans.values())
-    table = Table(title=f"makespan of one sweep: medians of {repeats} repeats")
-    for column in ("variant", "makespan s", "speed-up over sequential", "runs s"):
-        table.add_column(column, justify="right")
-    for name, values in makespans.items():
-        table.add_row(
-            name,
-            f"{median[name]:.1f}",
-            f"{median['sequential'] / median[name]:.2f}x",
-            " ".join(f"{value:.1f}" for value in values),
-        )
-    console.print(table)
+    median = makespan_table(makespans, title=f"makespan of one sweep: medians of {repeats} repeats")
     fixed = [variant.name for variant in variants if isinstance(variant.setting, int)]
     ray = [variant.name for variant in variants if variant.tool == "ray"]
     for line in verdicts(median, fixed, ray):

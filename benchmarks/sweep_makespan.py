@@ -131,6 +131,23 @@ def profile_of(home: Path) -> str:
     return f"{curve} {profile['unit']}; {profile['reason']}"
 
 
+def makespan_table(makespans: dict[str, list[float]], *, title: str) -> dict[str, float]:
+    """Print each variant's median makespan, speed-up over sequential and runs; the medians."""
+    median = {name: statistics.median(values) for name, values in makespans.items()}
+    table = Table(title=title)
+    for column in ("variant", "makespan s", "speed-up over sequential", "runs s"):
+        table.add_column(column, justify="right")
+    for name, values in makespans.items():
+        table.add_row(
+            name,
+            f"{median[name]:.1f}",
+            f"{median['sequential'] / median[name]:.2f}x",
+            " ".join(f"{value:.1f}" for value in values),
+        )
+    console.print(table)
+    return median
+
+
 def show(repeat: int, name: str, seconds: float, used: list[int]) -> None:
     console.print(f"repeat {repeat + 1}: {name:<13} {seconds:6.1f} s  (N: {sorted(set(used))})")
 
@@ -179,18 +196,9 @@ def main() -> None:
                     show(repeat, "auto (reused)", seconds, used)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
-    median = {name: statistics.median(values) for name, values in makespans.items()}
-    table = Table(title=f"makespan of {args.trials} trials: medians of {args.repeats} repeats")
-    for column in ("variant", "makespan s", "speed-up over sequential", "runs s"):
-        table.add_column(column, justify="right")
-    for name, values in makespans.items():
-        table.add_row(
-            name,
-            f"{median[name]:.1f}",
-            f"{median['sequential'] / median[name]:.2f}x",
-            " ".join(f"{value:.1f}" for value in values),
-        )
-    console.print(table)
+    median = makespan_table(
+        makespans, title=f"makespan of {args.trials} trials: medians of {args.repeats} repeats"
+    )
     cold = [name for name, split, warm in variants if split != "auto" and not warm]
     best_name = min(cold, key=median.__getitem__)
     for name in ("auto", "auto (reused)"):
