@@ -172,8 +172,9 @@ def test_the_child_exits_as_a_cold_interpreter_would(
     assert child_exit(result) == cold.returncode == status
     lines = result.stdout.splitlines()
     if said is not None:
-        assert said in lines, result.stdout
-        assert said in cold.stdout.splitlines()
+        # Not as a whole line: the script's thread may print between the message and its
+        # line break, in a cold interpreter as in a warm one.
+        assert said in result.stdout and said in cold.stdout, result.stdout
     if how == "raise":
         assert "Traceback (most recent call last):" in lines
     assert ("script: atexit ran" in lines) is (how != "term")
