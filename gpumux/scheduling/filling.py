@@ -106,7 +106,7 @@ class SlotFiller:
             policy=policy,
             our_pids=group_of.keys(),
         )
-        self.heads = [sweep_of[trial_id] for trial_id in plan.reserved.values()]
+        self.heads = kept_turns(plan, pending, sweep_of, devices, policy)
         by_key = {device.key: device for device in devices}
         for planned in plan.placements:
             trial_id = self.asked(planned.trial_id, sweep_of[planned.trial_id])
@@ -186,6 +186,25 @@ class SlotFiller:
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )
+
+
+def kept_turns(
+    plan: placement.Plan,
+    pending: Sequence[placement.PendingTrial],
+    sweep_of: Mapping[int, int],
+    devices: Sequence[DeviceSnapshot],
+    policy: placement.PackingPolicy,
+) -> list[int]:
+    """The sweeps whose reserving trial keeps its turn at the next fill: those that wait for a
+    larger share than another queued trial would take. A smaller trial would take the share it
+    waits for at every fill; among trials of one size fair share decides, as ever."""
+    by_id = {trial.trial_id: trial for trial in pending}
+    smallest = min(Fraction(1, placement.expected_split(t, devices, policy)) for t in pending)
+    return [
+        sweep_of[trial_id]
+        for trial_id in plan.reserved.values()
+        if Fraction(1, placement.expected_split(by_id[trial_id], devices, policy)) > smallest
+    ]
 
 
 def heads_first(
