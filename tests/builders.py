@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
@@ -52,6 +54,26 @@ def sweep_in(
             **fields,
         }
     )
+
+
+CPU = DeviceSnapshot(
+    key="cpu",
+    kind="cpu",
+    index=0,
+    name="Test CPU",
+    uuid=None,
+    memory_total_mb=16000,
+    memory_used_mb=4000,
+    memory_free_mb=12000,
+    utilization_pct=None,
+    processes=None,
+    cpu_count=8,
+)
+
+
+def cpu_snapshot(**fields: Any) -> DeviceSnapshot:
+    """A CPU device as the probe reports it: 8 cores, 12 GB of 16 free; `fields` override."""
+    return replace(CPU, **fields)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, daemon_bearer, sweep_in
+from builders import bearer, cpu_snapshot, daemon_bearer, sweep_in
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -187,18 +187,8 @@ def test_a_device_with_room_a_waiting_trial_would_take_is_not_measured(
 
 
 def cpu() -> DeviceSnapshot:
-    return DeviceSnapshot(
-        key="cpu",
-        kind="cpu",
-        index=0,
-        name="Test CPU",
-        uuid=None,
-        memory_total_mb=80_000,
-        memory_used_mb=0,
-        memory_free_mb=80_000,
-        utilization_pct=None,
-        processes=(),
-        cpu_count=8,
+    return cpu_snapshot(
+        memory_total_mb=80_000, memory_used_mb=0, memory_free_mb=80_000, processes=()
     )
 
 
