@@ -85,3 +85,33 @@ def test_counts_waits_durations_and_loads_of_trials_in_their_states(
             "gpu:0": stats.DeviceLoad(trials=1, samples_per_s=40.0, split=3),
             "gpu:1": stats.DeviceLoad(trials=2, samples_per_s=60.0, split=4),
         }
+
+
+def test_a_wait_of_exactly_a_bound_counts_in_that_bound_whatever_the_start(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # julianday's day fraction put a 1 s wait at 0.99999 or 1.00001 s depending on the clock.
+    starts = [T0 + timedelta(microseconds=137_911 * n) for n in range(40)]
+    with sessions.write.begin() as session:
+        owner = store.get_or_create_owner(session=session, name="alice")
+        sweep = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path),
+            owner=owner,
+            seed=1,
+            trial_params=[{"n": n} for n in range(len(starts))],
+        )
+        trials, _ = store.list_trials(session=session, sweep_id=sweep.id)
+        for trial, queued in zip(trials, starts, strict=True):
+            trial.queued_at = queued
+            store.set_trial_status(
+                session=session,
+                trial=trial,
+                status=TrialStatus.starting,
+                started_at=queued + timedelta(seconds=1),
+                device="cpu:0",
+                split=1,
+            )
+    with sessions.read() as session:
+        waits = stats.queue_waits(session=session, dialect=sessions.dialect, bounds=(1,))
+    assert waits.counts == (len(starts), 0) and waits.total == len(starts)

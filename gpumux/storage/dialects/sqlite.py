@@ -178,8 +178,10 @@ class SqliteDialect(Dialect):
     def seconds_between(
         self, start: SQLColumnExpression[Any], end: SQLColumnExpression[Any]
     ) -> ColumnElement[float]:
-        """julianday() of the naive UTC text each timestamp is stored as, to ~50 microseconds."""
-        return (func.julianday(end) - func.julianday(start)) * SECONDS_PER_DAY
+        """julianday() of the naive UTC text each timestamp is stored as, rounded to the
+        millisecond: SQLite's date functions keep milliseconds, and the day fraction's rounding
+        would otherwise put a wait of exactly 1 s just above or below a bucket's bound."""
+        return func.round((func.julianday(end) - func.julianday(start)) * SECONDS_PER_DAY, 3)
 
 
 def _primary_code(error: exc.DBAPIError) -> int | None:
