@@ -1,14 +1,17 @@
-"""Shared fixtures: a migrated SQLite file per test, settings pointing into tmp_path."""
+"""Shared fixtures: a migrated SQLite file per test, settings pointing into tmp_path, and a
+throwaway PostgreSQL cluster for the tests that need one."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from builders import bearer, served
+from postgres import Cluster, start_cluster, unavailable
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -51,3 +54,23 @@ def api(settings: Settings, sessions: Sessions) -> Iterator[httpx.Client]:
     app = create_app(settings=settings, sessions=sessions)
     with served(app, bearer(sessions)) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One PostgreSQL server for the whole run, on a Unix socket (skips, saying why, without)."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # Not under pytest's tmp_path: as root the server runs as `postgres`, which must reach it.
+    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="gpumux-pg-")))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_database(pg_cluster: Cluster) -> Iterator[str]:
+    """The URL of a new, empty database on the throwaway cluster, dropped after the test."""
+    name = pg_cluster.create_database()
+    yield pg_cluster.url(name)
+    pg_cluster.drop_database(name)

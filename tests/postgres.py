@@ -1,0 +1,158 @@
+"""A throwaway PostgreSQL cluster for the tests: Debian's server binaries, initdb in a temporary
+directory, postgres listening on a Unix socket only, stopped and removed after the run.
+
+As root the server runs as the `postgres` system user (initdb refuses root), through runuser.
+Where no server can be had, `unavailable()` says why and the tests that need one skip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+SERVER_ROOTS = (Path("/usr/lib/postgresql"),)
+SUPERUSER = "postgres"
+# Durability off: a throwaway cluster never outlives the run; many connections: several daemons.
+SERVER_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "32MB",
+    "listen_addresses": "''",
+}
+# The superuser connects without a password; every other role needs its own (a wrong one fails).
+PG_HBA = f"local all {SUPERUSER} trust\nlocal all all scram-sha-256\n"
+
+
+def server_bin() -> Path | None:
+    """The newest installed server's bin directory, None if there is none."""
+    found = [
+        root / version / "bin"
+        for root in SERVER_ROOTS
+        if root.is_dir()
+        for version in os.listdir(root)
+        if (root / version / "bin" / "initdb").is_file()
+    ]
+    return max(found, key=lambda path: int(path.parent.name), default=None)
+
+
+def unavailable() -> str | None:
+    """Why no throwaway cluster can be started here, or None when one can."""
+    if server_bin() is None:
+        return "no PostgreSQL server installed (Debian: apt-get install postgresql)"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SUPERUSER)
+        except KeyError:
+            return "running as root and no 'postgres' system user to run the server as"
+    return None
+
+
+@dataclass
+class Cluster:
+    """A running server: its data and socket directory, and fresh databases on demand."""
+
+    root: Path
+    bin: Path
+    _names: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root / "socket"
+
+    def url(self, database: str, *, user: str = SUPERUSER, password: str | None = None) -> str:
+        """The SQLAlchemy URL of a database of this cluster, over its socket."""
+        auth = user if password is None else f"{user}:{password}"
+        return f"postgresql+psycopg://{auth}@/{database}?host={self.socket_dir}"
+
+    def connect(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        """A superuser's autocommit connection (for CREATE DATABASE and the like)."""
+        return psycopg.connect(
+            host=str(self.socket_dir), dbname=database, user=SUPERUSER, autocommit=True
+        )
+
+    def create_database(self) -> str:
+        """A new empty database's name."""
+        name = f"gpumux_test_{os.getpid()}_{next(self._names)}"
+        with self.connect() as connection:
+            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database, ending whatever connections to it are left."""
+        with self.connect() as connection:
+            connection.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def _run(self, *argv: str | Path) -> None:
+        command = [str(part) for part in argv]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", SUPERUSER, "--", *command]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+
+    def start(self) -> None:
+        """initdb, then postgres on the Unix socket; returns once it accepts connections."""
+        self.socket_dir.mkdir(parents=True)
+        if os.geteuid() == 0:
+            postgres = pwd.getpwnam(SUPERUSER)
+            for path in (self.root, self.socket_dir):
+                os.chown(path, postgres.pw_uid, postgres.pw_gid)
+        self._run(
+            self.bin / "initdb",
+            "-D",
+            self.data,
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
+        (self.data / "pg_hba.conf").write_text(PG_HBA)
+        options = " ".join(f"-c {name}={value}" for name, value in SERVER_SETTINGS.items())
+        self._run(
+            self.bin / "pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            self.root / "server.log",
+            "-o",
+            f"{options} -k {self.socket_dir}",
+            "-w",
+            "start",
+        )
+
+    def stop(self) -> None:
+        """Stop the server at once and remove its files."""
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start_cluster(root: Path) -> Cluster:
+    """A started cluster in `root`, an empty directory (owner-only) that it removes at stop."""
+    bin_dir = server_bin()
+    assert bin_dir is not None, unavailable()
+    root.chmod(0o700)
+    cluster = Cluster(root=root, bin=bin_dir)
+    try:
+        cluster.start()
+    except subprocess.CalledProcessError as error:
+        log = root / "server.log"
+        shown = log.read_text() if log.exists() else ""
+        raise RuntimeError(f"{error.cmd}: {error.stderr}\n{shown}") from error
+    return cluster
