@@ -21,6 +21,17 @@ class TrialStatus(StrEnum):
         return self in FINAL_TRIAL_STATUSES
 
 
+class NodeState(StrEnum):
+    """Where a node daemon stands in the cluster that shares its database."""
+
+    # Registered, its lease renewed by heartbeat: it claims and runs trials.
+    active = "active"
+    # Stopped of its own accord; its trials were requeued or finished.
+    left = "left"
+    # Its lease expired unrenewed (a crash, a freeze, a partition); its trials were requeued.
+    lost = "lost"
+
+
 FINAL_TRIAL_STATUSES = frozenset(
     {
         TrialStatus.succeeded,

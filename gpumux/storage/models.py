@@ -1,4 +1,5 @@
-"""SQLAlchemy models: owners, sweeps, trials, the reports trials send, and throughput profiles."""
+"""SQLAlchemy models: owners, sweeps, trials, the reports trials send, throughput profiles, and
+the node daemons that share the database."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import NodeState, ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
 
 
 def utcnow() -> datetime:
@@ -120,9 +121,35 @@ class Sweep(Base):
     owner: Mapped[Owner] = relationship(lazy="joined")
 
 
+class Node(Base):
+    """One daemon on the shared database: what it offers, where it serves, and its lease."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # Unique: the hostname, or GPUMUX_NODE_NAME (two daemons on one host need two names).
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    # A random id kept in the node's data directory: a restart of the same node takes its row
+    # back; another machine under the same name is refused while this one's lease holds.
+    home_id: Mapped[str] = mapped_column(String(36))
+    # Bumped at each join: writes of an incarnation whose lease was lost are refused.
+    incarnation: Mapped[int] = mapped_column(default=1)
+    state: Mapped[NodeState] = mapped_column(_enum_column(NodeState), default=NodeState.active)
+    # Where its API serves the other nodes (log forwarding), None when only on a Unix socket.
+    url: Mapped[str | None] = mapped_column(Text)
+    pid: Mapped[int]
+    # What its device probe saw at the last heartbeat: [{key, kind, name, memory_mb}, ...].
+    devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_until: Mapped[datetime]
+
+
 class Trial(Base):
     __tablename__ = "trials"
     __table_args__ = (
+        # A node's own active trials: what it reaps, reconciles and places against.
+        Index("ix_trials_node_id_status", "node_id", "status"),
         Index("ix_trials_sweep_id_status_number", "sweep_id", "status", "number"),
         Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
         Index("ix_trials_status_id", "status", "id"),
@@ -138,6 +165,8 @@ class Trial(Base):
         _enum_column(TrialStatus), default=TrialStatus.queued
     )
     attempt: Mapped[int] = mapped_column(default=1)
+    # The node that claimed the current attempt: the only writer of its lifecycle.
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
     device: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[int | None]
     split: Mapped[int | None]

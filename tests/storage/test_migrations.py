@@ -29,16 +29,24 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006"]
-HEAD = "0007"
+EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+HEAD = "0008"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
 ENDED_AT = datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC)
 # Every table and how many rows populate() writes to it at the newest revision.
-ROWS = {"owners": 1, "sweeps": 2, "trials": 4, "trial_reports": 3, "profiles": 1, "api_tokens": 1}
+ROWS = {
+    "owners": 1,
+    "sweeps": 2,
+    "trials": 4,
+    "trial_reports": 3,
+    "profiles": 1,
+    "api_tokens": 1,
+    "nodes": 0,
+}
 # The revision that created each table.
-CREATED_AT_REVISION = {"profiles": "0002", "api_tokens": "0003"}
+CREATED_AT_REVISION = {"profiles": "0002", "api_tokens": "0003", "nodes": "0008"}
 
 
 def stored(moment: datetime) -> str:
@@ -247,7 +255,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
     expected = {
         table: count
         for table, count in ROWS.items()
-        if CREATED_AT_REVISION.get(table, "0001") <= revision
+        if count and CREATED_AT_REVISION.get(table, "0001") <= revision
     }
     assert {t: n for t, n in row_counts(engine).items() if n} == expected
     sessions = make_sessions(engine)
@@ -277,6 +285,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert succeeded.params == {"lr": 0.1} and succeeded.objective == 0.25
         assert (succeeded.queued_at, succeeded.started_at) == (QUEUED_AT, STARTED_AT)
         assert failed.failures == (1 if newer else 0)
+        # 0008: a trial written before it is on no node (the one daemon of its time adopts it).
+        assert [t.node_id for t in trials] == [None, None]
         reports, _ = report_store.list_reports(session=session, trial_id=succeeded.id)
         assert [(r.step, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
         assert store.best_trial(session=session, sweep=finished) == succeeded
@@ -360,7 +370,7 @@ def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine
     with engine.connect() as connection:
         columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
     assert {"oom_at", "ceiling"}.isdisjoint(columns) and "best_split" in columns
-    assert row_counts(engine) == ROWS
+    assert row_counts(engine) == {table: n for table, n in ROWS.items() if table != "nodes"}
     assert_sound(engine)
     upgrade(engine)
     with make_sessions(engine).read() as session:
