@@ -137,6 +137,8 @@ class Node(Base):
     state: Mapped[NodeState] = mapped_column(_enum_column(NodeState), default=NodeState.active)
     # Where its API serves the other nodes (log forwarding), None when only on a Unix socket.
     url: Mapped[str | None] = mapped_column(Text)
+    # SHA-256 of the secret this incarnation shows another node it asks (for a trial's log).
+    token_hash: Mapped[str | None] = mapped_column(String(64))
     pid: Mapped[int]
     # What its device probe saw at the last heartbeat: [{key, kind, name, memory_mb}, ...].
     devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

@@ -28,6 +28,7 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("url", sa.Text(), nullable=True),
+        sa.Column("token_hash", sa.String(length=64), nullable=True),
         sa.Column("pid", sa.Integer(), nullable=False),
         sa.Column("devices", sa.JSON(), nullable=False),
         sa.Column("started_at", sa.DateTime(), nullable=False),
