@@ -17,6 +17,7 @@ from gpumux.server.api.limits import BodyLimit
 from gpumux.server.api.responses import EVERY_ROUTE, problems
 from gpumux.server.metrics import Metrics
 from gpumux.storage.engine import Sessions
+from gpumux.storage.nodes import NodeIdentity
 
 
 def create_app(
@@ -26,6 +27,7 @@ def create_app(
     devices_view: Callable[[], list[DeviceSnapshot]] = list,
     notify: Callable[[], None] = lambda: None,
     metrics: Metrics | None = None,
+    node: NodeIdentity | None = None,
 ) -> FastAPI:
     """The API over this database; `notify` nudges the scheduler after a write of intent.
 
@@ -38,7 +40,11 @@ def create_app(
         description="Hyper-parameter sweeps packed onto every device of a host.",
     )
     app.state.gpumux = AppState(
-        settings=settings, sessions=sessions, devices_view=devices_view, notify=notify
+        settings=settings,
+        sessions=sessions,
+        devices_view=devices_view,
+        notify=notify,
+        node=node,
     )
     app.state.metrics = metrics or Metrics()
     app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)

@@ -21,6 +21,7 @@ from gpumux.server.api.shown import shown
 from gpumux.storage import tokens
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
+from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class AppState:
     devices_view: Callable[[], list[DeviceSnapshot]]
     notify: Callable[[], None]
     daemon_uid: int = field(default_factory=os.geteuid)
+    # The node this daemon joined as; None for an app served without a scheduler (tests).
+    node: NodeIdentity | None = None
 
 
 def get_state(request: Request) -> AppState:
