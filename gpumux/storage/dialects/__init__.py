@@ -9,9 +9,10 @@ from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from gpumux.storage.dialects.base import DatabaseError, Dialect
+from gpumux.storage.dialects.postgresql import PostgresqlDialect
 from gpumux.storage.dialects.sqlite import SqliteDialect
 
-DIALECTS: tuple[type[Dialect], ...] = (SqliteDialect,)
+DIALECTS: tuple[type[Dialect], ...] = (SqliteDialect, PostgresqlDialect)
 
 
 def dialect_for(url: str | URL) -> Dialect:

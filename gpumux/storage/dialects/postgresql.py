@@ -1,0 +1,149 @@
+"""PostgreSQL, the database several nodes share: one server, reached over the network by psycopg 3.
+
+SQLite serialises writers with one lock on its file (BEGIN IMMEDIATE); every invariant the
+store keeps by reading and then writing in one transaction (a user's queue limit, the
+lifecycle gate, a claim) rests on that. Here a transaction that will write takes one
+transaction-scoped advisory lock first, so those invariants hold as they do on SQLite, decided
+by the server; reads run beside writes under MVCC and never wait for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ColumnElement, Float, SQLColumnExpression, cast, exc, extract
+from sqlalchemy.engine import Connection
+
+from gpumux.storage.dialects.base import Dialect
+
+# The key of the advisory lock write transactions take (any constant; gpumux takes no other).
+WRITE_LOCK_KEY = 0x6770_756D_7578
+# How long a statement waits for a lock (the write lock included) before it fails as busy.
+LOCK_TIMEOUT_MS = 30_000
+# How long a connection attempt waits for an unreachable server before it fails.
+CONNECT_TIMEOUT_S = 10
+# SQLSTATEs: no room left; waited past lock_timeout; a deadlock or serialization failure.
+DISK_FULL = "53100"
+OUT_OF_RESOURCES = {"53000", DISK_FULL, "53200", "53300"}
+BUSY = {"55P03", "40P01", "40001"}
+WRONG_PASSWORD = {"28P01", "28000"}
+NO_DATABASE = "3D000"
+
+
+class PostgresqlDialect(Dialect):
+    """A database on a PostgreSQL server (psycopg 3), shared by the daemons of several nodes."""
+
+    drivernames = ("postgresql+psycopg",)
+    example_url = "postgresql+psycopg://USER:PASSWORD@HOST/DATABASE"
+
+    @property
+    def label(self) -> str:
+        """The URL without its password."""
+        return self.url.render_as_string(hide_password=True)
+
+    @property
+    def _server(self) -> str:
+        host = self.url.host or self.url.query.get("host") or "the local socket"
+        return f"{host if isinstance(host, str) else host[0]}:{self.url.port or 5432}"
+
+    def lock_path(self, home: Path) -> Path:
+        """In the data directory: each node's daemon holds its own; the server is shared."""
+        return home / "database.lock"
+
+    def check_location(self) -> None:
+        """Nothing to check before connecting: the server is reached over the network."""
+
+    def prepare_location(self) -> None:
+        """Nothing to create: the database is made by its administrator (createdb)."""
+
+    def engine_options(self) -> dict[str, Any]:
+        """A pool that replaces a connection the server dropped, and bounded waits."""
+        return {
+            "pool_pre_ping": True,
+            "pool_size": 10,
+            "max_overflow": 20,
+            "connect_args": {
+                "connect_timeout": CONNECT_TIMEOUT_S,
+                "options": f"-c lock_timeout={LOCK_TIMEOUT_MS} -c timezone=UTC",
+                "application_name": "gpumux",
+            },
+        }
+
+    def on_connect(self, dbapi_connection: Any) -> None:
+        """Nothing per connection: its settings travel in the startup packet."""
+
+    def on_begin(self, connection: Connection, *, write: bool) -> None:
+        """A transaction that will write takes the write lock before its first statement."""
+        if write:
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+    def check_integrity(self, connection: Connection) -> list[str]:
+        """Nothing to run: the server checks its own pages as it reads them (and their
+        checksums where the cluster has them); a damaged one fails the query that meets it."""
+        return []
+
+    def damage_failure(self, problems: Sequence[str]) -> str:
+        """A damaged cluster is its administrator's to restore."""
+        found = "; ".join(problems)
+        return (
+            f"{self.label} is damaged ({found}); restore it from a backup (pg_dump, or the "
+            "cluster's base backup and WAL archive) and start again"
+        )
+
+    def open_failure(self, error: exc.DatabaseError) -> str:
+        """A wrong password, a missing database and an unreachable server told apart."""
+        state = getattr(error.orig, "sqlstate", None)
+        reason = _first_line(error.orig)
+        user = self.url.username or "the current user"
+        if state in WRONG_PASSWORD or "password authentication failed" in reason:
+            return (
+                f"PostgreSQL at {self._server} refused user {user}: {reason}. Check the user "
+                "and password in GPUMUX_DATABASE_URL (or ~/.pgpass) and the server's pg_hba.conf"
+            )
+        if state == NO_DATABASE or "does not exist" in reason:
+            return (
+                f"PostgreSQL at {self._server} has no database {self.url.database}: {reason}. "
+                f"Create it (createdb -O {user} {self.url.database}) or fix GPUMUX_DATABASE_URL"
+            )
+        if state in OUT_OF_RESOURCES:
+            return (
+                f"PostgreSQL at {self._server} is out of resources: {reason}. Free space or "
+                "connections on the server and start again (the database is intact)"
+            )
+        return (
+            f"cannot use PostgreSQL at {self._server} ({self.label}): {reason}. Check that the "
+            "server runs and that this node reaches it (host, port, firewall), then start again"
+        )
+
+    def is_full(self, error: BaseException) -> bool:
+        """disk_full and the other out-of-resources states."""
+        return _sqlstate(error) in OUT_OF_RESOURCES
+
+    def is_busy(self, error: BaseException) -> bool:
+        """A lock waited for past lock_timeout, a deadlock, a serialization failure."""
+        return _sqlstate(error) in BUSY
+
+    @property
+    def busy_timeout_s(self) -> float:
+        """lock_timeout, set on every connection."""
+        return LOCK_TIMEOUT_MS / 1000
+
+    def seconds_between(
+        self, start: SQLColumnExpression[Any], end: SQLColumnExpression[Any]
+    ) -> ColumnElement[float]:
+        """The interval's epoch, exact to the microsecond."""
+        return cast(extract("epoch", end - start), Float)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    if isinstance(error, exc.DBAPIError):
+        state = getattr(error.orig, "sqlstate", None)
+        return state if isinstance(state, str) else None
+    return None
+
+
+def _first_line(error: BaseException | None) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no reason given"
