@@ -253,3 +253,23 @@ def test_a_node_with_nothing_to_do_leaves_after_its_grace_time_and_the_job_ends_
     assert not (home / "gpumux.sock").exists()
     assert not list((tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes").iterdir())
     assert kill_processes_naming(tmp_path) == []
+
+
+def test_serve_leave_when_idle_exits_0_once_the_database_had_no_work_that_long(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "gpumux", "serve", "--home", str(tmp_path / "home")]
+    ran = subprocess.run(
+        [*command, "--leave-when-idle", "0.2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "for 0.2 s; leaving" in ran.stderr
+    refused = subprocess.run(
+        [*command, "--leave-when-idle", "-1"], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--leave-when-idle" in refused.stderr
