@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         description="a warm stop also stops running trials (default: they run on under their "
         "supervisors and the next daemon adopts them)",
     )
+    leave_when_idle: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="a daemon leaves (a warm stop) once no trial has been queued or running "
+        "on its whole database for this many seconds (default: it serves until stopped)",
+    )
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="seconds between a supervisor's heartbeats"
     )

@@ -20,6 +20,7 @@ from gpumux.cli.state import (
     CliError,
     CliState,
     build_settings,
+    finite,
     get_state,
 )
 from gpumux.client import Client
@@ -77,6 +78,19 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    leave_when_idle: Annotated[
+        float | None,
+        typer.Option(
+            "--leave-when-idle",
+            metavar="SECONDS",
+            min=0,
+            callback=finite,
+            help="leave (a warm stop, exit 0) once no trial has been queued or running on the "
+            "whole database for this long: a batch job's node gives its GPUs back "
+            "(GPUMUX_LEAVE_WHEN_IDLE; default: serve until stopped)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon in the foreground: the API and the scheduler (Ctrl-C or SIGTERM stops it).
 
@@ -84,7 +98,13 @@ def serve(
     or SIGTERM kills them at once.
     """
     flags: dict[str, Any] = dict(
-        host=host, port=port, uds=uds, db=db, home=home, stop_trials=stop_trials
+        host=host,
+        port=port,
+        uds=uds,
+        db=db,
+        home=home,
+        stop_trials=stop_trials,
+        leave_when_idle=leave_when_idle,
     )
     settings = build_settings(**{name: value for name, value in flags.items() if value is not None})
     level = logging.getLevelName(log_level.upper())

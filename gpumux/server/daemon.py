@@ -26,6 +26,7 @@ from gpumux.lockfile import (
     record_holder,
 )
 from gpumux.processes.spawning import Spawner
+from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
 from gpumux.server.api import create_app
@@ -168,10 +169,13 @@ class Daemon:
         stop_scheduling = asyncio.Event()
         server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
+        leaving = self._leave_when_idle()
         log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
             await self._until_stopped(scheduler, scheduler_task, stop_scheduling)
         finally:
+            if leaving is not None:
+                leaving.cancel()
             server.should_exit = True
             await server_task
             failure = scheduler_task.exception() if scheduler_task.done() else None
@@ -212,6 +216,24 @@ class Daemon:
                 scheduler.force()
             else:
                 second.cancel()
+
+    def _leave_when_idle(self) -> asyncio.Task[None] | None:
+        """With `leave_when_idle`: a task that asks for a warm stop once no trial has been
+        queued or running on the whole database for that long (a batch job's node leaves)."""
+        grace = self.settings.leave_when_idle
+        if grace is None:
+            return None
+        assert self.sessions is not None
+        sessions = self.sessions
+
+        async def leave() -> None:
+            await until_idle(sessions, grace=grace, poll=self.settings.poll_interval)
+            log.info(
+                "daemon: no trial queued or running on %s for %g s; leaving", self.database, grace
+            )
+            self.request_stop()
+
+        return asyncio.create_task(leave())
 
     def request_stop(self) -> None:
         """Warm stop the first time, cold stop the second; safe from any thread."""
