@@ -19,6 +19,7 @@ from gpumux.schemas import (
     FieldProblem,
     Health,
     LogChunk,
+    NodePublic,
     Problem,
     ProfilePublic,
     ProfilesPublic,
@@ -46,6 +47,7 @@ REPORTS_PAGE = 10_000
 SHOWN_CHARS = 80
 
 _devices = TypeAdapter(list[DevicePublic])
+_nodes = TypeAdapter(list[NodePublic])
 
 
 def data_home() -> Path:
@@ -258,6 +260,10 @@ class Client:
     def devices(self) -> list[DevicePublic]:
         """Every device the scheduler sees, with the trials packed on it."""
         return _devices.validate_python(self._request("GET", "/devices"))
+
+    def nodes(self) -> list[NodePublic]:
+        """Every node that joined the daemon's database: state, lease, devices, trials."""
+        return _nodes.validate_python(self._request("GET", "/nodes"))
 
     def list_profiles(self, *, offset: int = 0, limit: int = 50) -> ProfilesPublic:
         """A page of throughput profiles, the most recently updated first."""

@@ -37,7 +37,7 @@ from gpumux.fields import (
     names_in_property_names,
     quoted,
 )
-from gpumux.status import SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import NodeState, SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 
 Objective = str  # "metric:min" or "metric:max"
@@ -441,6 +441,35 @@ class DevicePublic(BaseModel):
     mix: list[DeviceShare] = Field(description="the sweeps on the device, by sweep id and split")
     load: float = Field(description="the sum of the mix's shares: 1 is a full device")
     load_fraction: str = Field(description='the load as an exact fraction: "0", "5/6", "1"')
+    node: str | None = Field(
+        default=None, description="the node the device is on; null for a daemon that is no node"
+    )
+
+
+class NodeDevice(BaseModel):
+    """A device as its node's probe saw it at its last heartbeat."""
+
+    key: str
+    kind: str
+    name: str
+    memory_mb: int | None = None
+
+
+class NodePublic(BaseModel):
+    """A daemon on the shared database: where it serves, its devices, its lease and its load."""
+
+    id: int
+    name: str
+    state: NodeState
+    incarnation: int
+    url: str | None = Field(description="where its API serves the other nodes; null: no TCP")
+    pid: int
+    devices: list[NodeDevice]
+    started_at: datetime
+    heartbeat_at: datetime
+    lease_until: datetime
+    live: bool = Field(description="active and its lease not yet run out, now")
+    active_trials: int = Field(description="how many trials hold a slot on it")
 
 
 class Health(BaseModel):

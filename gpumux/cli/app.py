@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from gpumux import __version__
-from gpumux.cli import commands, export, profiles, token, top, tune
+from gpumux.cli import commands, export, nodes, profiles, token, top, tune
 from gpumux.cli.state import (
     EXIT_USAGE,
     CliError,
@@ -93,7 +93,8 @@ for command in (
     commands.cancel,
     commands.logs,
     commands.best,
-    commands.devices,
+    nodes.devices,
+    nodes.nodes,
     top.top,
     export.export,
     profiles.profiles,

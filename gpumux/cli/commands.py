@@ -1,4 +1,4 @@
-"""The commands besides `sweep`: serve, ls, show, cancel, logs, best, devices."""
+"""The commands besides `sweep`: serve, ls, show, cancel, logs, best."""
 
 from __future__ import annotations
 
@@ -306,14 +306,3 @@ def best(
     for name, value in trial.params.items():
         out.print(render.visible(f"  {name}={sweepspec.format_value(value)}"))
     out.print(f"command: {render.visible(shlex.join(argv))}")
-
-
-def devices(ctx: typer.Context, url: Url = None) -> None:
-    """The devices the daemon packs trials onto: memory, utilisation, trials on each."""
-    state = get_state(ctx)
-    with connect(state, url) as client:
-        found = client.devices()
-    if not found:
-        state.note("the daemon sees no device")
-        return
-    state.out.print(render.devices_table(found))

@@ -335,9 +335,9 @@ def memory(used: int | None, total: int | None) -> str:
     return f"{shown}/{total / 1024:.1f} GiB"
 
 
-def devices_table(devices: Sequence[DevicePublic]) -> Table:
+def devices_table(devices: Sequence[DevicePublic], title: str | None = None) -> Table:
     """One row per device: memory, utilisation and the trials packed on it."""
-    table = Table(header_style="bold")
+    table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("device")
     table.add_column("name")
     table.add_column("memory used", justify="right")

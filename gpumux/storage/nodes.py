@@ -1,8 +1,17 @@
-"""The nodes that share the database: who this daemon is among them."""
+"""The nodes that share the database: who this daemon is among them, and what they show."""
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpumux.status import ACTIVE_TRIAL_STATUSES, NodeState
+from gpumux.storage import store
+from gpumux.storage.models import Node, Trial
 
 
 @dataclass(frozen=True)
@@ -14,3 +23,46 @@ class NodeIdentity:
     name: str
     incarnation: int
     secret: str
+
+
+def list_nodes(*, session: Session) -> list[Node]:
+    """Every node that ever joined, by name (those that left or were lost too)."""
+    return list(session.scalars(select(Node).order_by(Node.name)))
+
+
+def get_node(*, session: Session, node_id: int) -> Node | None:
+    """The node with this id, or None."""
+    return session.get(Node, node_id)
+
+
+def active_nodes(*, session: Session) -> list[Node]:
+    """The nodes that have joined and not left nor been found lost, by name."""
+    return list(
+        session.scalars(select(Node).where(Node.state == NodeState.active).order_by(Node.name))
+    )
+
+
+def lease_is_live(node: Node, now: datetime) -> bool:
+    """Whether the node is a member now: active, and its lease not yet run out."""
+    return node.state is NodeState.active and node.lease_until > now
+
+
+def active_trial_counts(*, session: Session) -> dict[int | None, int]:
+    """Per node id, how many trials hold a slot on it (None: trials from before nodes)."""
+    rows = session.execute(
+        select(Trial.node_id, func.count())
+        .where(Trial.status.in_(ACTIVE_TRIAL_STATUSES))
+        .group_by(Trial.node_id)
+    )
+    return {node_id: count for node_id, count in rows}
+
+
+def node_of_secret(*, session: Session, node_id: int, secret: str) -> Node | None:
+    """The active node whose current incarnation shows this secret, or None."""
+    node = session.get(Node, node_id)
+    if node is None or node.token_hash is None or node.state is not NodeState.active:
+        return None
+    # Constant time: how much of a guess matches must not show in how long the answer takes.
+    if not hmac.compare_digest(store.token_hash(secret), node.token_hash):
+        return None
+    return node

@@ -9,7 +9,18 @@ from fastapi import FastAPI
 from gpumux import __version__
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.server.api import devices, errors, health, profiles, reports, sweeps, tokens, trials, ui
+from gpumux.server.api import (
+    devices,
+    errors,
+    health,
+    nodes,
+    profiles,
+    reports,
+    sweeps,
+    tokens,
+    trials,
+    ui,
+)
 from gpumux.server.api import metrics as metrics_route
 from gpumux.server.api.allow import Methods
 from gpumux.server.api.deps import AppState
@@ -48,7 +59,7 @@ def create_app(
     )
     app.state.metrics = metrics or Metrics()
     app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)
-    modules = (sweeps, trials, reports, devices, profiles, tokens, health, metrics_route, ui)
+    modules = (sweeps, trials, reports, devices, nodes, profiles, tokens, health, metrics_route, ui)
     for module in modules:
         app.include_router(module.router, responses=problems(*EVERY_ROUTE))
     # Each middleware added wraps those added before it: the body's size is held before OPTIONS,

@@ -1,4 +1,4 @@
-"""Route for the devices as last probed, with the trials packed on each and their mix."""
+"""Route for the devices of every node, with the trials packed on each and their mix."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from fractions import Fraction
 
 from fastapi import APIRouter, Depends
 
-from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial
+from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial, NodeDevice
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
 from gpumux.server.api.responses import AUTHENTICATED, problems
-from gpumux.storage import store
-from gpumux.storage.models import Trial
+from gpumux.storage import nodes, store
+from gpumux.storage.models import Node, Trial
 
 # Any user the daemon accepts may look; over TCP that takes a token.
 router = APIRouter(
@@ -62,15 +63,60 @@ def device_trial(trial: Trial) -> DeviceTrial:
 
 @router.get("/devices")
 def list_devices(state: StateDep, session: ReadSessionDep, caller: CallerDep) -> list[DevicePublic]:
-    """Every device the scheduler sees: memory, utilisation, its running trials and their mix."""
+    """Every device of every active node: memory, utilisation, its trials and their mix.
+
+    This node's devices as its probe sees them now; another node's as its last heartbeat
+    wrote them, with the trials whose attempt is on that node.
+    """
     active = store.active_trials(session=session)
+    here = state.node
+    if here is None:
+        return node_devices(state.devices_view(), active, caller, node=None)
+    # Trials from before nodes (node_id NULL) ran on the one daemon there was: this one.
+    mine = [trial for trial in active if trial.node_id in (here.id, None)]
+    found = node_devices(state.devices_view(), mine, caller, node=here.name)
+    for node in nodes.active_nodes(session=session):
+        if node.id != here.id:
+            theirs = [trial for trial in active if trial.node_id == node.id]
+            found += node_devices(heartbeat_snapshots(node), theirs, caller, node=node.name)
+    return found
+
+
+def heartbeat_snapshots(node: Node) -> list[DeviceSnapshot]:
+    """A node's devices as its last heartbeat wrote them: what they are, not how busy."""
+    return [
+        DeviceSnapshot(
+            key=device.key,
+            kind=device.kind,
+            # "gpu:3" is GPU 3; a device of one per host ("cpu") is its kind's first.
+            index=int(suffix) if (suffix := device.key.rpartition(":")[2]).isdigit() else 0,
+            name=device.name,
+            uuid=None,
+            memory_total_mb=device.memory_mb,
+            memory_used_mb=None,
+            memory_free_mb=None,
+            utilization_pct=None,
+            processes=None,
+            cpu_count=None,
+        )
+        for device in (NodeDevice.model_validate(entry) for entry in node.devices)
+    ]
+
+
+def node_devices(
+    snapshots: Sequence[DeviceSnapshot],
+    trials: Sequence[Trial],
+    caller: Caller,
+    node: str | None,
+) -> list[DevicePublic]:
+    """The devices of one node, each with the trials on it (all of them on that node)."""
     packed: dict[str, list[DeviceTrial]] = {}
-    for trial in active:
+    for trial in trials:
         if trial.device is not None:
             packed.setdefault(trial.device, []).append(device_trial(trial))
-    mixes = device_mixes(active, caller)
+    mixes = device_mixes(trials, caller)
     devices = []
-    for snapshot in state.devices_view():
+    for snapshot in snapshots:
         fields = asdict(snapshot)
         fields.pop("processes")
         mix = mixes.get(snapshot.key, [])
@@ -83,6 +129,7 @@ def list_devices(state: StateDep, session: ReadSessionDep, caller: CallerDep) ->
                 mix=mix,
                 load=float(load),
                 load_fraction=str(load),
+                node=node,
             )
         )
     return devices

@@ -20,7 +20,9 @@ MEANINGS = {
     422: "A field of the request is refused: `errors` names each one",
     429: "The caller has too many trials waiting (GPUMUX_MAX_QUEUED_PER_USER)",
     500: "A failure of the daemon; its log has the details",
-    503: "The database is busy (locked by another writer) or cannot be read: try again",
+    502: "The node that holds the trial did not answer, or refused this node",
+    503: "The database is busy (locked by another writer) or cannot be read: try again; or the "
+    "node that holds the trial cannot be asked (no TCP, its lease lost)",
     507: "The database's disk is full; nothing of the request was stored",
 }
 # Every route can be sent a body over the limit, and can fail.

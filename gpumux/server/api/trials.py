@@ -11,17 +11,19 @@ from sqlalchemy.orm import Session
 from gpumux.fields import MAX_ID
 from gpumux.processes.logfiles import read_log
 from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
+from gpumux.server.api import forward
 from gpumux.server.api.deps import (
     Caller,
     CallerDep,
     Offset,
     ReadSessionDep,
+    StateDep,
     TrialId,
     refuse_unless_owner,
 )
 from gpumux.server.api.responses import AUTHENTICATED, problems
+from gpumux.storage import nodes, store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
 from gpumux.storage.models import Trial
 
 router = APIRouter(tags=["trials"], responses=problems(*AUTHENTICATED, 404, 422))
@@ -44,18 +46,35 @@ def get_trial(trial_id: TrialId, session: ReadSessionDep, caller: CallerDep) -> 
     return TrialPublic.model_validate(trial_or_404(session, trial_id, caller))
 
 
-@router.get("/trials/{trial_id}/log")
+LogOffset = Annotated[
+    int | None, Query(ge=0, le=MAX_ID, description="byte offset; omit for the tail")
+]
+LogLimit = Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)]
+
+
+@router.get("/trials/{trial_id}/log", responses=problems(502, 503))
 def get_trial_log(
     trial_id: TrialId,
+    state: StateDep,
     session: ReadSessionDep,
     caller: CallerDep,
-    offset: Annotated[
-        int | None, Query(ge=0, le=MAX_ID, description="byte offset; omit for the tail")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = 256 * 1024,
+    offset: LogOffset = None,
+    limit: LogLimit = 256 * 1024,
 ) -> LogChunk:
-    """The trial's log from `offset`, or its tail; follow it with `next_offset`."""
+    """The trial's log from `offset`, or its tail; follow it with `next_offset`.
+
+    A trial on another node has its log there: this node asks that one for it.
+    """
     trial = trial_or_404(session, trial_id, caller)
+    here = state.node
+    if here is not None and trial.node_id is not None and trial.node_id != here.id:
+        holder = nodes.get_node(session=session, node_id=trial.node_id)
+        return forward.trial_log(asker=here, holder=holder, trial=trial, offset=offset, limit=limit)
+    return log_chunk(trial, offset, limit)
+
+
+def log_chunk(trial: Trial, offset: int | None, limit: int) -> LogChunk:
+    """The trial's log from `offset` (None: its tail), read from this node's disk."""
     raw, start, size, skipped = b"", 0, 0, 0
     if trial.log_path is not None:
         try:
@@ -63,7 +82,7 @@ def get_trial_log(
         except OSError as error:
             raise HTTPException(
                 status.HTTP_500_INTERNAL_SERVER_ERROR,
-                f"trial {trial_id}: cannot read its log {trial.log_path}: {error.strerror}",
+                f"trial {trial.id}: cannot read its log {trial.log_path}: {error.strerror}",
             ) from error
     # A chunk may end inside a multi-byte character: hold those bytes back for the next call.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

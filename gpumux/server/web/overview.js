@@ -134,6 +134,22 @@ function deviceCard(device) {
   );
 }
 
+// One panel per node, in the order the API lists them (this node first); one for a daemon
+// that is no node.
+function devicePanels(devices) {
+  if (!devices.length) return [panel("Devices", h("div", { class: "muted" }, "the scheduler has not listed the devices yet"))];
+  const nodes = new Map();
+  for (const device of devices) {
+    if (!nodes.has(device.node)) nodes.set(device.node, []);
+    nodes.get(device.node).push(device);
+  }
+  return [...nodes].map(([node, group]) => {
+    const shown = panel(node === null ? "Devices" : `Devices on ${node}`, h("div", { class: "cards" }, group.map(deviceCard)));
+    if (node !== null) shown.dataset.node = node;
+    return shown;
+  });
+}
+
 function sweepTitle(sweep) {
   return sweep.name || sweep.command.join(" ");
 }
@@ -169,12 +185,7 @@ export function overviewView() {
     async refresh() {
       const [devices, sweeps] = await Promise.all([api("devices"), api("sweeps", { limit: 50 })]);
       replace(root, 
-        panel(
-          "Devices",
-          devices.length
-            ? h("div", { class: "cards" }, devices.map(deviceCard))
-            : h("div", { class: "muted" }, "the scheduler has not listed the devices yet"),
-        ),
+        ...devicePanels(devices),
         panel(
           `Sweeps (${sweeps.count})`,
           sweeps.data.length

@@ -220,6 +220,8 @@ def operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any
 
 # Routes anyone who reaches the daemon may call; every other route asks who the caller is.
 OPEN = {("/health", "get"), ("/metrics", "get")}
+# Routes for the other nodes: they ask which node it is (401), never whether a user may (403).
+NODE_ONLY = {("/nodes/{node_id}/trials/{trial_id}/log", "get")}
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 
 
@@ -232,7 +234,9 @@ def test_every_route_documents_its_error_answers_with_the_problem_body(
         codes = {"413", "500"}
         if operation.get("parameters") or operation.get("requestBody"):
             codes.add("422")
-        if (path, method) not in OPEN:
+        if (path, method) in NODE_ONLY:
+            codes.add("401")
+        elif (path, method) not in OPEN:
             codes |= {"401", "403"}
         assert codes <= set(responses), (method, path, sorted(responses))
         for code, response in responses.items():
