@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ STOP_REASON = "stop"
 EXIT_RECORD = "exit.json"
 # The supervisor's own stdout and stderr.
 SUPERVISOR_LOG = "supervisor.log"
+# The stop reason a supervisor records when it stops its trial because its node's lease lapsed.
+LEASE_LAPSED = "lease"
 
 Pathish = str | os.PathLike[str]
 
@@ -81,6 +84,26 @@ def boot_id() -> str:
             return boot.read().strip()
     except OSError:
         return ""
+
+
+def boottime() -> float:
+    """Seconds since this boot, counting suspends: one clock for the daemon and supervisors."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def write_lease(path: Pathish, *, until: float) -> None:
+    """Record until when (boottime()) this host's node holds its lease on a shared database."""
+    write_json_atomically(path, {"boot_id": boot_id(), "until": until})
+
+
+def lease_lapsed(path: Pathish) -> bool:
+    """Whether the node's lease recorded in `path` has lapsed (no record, or one of another
+    boot, counts as lapsed: no node holds the trials of this host)."""
+    record = read_json(path)
+    if record is None or record.get("boot_id") != boot_id():
+        return True
+    until = record.get("until")
+    return not isinstance(until, int | float) or boottime() >= until
 
 
 class ProcessRecord(NamedTuple):

@@ -267,6 +267,7 @@ class Supervisor:
                 rundir.touch_heartbeat(self.run_dir)
                 if self.leader_unrecorded:
                     self._record_leader()
+                self._fence(log)
                 beat_at = now + interval
             if self.kill_at is not None and now >= self.kill_at:
                 self._kill_group()
@@ -283,6 +284,23 @@ class Supervisor:
             if pidfd in ready:
                 os.close(pidfd)
                 return
+
+    def _fence(self, log: RotatingLog) -> None:
+        """Kill the trial once its node's lease on a shared database lapsed: another node may
+        requeue it then, and it must not run twice. The daemon renews the lease file at each
+        heartbeat; a daemon killed or frozen renews nothing."""
+        lease_file = self.spec.get("lease_file")
+        if lease_file is None or self.returncode is not None or not rundir.lease_lapsed(lease_file):
+            return
+        if rundir.recorded_stop(self.run_dir) != rundir.LEASE_LAPSED:
+            log.write(
+                b"gpumux: this node's lease on the shared database lapsed (its daemon stopped "
+                b"renewing it); the trial is stopped so that no other node runs it twice\n"
+            )
+            # On a full disk the daemon that comes back finds the attempt stopped all the same.
+            with contextlib.suppress(OSError):
+                rundir.record_stop(self.run_dir, rundir.LEASE_LAPSED)
+        self._kill_group()
 
     def _drain(self, read_end: int, log: RotatingLog) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS

@@ -172,6 +172,49 @@ def test_sigusr1_kills_the_trial_at_once(tmp_path: Path) -> None:
     assert exit_record(process, run_dir)["signal"] == signal.SIGKILL
 
 
+def test_a_trial_whose_node_lease_lapses_is_killed_with_its_group(tmp_path: Path) -> None:
+    # A daemon killed or frozen renews nothing: its supervisors stop their trials before
+    # another node may requeue them, so no trial runs twice.
+    lease = tmp_path / "node.lease"
+    rundir.write_lease(lease, until=rundir.boottime() + 600)
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    process, run_dir = start(tmp_path, argv, kill_grace=600, lease_file=str(lease))
+    wait_for(pidfile)
+    leader, grandchild = (int(pid) for pid in pidfile.read_text().split())
+    # Several heartbeats pass under a live lease: the trial runs on.
+    beats = (run_dir / rundir.HEARTBEAT).stat().st_mtime_ns
+    deadline = time.monotonic() + 60
+    while (run_dir / rundir.HEARTBEAT).stat().st_mtime_ns == beats:
+        assert time.monotonic() < deadline, "the supervisor beat no heartbeat"
+        time.sleep(0.02)
+    assert process.poll() is None and alive(leader)
+
+    rundir.write_lease(lease, until=rundir.boottime() - 1)
+
+    record = exit_record(process, run_dir)
+    assert record["signal"] == signal.SIGKILL, "no grace: the lease is already gone"
+    assert rundir.recorded_stop(run_dir) == rundir.LEASE_LAPSED
+    assert "lease on the shared database lapsed" in (tmp_path / "trial.log").read_text()
+    assert not alive(leader) and not alive(grandchild)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [None, {"boot_id": "another boot", "until": 1e18}, {"boot_id": "", "until": "later"}],
+    ids=["missing", "another-boot", "malformed"],
+)
+def test_a_lease_record_missing_from_another_boot_or_malformed_counts_as_lapsed(
+    tmp_path: Path, record: dict[str, Any] | None
+) -> None:
+    lease = tmp_path / "node.lease"
+    if record is not None:
+        lease.write_text(json.dumps(record | {"boot_id": record["boot_id"] or rundir.boot_id()}))
+    assert rundir.lease_lapsed(lease)
+    rundir.write_lease(lease, until=rundir.boottime() + 60)
+    assert not rundir.lease_lapsed(lease)
+
+
 def test_grandchildren_left_in_the_group_are_killed_when_the_leader_exits(
     tmp_path: Path,
 ) -> None:
