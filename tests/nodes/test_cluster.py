@@ -4,6 +4,7 @@ trials finished elsewhere, once."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -105,3 +106,52 @@ def test_a_killed_node_has_its_trials_finished_elsewhere_once(
     # Each of a's trials ran once more, on b: 4 first attempts and 2 second ones.
     runs = (tmp_path / "started-0").read_text().split()
     assert sorted(runs[0::2]) == ["1", "1", "1", "1", "2", "2"]
+
+
+def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
+    ids = node_ids(cluster_db)
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
+
+    def two_running_on_each() -> list[Trial] | None:
+        trials = trials_of(cluster_db, sweep_id)
+        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
+        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
+
+    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    stale = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
+    a.send(signal.SIGSTOP)
+    try:
+
+        def requeued() -> bool:
+            now = {t.id: t for t in trials_of(cluster_db, sweep_id)}
+            return all(now[i].attempt == 2 for i in stale)
+
+        wait_until("a's trials to be requeued", requeued, b)
+    finally:
+        a.send(signal.SIGCONT)
+    wait_until("a to kill its stale trials", lambda: not any(map(alive, stale.values())), a)
+    wait_until("a to join again", lambda: rejoined(cluster_db, ids["a"]), a)
+    assert "lease of incarnation 1 lost" in a.log_tail(200)
+    (tmp_path / "release-0").touch()
+    ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), a, b)
+    assert {t.status for t in ended} == {TrialStatus.succeeded}
+    assert {t.id: t.attempt for t in ended if t.id in stale} == dict.fromkeys(stale, 2)
+
+
+def rejoined(db: Sessions, node_id: int) -> bool:
+    with db.read() as session:
+        node = session.get(Node, node_id)
+        return node is not None and node.incarnation == 2 and node.state is NodeState.active
+
+
+def alive(pid: int | None) -> bool:
+    """Whether the process runs (a zombie has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
