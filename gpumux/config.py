@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -159,6 +160,23 @@ class Settings(BaseSettings):
         description="largest request body the API reads; a larger one is refused (413) unread",
     )
 
+    node_name: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=255,
+        description="this daemon's name among the nodes sharing its database (default: the "
+        "hostname; two daemons on one host need two names)",
+    )
+    node_heartbeat: float = Field(
+        default=5.0, gt=0, description="seconds between renewals of this node's lease"
+    )
+    node_lease: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a node's lease lasts unrenewed; past it, other nodes requeue its "
+        "trials (more than two heartbeats)",
+    )
+
     @field_validator("warm_preload")
     @classmethod
     def _warm_preload_names(cls, text: str) -> str:
@@ -175,6 +193,17 @@ class Settings(BaseSettings):
     def _shares_parse(cls, shares: str) -> str:
         parse_shares(shares)
         return shares
+
+    @model_validator(mode="after")
+    def _lease_outlasts_heartbeats(self) -> Settings:
+        # One late heartbeat (a slow database, a busy host) must not cost a node its trials.
+        if self.node_lease <= 2 * self.node_heartbeat:
+            raise ValueError(
+                f"GPUMUX_NODE_LEASE ({self.node_lease:g} s) must exceed two heartbeats "
+                f"(2 x GPUMUX_NODE_HEARTBEAT = {2 * self.node_heartbeat:g} s); raise the lease "
+                "or shorten the heartbeat"
+            )
+        return self
 
     @model_validator(mode="after")
     def _default_url(self) -> Settings:

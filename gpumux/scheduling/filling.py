@@ -38,8 +38,11 @@ class SlotFiller:
         launcher: Launcher,
         watched: Watched,
         overheads: Overheads,
+        node_id: int | None = None,
     ) -> None:
         self.settings = settings
+        # Placement counts this node's trials on its devices; fair share counts every node's.
+        self.node_id = node_id
         self.sessions = sessions
         self.searches = searches
         self.studies = studies
@@ -57,7 +60,10 @@ class SlotFiller:
         """Fill free device slots with the next trials, each user's fair share first;
         `group_of` maps our trials' pids to their process groups where devices list processes."""
         with self.sessions.read() as session:
-            active = store.active_trials(session=session)
+            everywhere = store.active_trials(session=session)
+            active = [
+                t for t in everywhere if self.node_id is None or t.node_id in (self.node_id, None)
+            ]
             # No device holds more than MAX_SPLIT trials: no more can be placed in one tick.
             queued = next_trials(session=session, limit=MAX_SPLIT * max(1, len(devices)))
             tuned: dict[int, dict[str, int]] = {}
@@ -71,7 +77,7 @@ class SlotFiller:
                 for t in queued
             ]
             policy = self.policy()
-            pending = self.fair_order(queued, active, pending, devices, policy)
+            pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
         for waiting in list(pending):
             # It would reserve a device forever, and hold back every trial behind it there.

@@ -24,6 +24,7 @@ from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, utcnow
+from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,18 @@ class Launcher:
     """Starts placed trials under their supervisors; fails those that cannot start."""
 
     def __init__(
-        self, *, settings: Settings, sessions: Sessions, url: str, spawner: Spawner | None = None
+        self,
+        *,
+        settings: Settings,
+        sessions: Sessions,
+        url: str,
+        spawner: Spawner | None = None,
+        node: NodeIdentity | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
+        # The node incarnation that claims: a claim needs its lease to hold.
+        self.node = node
         # Forks the supervisors, when the daemon runs one; else each starts afresh.
         self.spawner = spawner
         # Where trials report: the daemon's first listening address.
@@ -53,8 +62,8 @@ class Launcher:
         token = secrets.token_urlsafe(32)
         # One transaction, one commit: a launch's every write waits for the disk.
         with self.sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=chosen.trial_id)
-            if trial is None or trial.status is not TrialStatus.queued:
+            trial = store.claim_trial(session=session, trial_id=chosen.trial_id, node=self.node)
+            if trial is None:
                 return None
             try:
                 user, user_env = run_as(trial.sweep)
@@ -92,13 +101,15 @@ class Launcher:
         token: str,
         user_env: dict[str, str],
     ) -> LaunchSpec:
-        """Record the trial as starting in its slot; the spec its supervisor starts it from."""
+        """Record the trial as starting in its slot, on this node; the spec its supervisor
+        starts it from."""
         log_name = f"trial-{trial.id}.{trial.attempt}.log"
         log_path = self.settings.logs_dir / f"sweep-{trial.sweep_id}" / log_name
         store.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.starting,
+            node_id=None if self.node is None else self.node.id,
             device=chosen.device_key,
             slot=chosen.slot,
             split=chosen.split,
@@ -138,9 +149,16 @@ class Launcher:
 
     def fail_unstarted(self, trial_id: int, error: str) -> None:
         """Record a trial that could not start as failed, with the reason."""
+        node_id = None if self.node is None else self.node.id
         with self.sessions.write.begin() as session:
             trial = store.get_trial(session=session, trial_id=trial_id)
-            if trial is not None and trial.status in (TrialStatus.queued, TrialStatus.starting):
+            if trial is not None and trial.status is TrialStatus.queued:
+                trial = store.claim_trial(session=session, trial_id=trial_id, node=self.node)
+            elif trial is not None and trial.status is TrialStatus.starting:
+                trial = trial if trial.node_id in (node_id, None) else None
+            else:
+                trial = None
+            if trial is not None:
                 fail(session, trial, error)
 
 

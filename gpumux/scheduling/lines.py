@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
-from gpumux.status import ACTIVE_TRIAL_STATUSES
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
@@ -36,8 +35,10 @@ class _Reader:
 class LogReports:
     """Reads the report lines of the running trials from their logs and records them."""
 
-    def __init__(self, *, sessions: Sessions) -> None:
+    def __init__(self, *, sessions: Sessions, node_id: int | None = None) -> None:
         self.sessions = sessions
+        # This node's trials only: another node's logs are on its own disk.
+        self.node_id = node_id
         # One reader per (trial, attempt), from the offset stored with the trial.
         self._readers: dict[tuple[int, int], _Reader] = {}
         self._warned: set[tuple[int, int]] = set()
@@ -48,7 +49,7 @@ class LogReports:
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
-                for trial in store.active_trials(session=session)
+                for trial in store.active_trials(session=session, node_id=self.node_id)
                 if trial.log_path is not None
             ]
         live = {(trial_id, attempt) for trial_id, attempt, _, _ in targets}
@@ -103,9 +104,9 @@ class LogReports:
         with self.sessions.write.begin() as session:
             for (trial_id, attempt), (scanned, reports) in found.items():
                 trial = store.get_trial(session=session, trial_id=trial_id)
-                if trial is None or trial.attempt != attempt:
+                if trial is None:
                     continue
-                if trial.status not in ACTIVE_TRIAL_STATUSES:
+                if store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
                     continue
                 for report in reports:
                     report_store.add_line_report(

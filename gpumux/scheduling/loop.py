@@ -35,10 +35,11 @@ from gpumux.scheduling.reconcile import reconcile
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
-from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
+from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
+from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,12 @@ class Scheduler:
         url: str,
         on_tick: Callable[[float], None] = lambda seconds: None,
         spawner: Spawner | None = None,
+        node: NodeIdentity | None = None,
     ) -> None:
         self.settings = settings
+        # The node this scheduler runs trials for: it claims, watches and records only its
+        # own. None: the database's only scheduler (a tool, a test), which owns every trial.
+        self.node = node
         # Told how long each tick took (the daemon's /metrics histogram).
         self.on_tick = on_tick
         self.sessions = sessions
@@ -68,8 +73,10 @@ class Scheduler:
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
         self.studies = Studies()
-        self.lines = LogReports(sessions=sessions)
-        self.launcher = Launcher(settings=settings, sessions=sessions, url=url, spawner=spawner)
+        self.lines = LogReports(sessions=sessions, node_id=self.node_id)
+        self.launcher = Launcher(
+            settings=settings, sessions=sessions, url=url, spawner=spawner, node=node
+        )
         self.filler = SlotFiller(
             settings=settings,
             sessions=sessions,
@@ -78,6 +85,7 @@ class Scheduler:
             launcher=self.launcher,
             watched=self.watched,
             overheads=self.overheads,
+            node_id=self.node_id,
         )
         self._probed_at = float("-inf")
         self._wake = asyncio.Event()
@@ -89,6 +97,29 @@ class Scheduler:
     @property
     def running_count(self) -> int:
         return len(self.watched)
+
+    @property
+    def node_id(self) -> int | None:
+        """The id of this scheduler's node, None when it owns every trial."""
+        return None if self.node is None else self.node.id
+
+    def use_node(self, node: NodeIdentity) -> None:
+        """Run trials for this node incarnation from now on (after a rejoin)."""
+        self.node = node
+        self.launcher.node = node
+        self.filler.node_id = self.lines.node_id = node.id
+        self.wake()
+
+    def abandon(self) -> None:
+        """This node's lease was lost and its trials requeued for other nodes: kill every
+        trial group now and stop watching them, recording nothing (they are no longer ours)."""
+        for trial_id, entry in self.watched.items():
+            log.warning(
+                "trial %s: killing attempt %d, requeued elsewhere", trial_id, entry.process.attempt
+            )
+            entry.process.kill()
+        self.watched.release_all()
+        self.lines.forget()
 
     def wake(self) -> None:
         """Ask for a tick soon; safe to call from any thread."""
@@ -174,12 +205,17 @@ class Scheduler:
         after a write failed): adopt those whose supervisors live on, record those that ended
         with their real exit status, and requeue the rest within their retry budget."""
         with self.sessions.read() as session:
-            active = {trial.id for trial in store.active_trials(session=session)}
+            active = {t.id for t in store.active_trials(session=session, node_id=self.node_id)}
         if any(trial_id not in self.watched for trial_id in active):
             # Trials that ended while no daemon ran: what they printed last is read first.
             self.lines.collect(drain=True)
             with self.sessions.write.begin() as session:
-                recorded = reconcile(session=session, watched=self.watched, settings=self.settings)
+                recorded = reconcile(
+                    session=session,
+                    watched=self.watched,
+                    settings=self.settings,
+                    node_id=self.node_id,
+                )
                 for trial, outcome in recorded:
                     self._pass_on(session, trial, outcome)
         self._reconcile_due = False
@@ -201,7 +237,8 @@ class Scheduler:
                 self._record_end(session, trial_id, entry, end)
             for trial_id, (pid, started) in leaders.items():
                 trial = store.get_trial(session=session, trial_id=trial_id)
-                if trial is not None and trial.status in ACTIVE_TRIAL_STATUSES:
+                attempt = self.watched[trial_id].process.attempt
+                if trial is not None and self._holds(trial, attempt, "its start"):
                     if trial.status is TrialStatus.starting:
                         store.set_trial_status(
                             session=session, trial=trial, status=TrialStatus.running
@@ -216,15 +253,7 @@ class Scheduler:
         trial = store.get_trial(session=session, trial_id=trial_id)
         if trial is None:
             return
-        if trial.attempt != entry.process.attempt or trial.status not in ACTIVE_TRIAL_STATUSES:
-            # Fencing: the end of an older attempt never overwrites a newer one.
-            log.warning(
-                "trial %s: ignoring the end of attempt %d (now attempt %d, %s)",
-                trial_id,
-                entry.process.attempt,
-                trial.attempt,
-                trial.status,
-            )
+        if not self._holds(trial, entry.process.attempt, "the end"):
             return
         if end is None:
             outcomes.requeue_or_lose(
@@ -238,6 +267,16 @@ class Scheduler:
             session=session, trial=trial, end=end, stop=entry.stop, settings=self.settings
         )
         self._pass_on(session, trial, outcome)
+
+    def _holds(self, trial: Trial, attempt: int, what: str) -> bool:
+        """Whether this node may still record `what` of the trial's `attempt`. Fencing: an
+        older attempt's news never overwrites a newer one, nor one another node runs."""
+        refused = store.still_held(trial, node_id=self.node_id, attempt=attempt)
+        if refused is not None:
+            log.warning(
+                "trial %s: refusing %s of attempt %d (%s)", trial.id, what, attempt, refused
+            )
+        return refused is None
 
     def _pass_on(self, session: Session, trial: Trial, outcome: Outcome) -> None:
         """Hand what a trial's end teaches to the split search."""
@@ -274,7 +313,8 @@ class Scheduler:
             with self.sessions.write.begin() as session:
                 for decision in stopped:
                     trial = store.get_trial(session=session, trial_id=decision.trial_id)
-                    if trial is not None:
+                    attempt = self.watched[decision.trial_id].process.attempt
+                    if trial is not None and self._holds(trial, attempt, "the pruning"):
                         trial.error = decision.note
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:

@@ -121,7 +121,7 @@ def _record_failure(
     if is_out_of_memory(tail):
         if trial.sweep.split is None and trial.attempt <= settings.oom_retries:
             # The split search went one N too far: it lowers N, and the trial runs again.
-            requeue(
+            store.requeue(
                 session=session,
                 trial=trial,
                 why=f"ran out of device memory at N={trial.split}",
@@ -130,7 +130,7 @@ def _record_failure(
             return Outcome(status=trial.status, out_of_memory=True)
         how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
     elif trial.failures < trial.sweep.retries:
-        requeue(
+        store.requeue(
             session=session,
             trial=trial,
             why=how,
@@ -150,30 +150,4 @@ def _record_failure(
 
 def requeue_or_lose(*, session: Session, trial: Trial, why: str, settings: Settings) -> None:
     """Run a trial cut off by gpumux again, within its retry budget; else record it lost."""
-    if trial.attempt <= settings.lost_retries:
-        requeue(session=session, trial=trial, why=why, then="requeued")
-    else:
-        store.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.lost,
-            error=f"attempt {trial.attempt} {why}; no retries left",
-            ended_at=utcnow(),
-        )
-
-
-def requeue(
-    *, session: Session, trial: Trial, why: str, then: str, failures: int | None = None
-) -> None:
-    """Queue a trial for its next attempt, noting what happened to this one."""
-    store.set_trial_status(
-        session=session,
-        trial=trial,
-        status=TrialStatus.queued,
-        attempt=trial.attempt + 1,
-        failures=trial.failures if failures is None else failures,
-        error=f"attempt {trial.attempt} {why}; {then}",
-        queued_at=utcnow(),
-        pid=None,
-        log_path=None,
-    )
+    store.requeue_or_lose(session=session, trial=trial, why=why, lost_retries=settings.lost_retries)

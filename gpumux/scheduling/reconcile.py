@@ -34,15 +34,18 @@ def stop_reason(run_dir: Path) -> StopReason | None:
 
 
 def reconcile(
-    *, session: Session, watched: Watched, settings: Settings
+    *, session: Session, watched: Watched, settings: Settings, node_id: int | None = None
 ) -> list[tuple[Trial, Outcome]]:
-    """Settle every trial the database calls active that `watched` does not hold: record those
-    that ended with their real exit status, adopt those whose supervisors live on, requeue the
-    rest within their retry budget. Returns the ends recorded, for the loop to pass on."""
+    """Settle every trial of this node (`node_id`; None: every trial) the database calls
+    active that `watched` does not hold: record those that ended with their real exit status,
+    adopt those whose supervisors live on, requeue the rest within their retry budget. A trial
+    written before nodes existed becomes this node's. Returns the ends recorded."""
     recorded = []
-    for trial in store.active_trials(session=session):
+    for trial in store.active_trials(session=session, node_id=node_id):
         if trial.id in watched:
             continue
+        if trial.node_id is None:
+            trial.node_id = node_id
         directory = run_dir(settings, trial)
         end = recorded_end(directory, trial.attempt)
         if end is None:

@@ -26,17 +26,19 @@ from gpumux.lockfile import (
     record_holder,
 )
 from gpumux.processes.spawning import Spawner
+from gpumux.scheduling.heartbeat import NodeHeartbeat
 from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
 from gpumux.server.api import create_app
 from gpumux.server.listening import bind, listen_where_clients_look, serves_other_users
 from gpumux.server.metrics import Metrics
-from gpumux.storage import tokens
+from gpumux.storage import membership, tokens
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
+from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class Daemon:
         self.database = ""
         self.sessions: Sessions | None = None
         self.scheduler: Scheduler | None = None
+        # The node this daemon joined as among those sharing its database; set by start().
+        self.node: NodeIdentity | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals: asyncio.Queue[int] | None = None
         self._stop_requests = 0
@@ -102,10 +106,33 @@ class Daemon:
             self._sockets = [sock for sock, _ in listeners]
             self.urls = [url for _, url in listeners]
             self.url = self.urls[0]
+            self.node = self._join()
         except BaseException:
             self.close()
             raise
         record_holder(self._lock, self.url)
+
+    def _tcp_url(self) -> str | None:
+        """Where other nodes reach this daemon's API, None when it serves no TCP."""
+        return next((url for url in self.urls if url.startswith("http")), None)
+
+    def _join(self) -> NodeIdentity:
+        """Join the nodes of this database (one on SQLite); a name another live daemon holds
+        is refused with what to do."""
+        assert self.sessions is not None
+        try:
+            with self.sessions.write.begin() as session:
+                return membership.join(
+                    session=session,
+                    name=self.settings.node_name,
+                    home=membership.home_id(self.settings.home),
+                    url=self._tcp_url(),
+                    pid=os.getpid(),
+                    lease_s=self.settings.node_lease,
+                    lost_retries=self.settings.lost_retries,
+                )
+        except membership.NodeNameTaken as error:
+            raise DaemonError(str(error)) from error
 
     def _own_token(self) -> None:
         """A token for the daemon's own user, kept in its data directory, so that the CLI of
@@ -144,14 +171,25 @@ class Daemon:
             url=self.url,
             on_tick=metrics.observe_tick,
             spawner=spawner,
+            node=self.node,
         )
         scheduler = self.scheduler
+        assert self.node is not None
+        heartbeat = NodeHeartbeat(
+            settings=self.settings,
+            sessions=self.sessions,
+            scheduler=scheduler,
+            node=self.node,
+            url=self._tcp_url(),
+            home=membership.home_id(self.settings.home),
+        )
         app = create_app(
             settings=self.settings,
             sessions=self.sessions,
             devices_view=lambda: scheduler.devices,
             notify=scheduler.wake,
             metrics=metrics,
+            node=self.node,
         )
         config = uvicorn.Config(
             app,
@@ -169,6 +207,8 @@ class Daemon:
         stop_scheduling = asyncio.Event()
         server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
+        stop_beating = asyncio.Event()
+        heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
         leaving = self._leave_when_idle()
         log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
@@ -178,6 +218,9 @@ class Daemon:
                 leaving.cancel()
             server.should_exit = True
             await server_task
+            stop_beating.set()
+            await heartbeat_task
+            self._leave(heartbeat)
             failure = scheduler_task.exception() if scheduler_task.done() else None
             probe.close()
             if spawner is not None:
@@ -234,6 +277,14 @@ class Daemon:
             self.request_stop()
 
         return asyncio.create_task(leave())
+
+    def _leave(self, heartbeat: NodeHeartbeat) -> None:
+        """Leave the nodes at a stop; trials left running keep the node's row for its return."""
+        try:
+            heartbeat.leave()
+        except Exception as error:
+            # Its lease lapses instead, and another node requeues what it held.
+            log.error("node %s: could not leave (%s)", heartbeat.node.name, error)
 
     def request_stop(self) -> None:
         """Warm stop the first time, cold stop the second; safe from any thread."""

@@ -16,12 +16,14 @@ from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
     TRIAL_TRANSITIONS,
+    NodeState,
     ObjectiveMode,
     SearchMethod,
     SweepStatus,
     TrialStatus,
 )
-from gpumux.storage.models import Owner, Sweep, Trial, utcnow
+from gpumux.storage.models import Node, Owner, Sweep, Trial, utcnow
+from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -258,13 +260,43 @@ def queued_trials_of(*, session: Session, sweep: Sweep, limit: int) -> list[Tria
     )
 
 
-def active_trials(*, session: Session) -> list[Trial]:
-    """Trials that hold a device slot: starting or running."""
-    return list(
-        session.scalars(
-            select(Trial).where(Trial.status.in_(ACTIVE_TRIAL_STATUSES)).order_by(Trial.id)
+def active_trials(*, session: Session, node_id: int | None = None) -> list[Trial]:
+    """Trials that hold a device slot: starting or running. With `node_id`, only that node's
+    and those written before nodes existed (no node: the one daemon of those days adopts them)."""
+    query = select(Trial).where(Trial.status.in_(ACTIVE_TRIAL_STATUSES))
+    if node_id is not None:
+        query = query.where((Trial.node_id == node_id) | Trial.node_id.is_(None))
+    return list(session.scalars(query.order_by(Trial.id)))
+
+
+def claim_trial(*, session: Session, trial_id: int, node: NodeIdentity | None) -> Trial | None:
+    """The queued trial, locked for this node to launch, or None: no longer queued, locked by
+    another node's claim, or this node's lease lost (a lost node claims nothing)."""
+    if node is not None and not session.scalar(
+        select(func.count()).where(
+            Node.id == node.id,
+            Node.incarnation == node.incarnation,
+            Node.state == NodeState.active,
         )
+    ):
+        return None
+    return session.scalar(
+        select(Trial)
+        .where(Trial.id == trial_id, Trial.status == TrialStatus.queued)
+        .with_for_update(skip_locked=True)
     )
+
+
+def still_held(trial: Trial, *, node_id: int | None, attempt: int) -> str | None:
+    """Why this node may no longer write the trial's lifecycle for `attempt` (requeued, run
+    by another node, or ended), or None while it may."""
+    if trial.attempt != attempt:
+        return f"now attempt {trial.attempt}, {trial.status}"
+    if trial.status not in ACTIVE_TRIAL_STATUSES:
+        return f"now {trial.status}"
+    if node_id is not None and trial.node_id not in (node_id, None):
+        return f"now on node {trial.node_id}"
+    return None
 
 
 def sweeps_to_cancel(*, session: Session) -> list[Sweep]:
@@ -337,3 +369,37 @@ def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None
     if status != sweep.status:
         log.info("sweep %s: %s -> %s", sweep.id, sweep.status, status)
         sweep.status = status
+
+
+def requeue_or_lose(*, session: Session, trial: Trial, why: str, lost_retries: int) -> None:
+    """Run a trial cut off by gpumux (or by its node's end) again, within its retry budget;
+    else record it lost."""
+    if trial.attempt <= lost_retries:
+        requeue(session=session, trial=trial, why=why, then="requeued")
+    else:
+        set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.lost,
+            error=f"attempt {trial.attempt} {why}; no retries left",
+            ended_at=utcnow(),
+        )
+
+
+def requeue(
+    *, session: Session, trial: Trial, why: str, then: str, failures: int | None = None
+) -> None:
+    """Queue a trial for its next attempt, on whichever node claims it, noting what happened
+    to this one."""
+    set_trial_status(
+        session=session,
+        trial=trial,
+        status=TrialStatus.queued,
+        attempt=trial.attempt + 1,
+        failures=trial.failures if failures is None else failures,
+        error=f"attempt {trial.attempt} {why}; {then}",
+        queued_at=utcnow(),
+        pid=None,
+        log_path=None,
+        node_id=None,
+    )

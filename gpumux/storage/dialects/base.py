@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -94,3 +95,8 @@ class Dialect(ABC):
         self, start: SQLColumnExpression[Any], end: SQLColumnExpression[Any]
     ) -> ColumnElement[float]:
         """SQL for the seconds from one timestamp column to another."""
+
+    @abstractmethod
+    def now(self) -> ColumnElement[datetime]:
+        """SQL for the database's clock now, naive UTC as timestamps are stored: the one clock
+        every node's lease is measured on, whatever the nodes' own clocks say."""

@@ -10,10 +10,20 @@ by the server; reads run beside writes under MVCC and never wait for them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, SQLColumnExpression, cast, exc, extract
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Float,
+    SQLColumnExpression,
+    cast,
+    exc,
+    extract,
+    func,
+)
 from sqlalchemy.engine import Connection
 
 from gpumux.storage.dialects.base import Dialect
@@ -135,6 +145,11 @@ class PostgresqlDialect(Dialect):
     ) -> ColumnElement[float]:
         """The interval's epoch, exact to the microsecond."""
         return cast(extract("epoch", end - start), Float)
+
+    def now(self) -> ColumnElement[datetime]:
+        """now() as naive UTC; the statement's start rather than the transaction's, which may
+        have begun before a wait for the write lock."""
+        return func.timezone("UTC", func.statement_timestamp(), type_=DateTime())
 
 
 def _sqlstate(error: BaseException) -> str | None:

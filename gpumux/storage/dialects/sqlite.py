@@ -8,10 +8,11 @@ import shutil
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import URL, ColumnElement, SQLColumnExpression, exc, func
+from sqlalchemy import URL, ColumnElement, DateTime, SQLColumnExpression, exc, func
 from sqlalchemy.engine import Connection
 
 from gpumux.lockfile import lock_beside
@@ -182,6 +183,10 @@ class SqliteDialect(Dialect):
         millisecond: SQLite's date functions keep milliseconds, and the day fraction's rounding
         would otherwise put a wait of exactly 1 s just above or below a bucket's bound."""
         return func.round((func.julianday(end) - func.julianday(start)) * SECONDS_PER_DAY, 3)
+
+    def now(self) -> ColumnElement[datetime]:
+        """UTC text to the millisecond, as the stored timestamps are written (and compared)."""
+        return func.strftime("%Y-%m-%d %H:%M:%f", "now", type_=DateTime())
 
 
 def _primary_code(error: exc.DBAPIError) -> int | None:

@@ -1,0 +1,119 @@
+"""The node's heartbeat: renew this node's lease, expire the nodes whose lease lapsed, and
+when this node's own lease was lost, stop its trials and join again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+from gpumux.config import Settings
+from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.scheduling.loop import Scheduler
+from gpumux.storage import membership
+from gpumux.storage.engine import Sessions
+from gpumux.storage.nodes import NodeIdentity
+
+log = logging.getLogger(__name__)
+
+
+def device_summaries(devices: list[DeviceSnapshot]) -> list[dict[str, Any]]:
+    """What a node row says of its devices: key, kind, name and memory, one dict each."""
+    return [
+        {"key": d.key, "kind": d.kind, "name": d.name, "memory_mb": d.memory_total_mb}
+        for d in devices
+    ]
+
+
+class NodeHeartbeat:
+    """Every GPUMUX_NODE_HEARTBEAT seconds: renew the lease, then expire lapsed nodes."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        sessions: Sessions,
+        scheduler: Scheduler,
+        node: NodeIdentity,
+        url: str | None,
+        home: str,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.scheduler = scheduler
+        self.node = node
+        # What a rejoin registers again.
+        self.url = url
+        self.home = home
+        # False from a lost lease until the node has joined again.
+        self.held = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Beat until `stop` is set; a database that fails is logged and tried again."""
+        while not stop.is_set():
+            try:
+                await self.beat()
+            except Exception as error:
+                # Trials run on under their supervisors; the lease may lapse meanwhile, and the
+                # next beat that reaches the database finds out.
+                log.error("node %s: heartbeat failed (%s); trying again", self.node.name, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.node_heartbeat)
+
+    async def beat(self) -> None:
+        """One heartbeat: renew (or rejoin after a loss), and expire the lapsed nodes."""
+        devices = device_summaries(self.scheduler.devices)
+        if self.held:
+            self.held, expired = await asyncio.to_thread(self._renew, devices)
+            if expired:
+                # Their trials are queued again: fill our free slots with them.
+                self.scheduler.wake()
+            if not self.held:
+                log.warning(
+                    "node %s: lease of incarnation %d lost (another node requeued its trials); "
+                    "killing its %d trials and joining again",
+                    self.node.name,
+                    self.node.incarnation,
+                    self.scheduler.running_count,
+                )
+                self.scheduler.abandon()
+        if not self.held:
+            self.node = await asyncio.to_thread(self._rejoin, devices)
+            self.held = True
+            self.scheduler.use_node(self.node)
+            log.warning(
+                "node %s: joined again as incarnation %d", self.node.name, self.node.incarnation
+            )
+
+    def _renew(self, devices: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+        with self.sessions.write.begin() as session:
+            held = membership.heartbeat(
+                session=session, node=self.node, lease_s=self.settings.node_lease, devices=devices
+            )
+            expired = membership.expire(session=session, lost_retries=self.settings.lost_retries)
+        return held, expired
+
+    def _rejoin(self, devices: list[dict[str, Any]]) -> NodeIdentity:
+        with self.sessions.write.begin() as session:
+            return membership.join(
+                session=session,
+                name=self.node.name,
+                home=self.home,
+                url=self.url,
+                pid=os.getpid(),
+                lease_s=self.settings.node_lease,
+                lost_retries=self.settings.lost_retries,
+                devices=devices,
+                # The API's copy of this node's identity keeps showing the same secret.
+                secret=self.node.secret,
+            )
+
+    def leave(self) -> None:
+        """At a clean stop: leave the cluster unless trials were left running."""
+        if not self.held:
+            return
+        with self.sessions.write.begin() as session:
+            if membership.leave(session=session, node=self.node):
+                log.info("node %s: left", self.node.name)

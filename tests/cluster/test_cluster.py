@@ -1,0 +1,157 @@
+"""Several node daemons on one PostgreSQL: they pack one queue, and a node that dies has its
+trials finished elsewhere, once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from reliability.conftest import DaemonProcess
+from sqlalchemy import select
+
+from gpumux.status import NodeState, TrialStatus
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Node, Trial
+
+from .conftest import NodeFactory, wait_until
+
+RELEASE_THEN_EXIT = Path(__file__).parent.parent / "fixtures" / "release_then_exit.py"
+SHORT_LEASE = {"GPUMUX_NODE_LEASE": "3", "GPUMUX_NODE_HEARTBEAT": "1"}
+
+
+def submit(node: DaemonProcess, folder: Path, params: list[str], command: list[str]) -> int:
+    """A sweep of `command` over `params`, two trials at a time on a node's CPU; its id."""
+    body = {
+        "params": params,
+        "command": command,
+        "workdir": str(folder),
+        "env": {"PATH": os.environ["PATH"]},
+        "split": 2,
+    }
+    with node.client() as client:
+        created = client.post("/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep_id: int = created.json()["id"]
+    return sweep_id
+
+
+def trials_of(db: Sessions, sweep_id: int) -> list[Trial]:
+    with db.read() as session:
+        return list(session.scalars(select(Trial).where(Trial.sweep_id == sweep_id)))
+
+
+def node_ids(db: Sessions) -> dict[str, int]:
+    with db.read() as session:
+        return {node.name: node.id for node in session.scalars(select(Node))}
+
+
+def all_ended(db: Sessions, sweep_id: int) -> list[Trial] | None:
+    trials = trials_of(db, sweep_id)
+    return trials if all(t.status.is_final for t in trials) else None
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_nodes_pack_one_sweep_and_claim_each_trial_once(
+    count: int, make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    nodes = [make_node(f"node{i}") for i in range(1, count + 1)]
+    command = [sys.executable, "-c", "import time; time.sleep(0.5)"]
+    sweep_id = submit(nodes[0], tmp_path, [f"n=1..{6 * count}"], command)
+    trials = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), *nodes)
+    assert {t.status for t in trials} == {TrialStatus.succeeded}
+    # One started attempt each: never requeued, one run directory across every node's home.
+    assert {t.attempt for t in trials} == {1}
+    run_dirs = sorted(p.name for node in nodes for p in (node.home / "runs").iterdir())
+    assert run_dirs == sorted(f"{t.id}.1" for t in trials)
+    # Every node ran trials of the one queue.
+    assert {t.node_id for t in trials} == set(node_ids(cluster_db).values())
+
+
+def test_a_killed_node_has_its_trials_finished_elsewhere_once(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
+    ids = node_ids(cluster_db)
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+    # x=0: each trial exits 0 once released; y tells them apart.
+    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
+
+    def two_running_on_each() -> list[Trial] | None:
+        trials = trials_of(cluster_db, sweep_id)
+        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
+        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
+
+    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    on_a = {t.id for t in trials if t.node_id == ids["a"]}
+    # A power cut: the daemon and everything it started die at once.
+    a.kill9()
+    a.kill_spawned()
+
+    def a_expired() -> bool:
+        with cluster_db.read() as session:
+            node = session.get(Node, ids["a"])
+            return node is not None and node.state is NodeState.lost
+
+    wait_until("node a to be marked lost", a_expired, b)
+    (tmp_path / "release-0").touch()
+    ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), b)
+    assert {t.status for t in ended} == {TrialStatus.succeeded}
+    for trial in ended:
+        assert trial.node_id == ids["b"]
+        assert trial.attempt == (2 if trial.id in on_a else 1)
+    # Each of a's trials ran once more, on b: 4 first attempts and 2 second ones.
+    runs = (tmp_path / "started-0").read_text().split()
+    assert sorted(runs[0::2]) == ["1", "1", "1", "1", "2", "2"]
+
+
+def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
+    ids = node_ids(cluster_db)
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
+
+    def two_running_on_each() -> list[Trial] | None:
+        trials = trials_of(cluster_db, sweep_id)
+        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
+        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
+
+    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    stale = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
+    a.send(signal.SIGSTOP)
+    try:
+
+        def requeued() -> bool:
+            now = {t.id: t for t in trials_of(cluster_db, sweep_id)}
+            return all(now[i].attempt == 2 for i in stale)
+
+        wait_until("a's trials to be requeued", requeued, b)
+    finally:
+        a.send(signal.SIGCONT)
+    wait_until("a to kill its stale trials", lambda: not any(map(alive, stale.values())), a)
+    wait_until("a to join again", lambda: rejoined(cluster_db, ids["a"]), a)
+    assert "lease of incarnation 1 lost" in a.log_tail(200)
+    (tmp_path / "release-0").touch()
+    ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), a, b)
+    assert {t.status for t in ended} == {TrialStatus.succeeded}
+    assert {t.id: t.attempt for t in ended if t.id in stale} == dict.fromkeys(stale, 2)
+
+
+def rejoined(db: Sessions, node_id: int) -> bool:
+    with db.read() as session:
+        node = session.get(Node, node_id)
+        return node is not None and node.incarnation == 2 and node.state is NodeState.active
+
+
+def alive(pid: int | None) -> bool:
+    """Whether the process runs (a zombie has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
