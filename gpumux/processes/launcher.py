@@ -50,6 +50,8 @@ class SupervisorOptions:
     heartbeat_interval: float
     log_max_bytes: int
     log_keep: int
+    # The node's lease file on a shared database; None where no other node can take trials.
+    lease_file: str | None = None
 
 
 class SupervisedTrial:
@@ -253,6 +255,7 @@ def supervisor_spec(
         "log_keep": options.log_keep,
         "kill_grace": options.kill_grace,
         "heartbeat_interval": options.heartbeat_interval,
+        "lease_file": options.lease_file,
         "warm": spec.warm,
         "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
         f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",

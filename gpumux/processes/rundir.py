@@ -32,6 +32,9 @@ STOP_REASON = "stop"
 EXIT_RECORD = "exit.json"
 # The supervisor's own stdout and stderr.
 SUPERVISOR_LOG = "supervisor.log"
+# In the data directory: until when this host's node holds its lease on a shared database;
+# written by the daemon at each heartbeat, read by the supervisors whose spec names it.
+NODE_LEASE = "node.lease"
 # The stop reason a supervisor records when it stops its trial because its node's lease lapsed.
 LEASE_LAPSED = "lease"
 
@@ -96,14 +99,19 @@ def write_lease(path: Pathish, *, until: float) -> None:
     write_json_atomically(path, {"boot_id": boot_id(), "until": until})
 
 
-def lease_lapsed(path: Pathish) -> bool:
-    """Whether the node's lease recorded in `path` has lapsed (no record, or one of another
-    boot, counts as lapsed: no node holds the trials of this host)."""
+def lease_until(path: Pathish) -> float:
+    """Until when (boottime()) the node's lease recorded in `path` holds; 0 for no record, one
+    of another boot or a malformed one: no node holds the trials of this host then."""
     record = read_json(path)
     if record is None or record.get("boot_id") != boot_id():
-        return True
+        return 0.0
     until = record.get("until")
-    return not isinstance(until, int | float) or boottime() >= until
+    return float(until) if isinstance(until, int | float) else 0.0
+
+
+def lease_lapsed(path: Pathish) -> bool:
+    """Whether the node's lease recorded in `path` has lapsed."""
+    return boottime() >= lease_until(path)
 
 
 class ProcessRecord(NamedTuple):

@@ -260,19 +260,20 @@ class Supervisor:
         pidfd = os.pidfd_open(self.trial)
         interval = float(self.spec["heartbeat_interval"])
         watched = [read_end, pidfd, wake_read]
-        beat_at = 0.0
+        beat_at = lease_at = 0.0
         while True:
             now = time.monotonic()
             if now >= beat_at:
                 rundir.touch_heartbeat(self.run_dir)
                 if self.leader_unrecorded:
                     self._record_leader()
-                self._fence(log)
                 beat_at = now + interval
+            if now >= lease_at:
+                lease_at = now + self._fence(log)
             if self.kill_at is not None and now >= self.kill_at:
                 self._kill_group()
                 self.kill_at = None
-            timeout = beat_at - now
+            timeout = min(beat_at, lease_at) - now
             if self.kill_at is not None:
                 timeout = min(timeout, self.kill_at - now)
             ready, _, _ = select.select(watched, [], [], max(0.0, timeout))
@@ -285,13 +286,17 @@ class Supervisor:
                 os.close(pidfd)
                 return
 
-    def _fence(self, log: RotatingLog) -> None:
+    def _fence(self, log: RotatingLog) -> float:
         """Kill the trial once its node's lease on a shared database lapsed: another node may
         requeue it then, and it must not run twice. The daemon renews the lease file at each
-        heartbeat; a daemon killed or frozen renews nothing."""
+        heartbeat; a daemon killed or frozen renews nothing. Returns the seconds until the
+        lease must be looked at again."""
         lease_file = self.spec.get("lease_file")
-        if lease_file is None or self.returncode is not None or not rundir.lease_lapsed(lease_file):
-            return
+        if lease_file is None or self.returncode is not None:
+            return float("inf")
+        left = rundir.lease_until(lease_file) - rundir.boottime()
+        if left > 0:
+            return left
         if rundir.recorded_stop(self.run_dir) != rundir.LEASE_LAPSED:
             log.write(
                 b"gpumux: this node's lease on the shared database lapsed (its daemon stopped "
@@ -301,6 +306,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 rundir.record_stop(self.run_dir, rundir.LEASE_LAPSED)
         self._kill_group()
+        return float("inf")
 
     def _drain(self, read_end: int, log: RotatingLog) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS

@@ -11,6 +11,8 @@ from typing import Any
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.processes import rundir
+from gpumux.scheduling.launching import node_lease_file
 from gpumux.scheduling.loop import Scheduler
 from gpumux.storage import membership
 from gpumux.storage.engine import Sessions
@@ -25,6 +27,20 @@ def device_summaries(devices: list[DeviceSnapshot]) -> list[dict[str, Any]]:
         {"key": d.key, "kind": d.kind, "name": d.name, "memory_mb": d.memory_total_mb}
         for d in devices
     ]
+
+
+def record_lease(settings: Settings, sessions: Sessions, *, renewed_at: float | None) -> None:
+    """Tell this host's supervisors until when they may run the node's trials: the lease
+    renewed at `renewed_at` (boottime(), taken before the renewal began) less one heartbeat,
+    so that they stop a heartbeat before any other node may requeue them (the lease exceeds
+    two heartbeats, so the next renewal comes first); None: the lease is lost."""
+    path = node_lease_file(settings, sessions)
+    if path is None:
+        return
+    until = 0.0
+    if renewed_at is not None:
+        until = renewed_at + settings.node_lease - settings.node_heartbeat
+    rundir.write_lease(path, until=until)
 
 
 class NodeHeartbeat:
@@ -66,7 +82,9 @@ class NodeHeartbeat:
         """One heartbeat: renew (or rejoin after a loss), and expire the lapsed nodes."""
         devices = device_summaries(self.scheduler.devices)
         if self.held:
+            renewed_at = rundir.boottime()
             self.held, expired = await asyncio.to_thread(self._renew, devices)
+            record_lease(self.settings, self.sessions, renewed_at=renewed_at if self.held else None)
             if expired:
                 # Their trials are queued again: fill our free slots with them.
                 self.scheduler.wake()
@@ -80,7 +98,9 @@ class NodeHeartbeat:
                 )
                 self.scheduler.abandon()
         if not self.held:
+            renewed_at = rundir.boottime()
             self.node = await asyncio.to_thread(self._rejoin, devices)
+            record_lease(self.settings, self.sessions, renewed_at=renewed_at)
             self.held = True
             self.scheduler.use_node(self.node)
             log.warning(

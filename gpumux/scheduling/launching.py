@@ -6,6 +6,7 @@ import logging
 import os
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -14,6 +15,7 @@ from gpumux import accounts, sweepspec
 from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.processes.spawning import Spawner
@@ -27,6 +29,12 @@ from gpumux.storage.models import Sweep, Trial, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
+
+
+def node_lease_file(settings: Settings, sessions: Sessions) -> Path | None:
+    """The file that says until when this node's supervisors may run its trials: only on a
+    database other nodes share (none can take a trial from the one daemon on SQLite)."""
+    return settings.home / rundir.NODE_LEASE if sessions.dialect.shared else None
 
 
 class Launcher:
@@ -49,11 +57,13 @@ class Launcher:
         self.spawner = spawner
         # Where trials report: the daemon's first listening address.
         self.url = url
+        lease_file = node_lease_file(settings, sessions)
         self.options = SupervisorOptions(
             kill_grace=settings.kill_grace,
             heartbeat_interval=settings.heartbeat_interval,
             log_max_bytes=int(settings.log_max_mb * 1024 * 1024),
             log_keep=settings.log_keep,
+            lease_file=None if lease_file is None else str(lease_file),
         )
 
     def launch(self, chosen: Placement, device: DeviceSnapshot) -> Running | None:

@@ -28,6 +28,8 @@ class StopReason(StrEnum):
     shutdown = "shutdown"
     # The sweep's pruner stopped it at a report.
     prune = "prune"
+    # Its supervisor stopped it: the node's lease on a shared database lapsed unrenewed.
+    lease = "lease"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,13 @@ def record_exit(
     if stop is StopReason.shutdown:
         requeue_or_lose(
             session=session, trial=trial, why="stopped by a daemon shutdown", settings=settings
+        )
+    elif stop is StopReason.lease:
+        requeue_or_lose(
+            session=session,
+            trial=trial,
+            why="stopped: its node's lease lapsed (the daemon did not renew it in time)",
+            settings=settings,
         )
     elif stop is StopReason.cancel:
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)

@@ -25,8 +25,9 @@ from gpumux.lockfile import (
     acquire_lock,
     record_holder,
 )
+from gpumux.processes import rundir
 from gpumux.processes.spawning import Spawner
-from gpumux.scheduling.heartbeat import NodeHeartbeat
+from gpumux.scheduling.heartbeat import NodeHeartbeat, record_lease
 from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
@@ -120,9 +121,10 @@ class Daemon:
         """Join the nodes of this database (one on SQLite); a name another live daemon holds
         is refused with what to do."""
         assert self.sessions is not None
+        renewed_at = rundir.boottime()
         try:
             with self.sessions.write.begin() as session:
-                return membership.join(
+                node = membership.join(
                     session=session,
                     name=self.settings.node_name,
                     home=membership.home_id(self.settings.home),
@@ -133,6 +135,8 @@ class Daemon:
                 )
         except membership.NodeNameTaken as error:
             raise DaemonError(str(error)) from error
+        record_lease(self.settings, self.sessions, renewed_at=renewed_at)
+        return node
 
     def _own_token(self) -> None:
         """A token for the daemon's own user, kept in its data directory, so that the CLI of
@@ -174,15 +178,16 @@ class Daemon:
             node=self.node,
         )
         scheduler = self.scheduler
-        assert self.node is not None
-        heartbeat = NodeHeartbeat(
-            settings=self.settings,
-            sessions=self.sessions,
-            scheduler=scheduler,
-            node=self.node,
-            url=self._tcp_url(),
-            home=membership.home_id(self.settings.home),
-        )
+        heartbeat = None
+        if self.node is not None:
+            heartbeat = NodeHeartbeat(
+                settings=self.settings,
+                sessions=self.sessions,
+                scheduler=scheduler,
+                node=self.node,
+                url=self._tcp_url(),
+                home=membership.home_id(self.settings.home),
+            )
         app = create_app(
             settings=self.settings,
             sessions=self.sessions,
@@ -208,7 +213,9 @@ class Daemon:
         server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
         stop_beating = asyncio.Event()
-        heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
+        heartbeat_task = None
+        if heartbeat is not None:
+            heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
         leaving = self._leave_when_idle()
         log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
@@ -219,8 +226,9 @@ class Daemon:
             server.should_exit = True
             await server_task
             stop_beating.set()
-            await heartbeat_task
-            self._leave(heartbeat)
+            if heartbeat is not None and heartbeat_task is not None:
+                await heartbeat_task
+                self._leave(heartbeat)
             failure = scheduler_task.exception() if scheduler_task.done() else None
             probe.close()
             if spawner is not None:

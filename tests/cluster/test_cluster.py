@@ -3,6 +3,7 @@ trials finished elsewhere, once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -106,6 +107,43 @@ def test_a_killed_node_has_its_trials_finished_elsewhere_once(
     # Each of a's trials ran once more, on b: 4 first attempts and 2 second ones.
     runs = (tmp_path / "started-0").read_text().split()
     assert sorted(runs[0::2]) == ["1", "1", "1", "1", "2", "2"]
+
+
+def test_a_killed_daemon_s_supervisors_stop_its_trials_before_another_node_requeues_them(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    # The daemon alone dies: its supervisors outlive it, and must not run on beside the
+    # attempts another node starts once the lease lapsed.
+    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
+    ids = node_ids(cluster_db)
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
+
+    def two_running_on_each() -> list[Trial] | None:
+        trials = trials_of(cluster_db, sweep_id)
+        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
+        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
+
+    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    on_a = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
+    a.kill9()
+
+    def requeued() -> bool:
+        now = [t for t in trials_of(cluster_db, sweep_id) if t.id in on_a]
+        return all(t.attempt == 2 for t in now)
+
+    wait_until("b to requeue a's trials", requeued, b)
+    # The first attempts were gone before any node could run them again: stopped by their
+    # supervisors when the lease lapsed, a heartbeat before b could requeue them.
+    assert not any(alive(pid) for pid in on_a.values()), "ran beside its next attempt"
+    for trial_id in on_a:
+        old = a.home / "runs" / f"{trial_id}.1"
+        ended = json.loads((old / "exit.json").read_text())
+        assert ended["signal"] == signal.SIGKILL and (old / "stop").read_text() == "lease"
+    (tmp_path / "release-0").touch()
+    ended_trials = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), b)
+    assert {t.status for t in ended_trials} == {TrialStatus.succeeded}
+    assert {t.id: t.attempt for t in ended_trials if t.id in on_a} == dict.fromkeys(on_a, 2)
 
 
 def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(

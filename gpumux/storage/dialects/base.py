@@ -26,6 +26,9 @@ class Dialect(ABC):
     # The SQLAlchemy driver names (URL schemes) this dialect serves, and one to show users.
     drivernames: ClassVar[tuple[str, ...]]
     example_url: ClassVar[str]
+    # Whether daemons on several hosts may share it (then each holds a node lease, and a
+    # node's supervisors stop their trials when it lapses).
+    shared: ClassVar[bool]
 
     def __init__(self, url: URL) -> None:
         self.url = url

@@ -47,6 +47,7 @@ class PostgresqlDialect(Dialect):
 
     drivernames = ("postgresql+psycopg",)
     example_url = "postgresql+psycopg://USER:PASSWORD@HOST/DATABASE"
+    shared = True
 
     @property
     def label(self) -> str:

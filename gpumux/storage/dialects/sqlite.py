@@ -37,6 +37,7 @@ class SqliteDialect(Dialect):
 
     drivernames = ("sqlite", "sqlite+pysqlite")
     example_url = "sqlite:///PATH/TO/gpumux.db"
+    shared = False
 
     def __init__(self, url: URL) -> None:
         super().__init__(url)
