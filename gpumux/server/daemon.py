@@ -117,10 +117,13 @@ class Daemon:
         """Where other nodes reach this daemon's API, None when it serves no TCP."""
         return next((url for url in self.urls if url.startswith("http")), None)
 
-    def _join(self) -> NodeIdentity:
+    def _join(self) -> NodeIdentity | None:
         """Join the nodes of this database (one on SQLite); a name another live daemon holds
-        is refused with what to do."""
+        is refused with what to do. On a full disk the one daemon of an SQLite file serves
+        unrecorded (None: it owns every trial, as before nodes), so that it still serves what
+        it has; on a shared database a node must be recorded to claim anything."""
         assert self.sessions is not None
+        dialect = self.sessions.dialect
         renewed_at = rundir.boottime()
         try:
             with self.sessions.write.begin() as session:
@@ -135,6 +138,16 @@ class Daemon:
                 )
         except membership.NodeNameTaken as error:
             raise DaemonError(str(error)) from error
+        except OperationalError as error:
+            if dialect.shared or not dialect.is_full(error):
+                raise
+            log.warning(
+                "node %s: not recorded: the disk is full (%s); serving as the one daemon of %s",
+                self.settings.node_name,
+                error.orig,
+                self.database,
+            )
+            return None
         record_lease(self.settings, self.sessions, renewed_at=renewed_at)
         return node
 
