@@ -69,6 +69,7 @@ class Scheduler:
         self.devices: list[DeviceSnapshot] = []
         self.overheads = Overheads(configured_mb=settings.overhead_mb)
         self.searches = Searches(settings, overheads=self.overheads)
+        self.searches.node_id = None if node is None else node.id
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
@@ -107,7 +108,7 @@ class Scheduler:
         """Run trials for this node incarnation from now on (after a rejoin)."""
         self.node = node
         self.launcher.node = node
-        self.filler.node_id = self.lines.node_id = node.id
+        self.filler.node_id = self.lines.node_id = self.searches.node_id = node.id
         self.wake()
 
     def abandon(self) -> None:

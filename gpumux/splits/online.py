@@ -122,6 +122,8 @@ class SplitSearch:
     lowered: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # The node whose device this is, on a database several nodes share (None: the only one).
+    node_id: int | None = None
 
     @property
     def split(self) -> int:
@@ -352,7 +354,11 @@ class SplitSearch:
         trials = [
             trial
             for trial in report_store.trials_at_split(
-                session=session, device=self.device_key, split=self.split, since=start
+                session=session,
+                device=self.device_key,
+                split=self.split,
+                since=start,
+                node_id=self.node_id,
             )
             if self._ours(trial)
         ]

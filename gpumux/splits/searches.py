@@ -37,6 +37,9 @@ class Searches:
 
     def __init__(self, settings: Settings, overheads: Overheads | None = None) -> None:
         self.settings = settings
+        # The node whose devices these are, on a database several nodes share: another
+        # node's trials run on another machine's devices, whatever their keys.
+        self.node_id: int | None = None
         # The per-process overhead placement budgets with, so that the ceiling divides by the
         # same figure; a Searches of its own (a tool, a test) measures none.
         self.overheads = (
@@ -83,6 +86,7 @@ class Searches:
                 timing=self.timing,
                 guess=kind.first_split(device, ceiling, steps=SEQUENCE),
             )
+            self._searches[key].node_id = self.node_id
         return self._searches[key]
 
     def observe(
@@ -101,7 +105,7 @@ class Searches:
         the memory each measured trial holds. Returns the searches whose curve or decision
         changed: their profiles need saving.
         """
-        on = ActiveTrials.now(session=session)
+        on = ActiveTrials.now(session=session, node_id=self.node_id)
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         workload = {
             sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
@@ -227,10 +231,13 @@ class ActiveTrials:
     )
 
     @classmethod
-    def now(cls, *, session: Session) -> ActiveTrials:
-        """What runs where, as the database says."""
+    def now(cls, *, session: Session, node_id: int | None = None) -> ActiveTrials:
+        """What runs where, as the database says; with `node_id`, on that node's devices
+        (trials of no node, from before nodes, count as its own)."""
         on = cls()
         for trial in store.active_trials(session=session):
+            if node_id is not None and trial.node_id not in (node_id, None):
+                continue
             if trial.device is not None:
                 # Fixed-split trials count too: they share the device as much as any.
                 fingerprint = sweep_fingerprint(trial.sweep) if trial.sweep.split is None else None

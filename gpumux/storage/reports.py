@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import func, select, union
+from sqlalchemy import func, or_, select, union
 from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_SAMPLES
@@ -120,19 +120,22 @@ def list_reports(
     return list(page), count
 
 
-def trials_at_split(*, session: Session, device: str, split: int, since: datetime) -> list[Trial]:
-    """Trials launched on `device` under N=`split` that are active, or ended after `since`."""
+def trials_at_split(
+    *, session: Session, device: str, split: int, since: datetime, node_id: int | None = None
+) -> list[Trial]:
+    """Trials launched on `device` under N=`split` that are active, or ended after `since`;
+    with `node_id`, only that node's (and those of no node, from before nodes): another
+    node's device of the same key is another device."""
     # A union, not an OR: each side searches its own index (status; end time), where an OR
     # scans every trial that ever ran, each tick of each unsettled search.
     ids = union(
         select(Trial.id).where(Trial.status.in_(ACTIVE_TRIAL_STATUSES)),
         select(Trial.id).where(Trial.ended_at > since),
     )
-    found = session.scalars(
-        select(Trial)
-        .where(Trial.id.in_(ids), Trial.device == device, Trial.split == split)
-        .order_by(Trial.id)
-    )
+    query = select(Trial).where(Trial.id.in_(ids), Trial.device == device, Trial.split == split)
+    if node_id is not None:
+        query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
+    found = session.scalars(query.order_by(Trial.id))
     return [trial for trial in found if trial.started_at is not None]
 
 

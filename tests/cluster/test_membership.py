@@ -5,16 +5,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import stored_sweep
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from gpumux.config import Settings
+from gpumux.splits.searches import ActiveTrials
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
+from gpumux.storage import reports as report_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 from gpumux.storage.models import Node, Trial
@@ -211,3 +214,25 @@ def test_the_lease_must_outlast_two_heartbeats(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="GPUMUX_NODE_LEASE"):
         Settings(home=tmp_path, node_heartbeat=5, node_lease=10)
     assert Settings(home=tmp_path, node_heartbeat=1, node_lease=3).node_lease == 3
+
+
+def test_the_split_search_sees_only_its_own_node_s_trials_on_a_device_key(
+    db: Sessions, tmp_path: Path
+) -> None:
+    # Every node calls its CPU "cpu": another node's trials there run on another machine.
+    here, there = join(db, "gpu1", "home-a"), join(db, "gpu2", "home-b")
+    mine = claimed_trials(db, tmp_path / "a", here, 2)
+    claimed_trials(db, tmp_path / "b", there, 3)
+    with db.write.begin() as session:
+        started = membership.database_now(session)
+        for trial in session.scalars(select(Trial)):
+            trial.device, trial.split, trial.started_at = "cpu", 4, started
+    with db.read() as session:
+        on = ActiveTrials.now(session=session, node_id=here.id)
+        everywhere = ActiveTrials.now(session=session)
+        since = membership.database_now(session) - timedelta(hours=1)
+        at_split = report_store.trials_at_split(
+            session=session, device="cpu", split=4, since=since, node_id=here.id
+        )
+    assert on.shares["cpu"] == Fraction(2, 4) and everywhere.shares["cpu"] == Fraction(5, 4)
+    assert [t.id for t in at_split] == mine
