@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,43 @@ def alive(pid: int | None) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_the_queue_limit_holds_under_parallel_submissions_to_two_nodes(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    limit = {"GPUMUX_MAX_QUEUED_PER_USER": "5"}
+    nodes = [make_node("a", **limit), make_node("b", **limit)]
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+
+    def post(number: int) -> int:
+        body = {
+            "params": ["x=0", f"y={number}"],
+            "command": command,
+            "workdir": str(tmp_path),
+            "env": {"PATH": os.environ["PATH"]},
+            "split": 1,
+        }
+        with nodes[number % 2].client() as client:
+            return client.post("/sweeps", json=body).status_code
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(post, range(20)))
+
+    assert set(answers) <= {201, 429} and answers.count(201) >= 5
+    with cluster_db.read() as session:
+        trials = list(session.scalars(select(Trial)))
+    started = [t for t in trials if t.status is not TrialStatus.queued]
+    # Each node runs one trial at a time (split 1) and holds it until released: what was
+    # accepted beyond the limit is exactly what the nodes took off the queue meanwhile.
+    assert len(trials) == answers.count(201)
+    assert len(trials) - len(started) <= 5
+    (tmp_path / "release-0").touch()
+    ended = wait_until("every trial to end", lambda: every_trial_ended(cluster_db), *nodes)
+    assert {t.status for t in ended} == {TrialStatus.succeeded}
+
+
+def every_trial_ended(db: Sessions) -> list[Trial] | None:
+    with db.read() as session:
+        trials = list(session.scalars(select(Trial)))
+    return trials if all(t.status.is_final for t in trials) else None
