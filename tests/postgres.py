@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 SERVER_ROOTS = (Path("/usr/lib/postgresql"),)
@@ -31,6 +32,22 @@ SERVER_SETTINGS = {
 }
 # The superuser connects without a password; every other role needs its own (a wrong one fails).
 PG_HBA = f"local all {SUPERUSER} trust\nlocal all all scram-sha-256\n"
+
+
+# The databases `settings` can point at; a directory's conftest runs its tests on each.
+BACKENDS = ("sqlite", "postgresql")
+# A test of SQLite itself (query plans, pragmas, its file and lock): run on SQLite alone.
+SQLITE_ONLY = "sqlite_only"
+
+
+def on_both_backends(metafunc: pytest.Metafunc) -> None:
+    """Run a test that uses `settings` (or `sessions`, `api`) once per backend, unless it is
+    marked sqlite_only (pytest_generate_tests of the directories whose tests are portable)."""
+    if (
+        "backend" in metafunc.fixturenames
+        and metafunc.definition.get_closest_marker(SQLITE_ONLY) is None
+    ):
+        metafunc.parametrize("backend", BACKENDS)
 
 
 def server_bin() -> Path | None:
@@ -84,11 +101,15 @@ class Cluster:
             host=str(self.socket_dir), dbname=database, user=SUPERUSER, autocommit=True
         )
 
-    def create_database(self) -> str:
-        """A new empty database's name."""
+    def create_database(self, *, template: str = "template1") -> str:
+        """A new database's name: empty, or a copy of `template` (which nothing may be using)."""
         name = f"gpumux_test_{os.getpid()}_{next(self._names)}"
         with self.connect() as connection:
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            connection.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
         return name
 
     def drop_database(self, name: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, SQLColumnExpression, cast, exc, extract
+from sqlalchemy import URL, ColumnElement, Float, SQLColumnExpression, cast, exc, extract
 from sqlalchemy.engine import Connection
 
 from gpumux.storage.dialects.base import Dialect
@@ -35,8 +35,12 @@ NO_DATABASE = "3D000"
 class PostgresqlDialect(Dialect):
     """A database on a PostgreSQL server (psycopg 3), shared by the daemons of several nodes."""
 
-    drivernames = ("postgresql+psycopg",)
+    # postgresql:// names no driver; SQLAlchemy would then pick psycopg2, which gpumux lacks.
+    drivernames = ("postgresql+psycopg", "postgresql")
     example_url = "postgresql+psycopg://USER:PASSWORD@HOST/DATABASE"
+
+    def __init__(self, url: URL) -> None:
+        super().__init__(url.set(drivername="postgresql+psycopg"))
 
     @property
     def label(self) -> str:
