@@ -68,7 +68,7 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the database (default: sqlite:///HOME/gpumux.db, or the "
         "SQLite file GPUMUX_DB names)",
     )
-    db: str | None = Field(
+    db: Path | str | None = Field(
         default=None,
         description="the database: an SQLite file, or a URL with a scheme "
         "(postgresql+psycopg://USER@HOST/DATABASE), as GPUMUX_DATABASE_URL",
@@ -204,8 +204,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _database_url(self) -> Settings:
         # Derived here, once: everything else reads database_url alone.
-        if not self.database_url and self.db is not None and URL_SCHEME.match(self.db):
-            self.database_url = self.db
+        if not self.database_url and self.db is not None and URL_SCHEME.match(str(self.db)):
+            self.database_url = str(self.db)
         elif not self.database_url:
             file = Path(self.db) if self.db is not None else self.home / DATABASE_NAME
             # Quoted: a file name may hold '%', '?' or '#', which a URL reads otherwise.

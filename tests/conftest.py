@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import bearer, served
-from postgres import SQLITE_ONLY, Cluster, start_cluster, unavailable
+from postgres import SQLITE_ONLY, Cluster, on_both_backends, start_cluster, unavailable
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -39,10 +39,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    on_both_backends(metafunc, Path(__file__).parent)
+
+
 @pytest.fixture
 def backend() -> str:
-    """The database behind `settings`: SQLite, unless the test's directory runs it on both
-    (tests/postgres.py on_both_backends)."""
+    """The database behind `settings`: SQLite, unless the test is of a directory run on both
+    (tests/postgres.py ON_BOTH_BACKENDS)."""
     return "sqlite"
 
 

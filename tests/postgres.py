@@ -34,17 +34,21 @@ SERVER_SETTINGS = {
 PG_HBA = f"local all {SUPERUSER} trust\nlocal all all scram-sha-256\n"
 
 
-# The databases `settings` can point at; a directory's conftest runs its tests on each.
+# The databases `settings` can point at.
 BACKENDS = ("sqlite", "postgresql")
+# The directories whose tests of the store, the API and the scheduler run on each backend.
+ON_BOTH_BACKENDS = ("storage", "server/api", "scheduling")
 # A test of SQLite itself (query plans, pragmas, its file and lock): run on SQLite alone.
 SQLITE_ONLY = "sqlite_only"
 
 
-def on_both_backends(metafunc: pytest.Metafunc) -> None:
-    """Run a test that uses `settings` (or `sessions`, `api`) once per backend, unless it is
-    marked sqlite_only (pytest_generate_tests of the directories whose tests are portable)."""
+def on_both_backends(metafunc: pytest.Metafunc, tests: Path) -> None:
+    """Run a test of ON_BOTH_BACKENDS (under `tests`) that uses `settings` (or `sessions`,
+    `api`) once per backend, unless it is marked sqlite_only."""
+    where = metafunc.definition.path
     if (
         "backend" in metafunc.fixturenames
+        and any(where.is_relative_to(tests / folder) for folder in ON_BOTH_BACKENDS)
         and metafunc.definition.get_closest_marker(SQLITE_ONLY) is None
     ):
         metafunc.parametrize("backend", BACKENDS)
@@ -145,18 +149,24 @@ class Cluster:
             "--locale=C",
         )
         (self.data / "pg_hba.conf").write_text(PG_HBA)
+        self._run(*self._pg_ctl_start())
+
+    def _pg_ctl_start(self) -> tuple[str | Path, ...]:
         options = " ".join(f"-c {name}={value}" for name, value in SERVER_SETTINGS.items())
-        self._run(
-            self.bin / "pg_ctl",
-            "-D",
-            self.data,
-            "-l",
-            self.root / "server.log",
-            "-o",
-            f"{options} -k {self.socket_dir}",
-            "-w",
-            "start",
-        )
+        log, socket_option = self.root / "server.log", f"{options} -k {self.socket_dir}"
+        return (self.bin / "pg_ctl", "-D", self.data, "-l", log, "-o", socket_option, "-w", "start")
+
+    def halt(self) -> None:
+        """Stop the server, ending every connection, and keep its files (resume() restarts it).
+
+        A fast stop, not an immediate one: with synchronous_commit off (SERVER_SETTINGS) a crash
+        would lose the last commits, which a real server, durable, keeps.
+        """
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the halted server again on its data; returns once it accepts connections."""
+        self._run(*self._pg_ctl_start())
 
     def stop(self) -> None:
         """Stop the server at once and remove its files."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import URL, ColumnElement, Float, SQLColumnExpression, cast, exc, extract
 from sqlalchemy.engine import Connection
 
@@ -30,6 +31,9 @@ OUT_OF_RESOURCES = {"53000", DISK_FULL, "53200", "53300"}
 BUSY = {"55P03", "40P01", "40001"}
 WRONG_PASSWORD = {"28P01", "28000"}
 NO_DATABASE = "3D000"
+# A connection exception (the class), and a server shut down, crashed or still starting.
+CONNECTION_CLASS = "08"
+SERVER_GONE = {"57P01", "57P02", "57P03"}
 
 
 class PostgresqlDialect(Dialect):
@@ -128,6 +132,18 @@ class PostgresqlDialect(Dialect):
     def is_busy(self, error: BaseException) -> bool:
         """A lock waited for past lock_timeout, a deadlock, a serialization failure."""
         return _sqlstate(error) in BUSY
+
+    def is_unreachable(self, error: BaseException) -> bool:
+        """A connection that failed or was cut (SQLSTATE class 08, or none from the server at
+        all), or a server shutting down, crashed, or starting up (57P01-57P03)."""
+        if not isinstance(error, exc.DBAPIError):
+            return False
+        if error.connection_invalidated:
+            return True
+        state = _sqlstate(error)
+        if state is None:
+            return isinstance(error.orig, psycopg.OperationalError)
+        return state.startswith(CONNECTION_CLASS) or state in SERVER_GONE
 
     @property
     def busy_timeout_s(self) -> float:
