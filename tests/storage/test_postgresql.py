@@ -64,6 +64,7 @@ def test_a_write_lock_held_past_the_timeout_is_busy_not_full(
             connection.commit()
         other.rollback()
     assert dialect.is_busy(refused.value) and not dialect.is_full(refused.value)
+    assert not dialect.is_unreachable(refused.value)
     assert dialect.busy_timeout_s == 30
     pg_sessions.engine.dispose()
 
@@ -96,4 +97,24 @@ def test_a_statement_the_server_refuses_for_want_of_room_is_full_not_busy(
         )
     dialect = pg_sessions.dialect
     assert dialect.is_full(refused.value) and not dialect.is_busy(refused.value)
+    pg_sessions.engine.dispose()
+
+
+def test_a_connection_the_server_cut_is_unreachable_and_the_pool_replaces_it(
+    pg_sessions: Sessions, pg_migrated_database: str
+) -> None:
+    dialect = pg_sessions.dialect
+    with pg_sessions.engine.connect() as connection:
+        pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        connection.commit()
+        with other_connection(pg_migrated_database) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            other.commit()
+        with pytest.raises(exc.DBAPIError) as cut:
+            connection.exec_driver_sql("SELECT 1")
+    assert dialect.is_unreachable(cut.value)
+    assert not dialect.is_busy(cut.value) and not dialect.is_full(cut.value)
+    # The next session gets a live connection (pre-ping), not the cut one.
+    with pg_sessions.read() as session:
+        assert session.execute(text("SELECT count(*) FROM sweeps")).scalar() == 0
     pg_sessions.engine.dispose()
