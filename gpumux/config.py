@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -14,6 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"
 DATABASE_NAME = "gpumux.db"
+# A database given as a URL rather than a file: a scheme, then "://" (RFC 3986's scheme syntax).
+URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
 SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
 # The API reads at most this much of a request's body by default (GPUMUX_MAX_BODY_BYTES): a
@@ -66,8 +69,10 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the database (default: sqlite:///HOME/gpumux.db, or the "
         "SQLite file GPUMUX_DB names)",
     )
-    db: Path | None = Field(
-        default=None, description="SQLite file, for GPUMUX_DATABASE_URL sqlite:///FILE"
+    db: Path | str | None = Field(
+        default=None,
+        description="the database: an SQLite file, or a URL with a scheme "
+        "(postgresql+psycopg://USER@HOST/DATABASE), as GPUMUX_DATABASE_URL",
     )
     url: str = Field(
         default="",
@@ -216,9 +221,15 @@ class Settings(BaseSettings):
         """The fair-share weight of each user named in `shares`."""
         return parse_shares(self.shares)
 
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db_as_text(cls, db: object) -> object:
+        # A file from the CLI (a Path) and one from GPUMUX_DB (text) are read alike.
+        return str(db) if isinstance(db, Path) else db
+
     @field_validator("db")
     @classmethod
-    def _db_or_database_url(cls, db: Path | None, info: ValidationInfo) -> Path | None:
+    def _db_or_database_url(cls, db: str | None, info: ValidationInfo) -> str | None:
         if db is not None and info.data.get("database_url"):
             raise ValueError(
                 "GPUMUX_DATABASE_URL names a database too; give --db (GPUMUX_DB) or "
@@ -229,8 +240,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _database_url(self) -> Settings:
         # Derived here, once: everything else reads database_url alone.
-        if not self.database_url:
-            file = self.db if self.db is not None else self.home / DATABASE_NAME
+        if not self.database_url and self.db is not None and URL_SCHEME.match(str(self.db)):
+            self.database_url = str(self.db)
+        elif not self.database_url:
+            file = Path(self.db) if self.db is not None else self.home / DATABASE_NAME
             # Quoted: a file name may hold '%', '?' or '#', which a URL reads otherwise.
             self.database_url = f"sqlite:///{quote(str(file))}"
         return self

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import bearer, served
-from postgres import Cluster, start_cluster, unavailable
+from postgres import SQLITE_ONLY, Cluster, on_both_backends, start_cluster, unavailable
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -31,10 +31,34 @@ def _no_gpumux_settings_of_the_developer(monkeypatch: pytest.MonkeyPatch) -> Non
             monkeypatch.delenv(name)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{SQLITE_ONLY}(reason): a test of SQLite itself (query plans, pragmas, its file and "
+        "lock), run on SQLite alone where a directory runs its tests on both backends",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    on_both_backends(metafunc, Path(__file__).parent)
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    """Settings whose data directory is this test's own."""
-    return Settings(home=tmp_path / "home", kill_grace=2.0, poll_interval=0.2)
+def backend() -> str:
+    """The database behind `settings`: SQLite, unless the test is of a directory run on both
+    (tests/postgres.py ON_BOTH_BACKENDS)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Settings:
+    """Settings whose data directory is this test's own, over its own database: an SQLite file
+    in that directory, or a fresh database on the throwaway PostgreSQL cluster."""
+    home = tmp_path / "home"
+    if backend == "postgresql":
+        url = request.getfixturevalue("pg_migrated_database")
+        return Settings(home=home, database_url=url, kill_grace=2.0, poll_interval=0.2)
+    return Settings(home=home, kill_grace=2.0, poll_interval=0.2)
 
 
 @pytest.fixture
@@ -72,5 +96,23 @@ def pg_cluster() -> Iterator[Cluster]:
 def pg_database(pg_cluster: Cluster) -> Iterator[str]:
     """The URL of a new, empty database on the throwaway cluster, dropped after the test."""
     name = pg_cluster.create_database()
+    yield pg_cluster.url(name)
+    pg_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def pg_migrated_template(pg_cluster: Cluster) -> str:
+    """A database migrated to head once per run, that each test's database copies."""
+    name = pg_cluster.create_database()
+    engine = make_engine(pg_cluster.url(name))
+    upgrade(engine)
+    engine.dispose()
+    return name
+
+
+@pytest.fixture
+def pg_migrated_database(pg_cluster: Cluster, pg_migrated_template: str) -> Iterator[str]:
+    """The URL of a new database already at head (a copy of the template), dropped after."""
+    name = pg_cluster.create_database(template=pg_migrated_template)
     yield pg_cluster.url(name)
     pg_cluster.drop_database(name)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 SERVER_ROOTS = (Path("/usr/lib/postgresql"),)
@@ -31,6 +32,26 @@ SERVER_SETTINGS = {
 }
 # The superuser connects without a password; every other role needs its own (a wrong one fails).
 PG_HBA = f"local all {SUPERUSER} trust\nlocal all all scram-sha-256\n"
+
+
+# The databases `settings` can point at.
+BACKENDS = ("sqlite", "postgresql")
+# The directories whose tests of the store, the API and the scheduler run on each backend.
+ON_BOTH_BACKENDS = ("storage", "server/api", "scheduling")
+# A test of SQLite itself (query plans, pragmas, its file and lock): run on SQLite alone.
+SQLITE_ONLY = "sqlite_only"
+
+
+def on_both_backends(metafunc: pytest.Metafunc, tests: Path) -> None:
+    """Run a test of ON_BOTH_BACKENDS (under `tests`) that uses `settings` (or `sessions`,
+    `api`) once per backend, unless it is marked sqlite_only."""
+    where = metafunc.definition.path
+    if (
+        "backend" in metafunc.fixturenames
+        and any(where.is_relative_to(tests / folder) for folder in ON_BOTH_BACKENDS)
+        and metafunc.definition.get_closest_marker(SQLITE_ONLY) is None
+    ):
+        metafunc.parametrize("backend", BACKENDS)
 
 
 def server_bin() -> Path | None:
@@ -84,11 +105,15 @@ class Cluster:
             host=str(self.socket_dir), dbname=database, user=SUPERUSER, autocommit=True
         )
 
-    def create_database(self) -> str:
-        """A new empty database's name."""
+    def create_database(self, *, template: str = "template1") -> str:
+        """A new database's name: empty, or a copy of `template` (which nothing may be using)."""
         name = f"gpumux_test_{os.getpid()}_{next(self._names)}"
         with self.connect() as connection:
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            connection.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
         return name
 
     def drop_database(self, name: str) -> None:
@@ -124,18 +149,24 @@ class Cluster:
             "--locale=C",
         )
         (self.data / "pg_hba.conf").write_text(PG_HBA)
+        self._run(*self._pg_ctl_start())
+
+    def _pg_ctl_start(self) -> tuple[str | Path, ...]:
         options = " ".join(f"-c {name}={value}" for name, value in SERVER_SETTINGS.items())
-        self._run(
-            self.bin / "pg_ctl",
-            "-D",
-            self.data,
-            "-l",
-            self.root / "server.log",
-            "-o",
-            f"{options} -k {self.socket_dir}",
-            "-w",
-            "start",
-        )
+        log, socket_option = self.root / "server.log", f"{options} -k {self.socket_dir}"
+        return (self.bin / "pg_ctl", "-D", self.data, "-l", log, "-o", socket_option, "-w", "start")
+
+    def halt(self) -> None:
+        """Stop the server, ending every connection, and keep its files (resume() restarts it).
+
+        A fast stop, not an immediate one: with synchronous_commit off (SERVER_SETTINGS) a crash
+        would lose the last commits, which a real server, durable, keeps.
+        """
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the halted server again on its data; returns once it accepts connections."""
+        self._run(*self._pg_ctl_start())
 
     def stop(self) -> None:
         """Stop the server at once and remove its files."""

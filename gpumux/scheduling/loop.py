@@ -65,6 +65,8 @@ class Scheduler:
         # Told how long each tick took (the daemon's /metrics histogram).
         self.on_tick = on_tick
         self.sessions = sessions
+        # Whether the last tick found the database's server unreachable.
+        self._database_lost = False
         self.probe = probe
         self.devices: list[DeviceSnapshot] = []
         self.overheads = Overheads(configured_mb=settings.overhead_mb)
@@ -138,9 +140,24 @@ class Scheduler:
             began = time.perf_counter()
             try:
                 await self.tick()
-            except Exception:
-                # A defect must not take every other trial down with the daemon: log it, go on.
-                log.exception("scheduler: a tick failed; carrying on")
+                if self._database_lost:
+                    self._database_lost = False
+                    log.warning("scheduler: the database is reachable again")
+            except Exception as error:
+                if self.sessions.dialect.is_unreachable(error):
+                    # The server is down or out of reach: the trials run on under their
+                    # supervisors, and each tick retries until it is back. Said once.
+                    if not self._database_lost:
+                        log.warning(
+                            "scheduler: the database %s is unreachable (%s); retrying every "
+                            "tick, the trials run on",
+                            self.sessions.dialect.label,
+                            (str(getattr(error, "orig", error)).splitlines() or ["no reason"])[0],
+                        )
+                    self._database_lost = True
+                else:
+                    # A defect must not take every other trial down with the daemon: log it.
+                    log.exception("scheduler: a tick failed; carrying on")
                 # Its writes may have failed half way (a full disk): look again at what the
                 # database calls active but no one watches, and rebuild the studies and the
                 # report-line readers from what it kept.

@@ -24,7 +24,8 @@ def make_engine(url: str) -> Engine:
     """
     dialect = dialect_for(url)
     dialect.check_location()
-    engine = create_engine(url, **dialect.engine_options())
+    # The dialect's URL: it may name the driver the given one left out.
+    engine = create_engine(dialect.url, **dialect.engine_options())
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

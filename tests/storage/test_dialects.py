@@ -30,7 +30,7 @@ from gpumux.storage.models import Trial, utcnow
 @pytest.mark.parametrize(
     ("url", "named"),
     [
-        ("postgresql+psycopg://gpumux:s3cret@db.example/gpumux", "postgresql+psycopg"),
+        ("postgresql+psycopg2://gpumux:s3cret@db.example/gpumux", "postgresql+psycopg2"),
         ("mysql://gpumux:s3cret@db.example/gpumux", "mysql"),
         ("sqlite+pysqlcipher://:s3cret@/gpumux.db", "sqlite+pysqlcipher"),
     ],
@@ -87,6 +87,31 @@ def test_the_settings_derive_one_database_url(
         Settings(home=home, db=tmp_path / "x.db")
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql+psycopg://gpumux@db.example/gpumux", "postgresql://gpumux@db.example/gpumux"],
+)
+def test_gpumux_db_names_a_server_database_by_its_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("GPUMUX_DB", url)
+    settings = Settings(home=tmp_path)
+    assert settings.database_url == url
+    assert settings.database_file is None
+    monkeypatch.delenv("GPUMUX_DB")
+    # As --db gives it.
+    assert Settings(home=tmp_path, db=url).database_url == url
+
+
+def test_a_postgresql_url_without_a_driver_is_served_by_psycopg_3(pg_database: str) -> None:
+    url = pg_database.replace("postgresql+psycopg://", "postgresql://", 1)
+    assert dialect_for(url).url.drivername == "postgresql+psycopg"
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT 1").scalar() == 1
+    engine.dispose()
+
+
 def test_serve_with_a_url_of_an_unknown_kind_says_so_and_creates_nothing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
@@ -130,6 +155,9 @@ def fill_until_refused(engine: Engine) -> OperationalError:
     raise AssertionError("the database never filled")
 
 
+@pytest.mark.sqlite_only(
+    reason="SQLite's page limit stands for a full disk; test_postgresql.py has the server's twin"
+)
 def test_a_database_at_its_size_limit_is_full_not_busy(
     sessions: Sessions, page_limit: list[int]
 ) -> None:
@@ -169,6 +197,9 @@ def test_a_database_on_a_full_disk_is_full_not_busy(small_disk: Path) -> None:
         engine.dispose()
 
 
+@pytest.mark.sqlite_only(
+    reason="SQLite's file lock; tests/storage/test_postgresql.py has the advisory lock's twin"
+)
 def test_a_write_lock_held_past_the_timeout_is_busy_not_full(sessions: Sessions) -> None:
     blocker = sqlite3.connect(sessions.dialect.label, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
@@ -211,6 +242,10 @@ def test_seconds_between_two_timestamps_is_computed_by_the_database(
         assert session.scalar(select(seconds)) == pytest.approx(7203.25, abs=1e-3)
 
 
+@pytest.mark.sqlite_only(
+    reason="SQLite defers foreign keys in a migration; PostgreSQL checks them at once (its "
+    "twin is in test_postgresql.py)"
+)
 def test_a_migration_that_leaves_a_dangling_reference_is_rolled_back(
     sessions: Sessions,
 ) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 
+import pytest
 from sqlalchemy import text
 
 from gpumux.storage.dialects.sqlite import BUSY_TIMEOUT_MS
 from gpumux.storage.engine import Sessions
 
 
+@pytest.mark.sqlite_only(reason="SQLite's pragmas")
 def test_connections_use_wal_foreign_keys_and_busy_timeout(sessions: Sessions) -> None:
     with sessions.read() as session:
         assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
@@ -19,6 +21,9 @@ def test_connections_use_wal_foreign_keys_and_busy_timeout(sessions: Sessions) -
         assert session.execute(text("PRAGMA synchronous")).scalar() == 2  # FULL
 
 
+@pytest.mark.sqlite_only(
+    reason="SQLite's file lock; tests/storage/test_postgresql.py has the advisory lock's twin"
+)
 def test_a_write_session_takes_the_write_lock_when_it_begins_and_a_read_one_does_not(
     sessions: Sessions,
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pytest
 from sqlalchemy import func, select
 
 from gpumux.config import Settings
@@ -103,6 +104,7 @@ def test_use_is_recorded_at_most_once_a_minute(sessions: Sessions) -> None:
     assert last_used() == start + timedelta(seconds=61)
 
 
+@pytest.mark.sqlite_only(reason="reads the SQLite file's bytes")
 def test_only_the_hash_is_stored(sessions: Sessions, settings: Settings) -> None:
     token = issue(sessions, "alice")
     database = settings.home / "gpumux.db"

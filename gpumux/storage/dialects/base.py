@@ -88,6 +88,11 @@ class Dialect(ABC):
     def is_busy(self, error: BaseException) -> bool:
         """Whether a statement failed because another writer held a lock past the timeout."""
 
+    @abstractmethod
+    def is_unreachable(self, error: BaseException) -> bool:
+        """Whether a statement failed because the database's server cannot be reached (down,
+        restarting, or the connection cut): a state to wait out, not a defect."""
+
     @property
     @abstractmethod
     def busy_timeout_s(self) -> float:

@@ -14,7 +14,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import (
+    URL,
     ColumnElement,
     DateTime,
     Float,
@@ -40,14 +42,21 @@ OUT_OF_RESOURCES = {"53000", DISK_FULL, "53200", "53300"}
 BUSY = {"55P03", "40P01", "40001"}
 WRONG_PASSWORD = {"28P01", "28000"}
 NO_DATABASE = "3D000"
+# A connection exception (the class), and a server shut down, crashed or still starting.
+CONNECTION_CLASS = "08"
+SERVER_GONE = {"57P01", "57P02", "57P03"}
 
 
 class PostgresqlDialect(Dialect):
     """A database on a PostgreSQL server (psycopg 3), shared by the daemons of several nodes."""
 
-    drivernames = ("postgresql+psycopg",)
+    # postgresql:// names no driver; SQLAlchemy would then pick psycopg2, which gpumux lacks.
+    drivernames = ("postgresql+psycopg", "postgresql")
     example_url = "postgresql+psycopg://USER:PASSWORD@HOST/DATABASE"
     shared = True
+
+    def __init__(self, url: URL) -> None:
+        super().__init__(url.set(drivername="postgresql+psycopg"))
 
     @property
     def label(self) -> str:
@@ -135,6 +144,18 @@ class PostgresqlDialect(Dialect):
     def is_busy(self, error: BaseException) -> bool:
         """A lock waited for past lock_timeout, a deadlock, a serialization failure."""
         return _sqlstate(error) in BUSY
+
+    def is_unreachable(self, error: BaseException) -> bool:
+        """A connection that failed or was cut (SQLSTATE class 08, or none from the server at
+        all), or a server shutting down, crashed, or starting up (57P01-57P03)."""
+        if not isinstance(error, exc.DBAPIError):
+            return False
+        if error.connection_invalidated:
+            return True
+        state = _sqlstate(error)
+        if state is None:
+            return isinstance(error.orig, psycopg.OperationalError)
+        return state.startswith(CONNECTION_CLASS) or state in SERVER_GONE
 
     @property
     def busy_timeout_s(self) -> float:

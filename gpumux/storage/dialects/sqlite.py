@@ -172,6 +172,10 @@ class SqliteDialect(Dialect):
             or "database is locked" in str(error)
         )
 
+    def is_unreachable(self, error: BaseException) -> bool:
+        """Never: the file is local, and a file that cannot be opened is no passing state."""
+        return False
+
     @property
     def busy_timeout_s(self) -> float:
         """The busy_timeout pragma every connection sets."""

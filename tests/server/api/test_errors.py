@@ -21,6 +21,8 @@ from gpumux.storage.engine import Sessions
 # Larger than any SQLite build allows: SQLite lowers it to its own maximum.
 NO_PAGE_LIMIT = 2**32
 
+pytestmark = pytest.mark.sqlite_only(reason="fills, locks and breaks an SQLite file")
+
 
 @dataclass
 class Limits:
