@@ -7,7 +7,18 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDecorator, false
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    false,
+)
 from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -37,6 +48,12 @@ class UtcDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
+# Ids, and the integers that outgrow 2**31 - 1 (a uid, a seed, start ticks after 248 days up, a
+# byte offset): PostgreSQL's BIGINT; SQLite's INTEGER is 64-bit already, and an INTEGER PRIMARY
+# KEY must stay one to be the rowid.
+WIDE = BigInteger().with_variant(Integer(), "sqlite")
+
+
 def _enum_column(enum: type[Enum]) -> SqlEnum:
     """A VARCHAR holding the enum's values (not its names), read back as enum members."""
     return SqlEnum(
@@ -54,9 +71,9 @@ class Base(DeclarativeBase):
 class Owner(Base):
     __tablename__ = "owners"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    uid: Mapped[int | None]
+    uid: Mapped[int | None] = mapped_column(WIDE)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -65,8 +82,8 @@ class ApiToken(Base):
 
     __tablename__ = "api_tokens"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"))
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(WIDE, ForeignKey("owners.id", ondelete="CASCADE"))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
@@ -82,9 +99,9 @@ class Sweep(Base):
         Index("ix_sweeps_status_id", "status", "id"),
     )
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200))
-    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id"))
+    owner_id: Mapped[int] = mapped_column(WIDE, ForeignKey("owners.id"))
     status: Mapped[SweepStatus] = mapped_column(
         _enum_column(SweepStatus), default=SweepStatus.queued
     )
@@ -100,7 +117,7 @@ class Sweep(Base):
     prune: Mapped[str | None] = mapped_column(String(200))
     # An adaptive sweep's Optuna study-level system attributes (a QMC sampler's position).
     study_attrs: Mapped[dict[str, Any] | None]
-    seed: Mapped[int]
+    seed: Mapped[int] = mapped_column(WIDE)
     split: Mapped[int | None]
     objective_metric: Mapped[str | None] = mapped_column(String(200))
     objective_mode: Mapped[ObjectiveMode | None] = mapped_column(_enum_column(ObjectiveMode))
@@ -126,7 +143,7 @@ class Node(Base):
 
     __tablename__ = "nodes"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     # Unique: the hostname, or GPUMUX_NODE_NAME (two daemons on one host need two names).
     name: Mapped[str] = mapped_column(String(255), unique=True)
     # A random id kept in the node's data directory: a restart of the same node takes its row
@@ -159,8 +176,8 @@ class Trial(Base):
         Index("ix_trials_ended_at", "ended_at"),
     )
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(WIDE, ForeignKey("sweeps.id", ondelete="CASCADE"))
     number: Mapped[int]
     params: Mapped[dict[str, Any]]
     status: Mapped[TrialStatus] = mapped_column(
@@ -168,14 +185,14 @@ class Trial(Base):
     )
     attempt: Mapped[int] = mapped_column(default=1)
     # The node that claimed the current attempt: the only writer of its lifecycle.
-    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
+    node_id: Mapped[int | None] = mapped_column(WIDE, ForeignKey("nodes.id", ondelete="SET NULL"))
     device: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[int | None]
     split: Mapped[int | None]
     memory_limit_mb: Mapped[int | None]
     cpu_threads: Mapped[int | None]
     pid: Mapped[int | None]
-    pid_started: Mapped[int | None]
+    pid_started: Mapped[int | None] = mapped_column(WIDE)
     failures: Mapped[int] = mapped_column(default=0, server_default="0")
     token_hash: Mapped[str | None] = mapped_column(String(64))
     log_path: Mapped[str | None] = mapped_column(Text)
@@ -191,7 +208,7 @@ class Trial(Base):
     # The last step (epoch or iteration) the current attempt reported.
     step: Mapped[int | None]
     # Bytes of the current attempt's log already read for report lines.
-    log_scanned: Mapped[int] = mapped_column(default=0, server_default="0")
+    log_scanned: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
     # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
     optuna_attrs: Mapped[dict[str, Any] | None]
 
@@ -206,8 +223,8 @@ class TrialReport(Base):
         Index("ix_trial_reports_at", "at"),
     )
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(WIDE, ForeignKey("trials.id", ondelete="CASCADE"))
     attempt: Mapped[int]
     kind: Mapped[str] = mapped_column(String(16))
     at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -226,7 +243,7 @@ class Profile(Base):
         Index("ix_profiles_device_name_fingerprint", "device_name", "fingerprint", unique=True),
     )
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     device_name: Mapped[str] = mapped_column(String(200))
     fingerprint: Mapped[str] = mapped_column(String(64))
     command: Mapped[list[str]]
@@ -241,6 +258,6 @@ class Profile(Base):
     ceiling: Mapped[int | None]
     settled: Mapped[bool] = mapped_column(default=False)
     reason: Mapped[str | None] = mapped_column(Text)
-    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
+    sweep_id: Mapped[int | None] = mapped_column(WIDE, ForeignKey("sweeps.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

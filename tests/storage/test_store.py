@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from builders import stored_running_trial, stored_sweep, sweep_in
 
+from gpumux.fields import MAX_ID
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
 from gpumux.storage import reports as report_store
@@ -153,3 +154,27 @@ def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path
         assert bobs == 1
         _, finished = store.list_sweeps(session=session, status=SweepStatus.finished)
         assert finished == 0
+
+
+def test_integers_past_2_31_are_kept_on_every_backend(sessions: Sessions, tmp_path: Path) -> None:
+    # A seed the API takes, a uid of an LDAP directory, the start ticks of a trial on a host up
+    # for a year: PostgreSQL's INTEGER ended at 2**31 - 1 before migration 0009.
+    with sessions.write.begin() as session:
+        owner = store.get_or_create_owner(session=session, name="alice")
+        owner.uid = 2**32 - 2
+        sweep = store.create_sweep(
+            session=session,
+            sweep_in=sweep_in(tmp_path),
+            owner=owner,
+            seed=MAX_ID,
+            trial_params=[{"n": 1}],
+        )
+        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        trial.pid_started, trial.log_scanned = 2**40, 2**33
+        ids = (sweep.id, trial.id)
+    with sessions.read() as session:
+        stored = store.get_sweep(session=session, sweep_id=ids[0])
+        started = store.get_trial(session=session, trial_id=ids[1])
+        assert stored is not None and started is not None
+        assert (stored.seed, stored.owner.uid) == (MAX_ID, 2**32 - 2)
+        assert (started.pid_started, started.log_scanned) == (2**40, 2**33)
