@@ -24,6 +24,7 @@ from gpumux.cli.state import (
     get_state,
 )
 from gpumux.client import Client
+from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
 from gpumux.lockfile import DaemonError
 from gpumux.schemas import parse_objective
@@ -59,10 +60,10 @@ def serve(
         Path | None, typer.Option(help="listen on this Unix socket instead", resolve_path=True)
     ] = None,
     db: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            help="SQLite file (GPUMUX_DB; default: GPUMUX_DATABASE_URL, else HOME/gpumux.db)",
-            resolve_path=True,
+            help="the database: an SQLite file, or a URL postgresql+psycopg://USER@HOST/DB "
+            "(GPUMUX_DB; default: GPUMUX_DATABASE_URL, else HOME/gpumux.db)",
         ),
     ] = None,
     home: Annotated[
@@ -101,7 +102,8 @@ def serve(
         host=host,
         port=port,
         uds=uds,
-        db=db,
+        # A URL is taken as given; a file is resolved here, against the current directory.
+        db=db if db is None or URL_SCHEME.match(db) else Path(db).resolve(),
         home=home,
         stop_trials=stop_trials,
         leave_when_idle=leave_when_idle,

@@ -1,5 +1,6 @@
 """Every error answer in one shape (schemas.Problem): refusals, refused fields, unknown routes,
-database failures (a full disk, a lock held too long) and the daemon's own bugs."""
+database failures (a full disk, a lock held too long, a server out of reach) and the daemon's
+own bugs."""
 
 from __future__ import annotations
 
@@ -138,12 +139,32 @@ async def database_error(request: Request, error: Exception) -> JSONResponse:
             "shortly",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+    if dialect.is_unreachable(error):
+        reason = first_line(cause or error)
+        log.warning("db %s: unreachable; %s refused: %s", database, route, reason)
+        return unreachable(database, reason)
     # The driver's message goes to the log only: it is the daemon's internals (LastResort).
     log.error("db %s: %s failed", database, route, exc_info=error)
     return problem_response(
         status.HTTP_500_INTERNAL_SERVER_ERROR,
         f"the database {database} failed to answer {route}: its error is in the daemon's log; "
         "try again, and report it if it happens again",
+    )
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (a driver's goes on with hints), else its type."""
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def unreachable(database: str, reason: str) -> JSONResponse:
+    """503 with Retry-After: the database's server cannot be reached (down, restarting, or out
+    of this node's reach), a state the daemon waits out rather than a defect."""
+    return problem_response(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"the database {database} is unreachable ({reason}); the daemon retries on its own: "
+        "check that the server runs and that this node reaches it",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import exc
 from gpumux import __version__
 from gpumux.schemas import Health
 from gpumux.server.api.deps import ReadSessionDep, StateDep
-from gpumux.server.api.errors import RETRY_AFTER_S
+from gpumux.server.api.errors import RETRY_AFTER_S, first_line, unreachable
 from gpumux.server.api.responses import problem_response, problems
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage import stats
@@ -29,16 +29,21 @@ router = APIRouter(tags=["health"])
 )
 def health(state: StateDep, session: ReadSessionDep) -> Health | JSONResponse:
     """Version, database, devices, and how much work is queued or running; 503 when the
-    database cannot be read (locked by another process, or damaged)."""
+    database cannot be read (locked by another process, its server out of reach, or damaged)."""
     dialect = state.sessions.dialect
     try:
         trials = stats.trials_by_status(session=session)
     except exc.DBAPIError as error:
+        reason = first_line(error.orig or error)
         if dialect.is_busy(error):
-            log.warning("db %s: health: locked: %s", dialect.label, error.orig)
+            log.warning("db %s: health: locked: %s", dialect.label, reason)
             return locked(dialect)
-        log.error("db %s: health: cannot be read: %s", dialect.label, error.orig)
-        return unreadable(dialect, error)
+        if dialect.is_unreachable(error):
+            # A server away is waited out: restarting the daemon would not bring it back.
+            log.warning("db %s: health: unreachable: %s", dialect.label, reason)
+            return unreachable(dialect.label, reason)
+        log.error("db %s: health: cannot be read: %s", dialect.label, reason)
+        return unreadable(dialect, reason)
     return Health(
         status="ok",
         version=__version__,
@@ -60,9 +65,8 @@ def locked(dialect: Dialect) -> JSONResponse:
     )
 
 
-def unreadable(dialect: Dialect, error: exc.DBAPIError) -> JSONResponse:
+def unreadable(dialect: Dialect, reason: str) -> JSONResponse:
     """503: the database cannot be read, why, and what to do."""
-    reason = (str(error.orig).splitlines() or [type(error.orig).__name__])[0]
     return problem_response(
         status.HTTP_503_SERVICE_UNAVAILABLE,
         f"the database {dialect.label} cannot be read ({reason}); stop the daemon and start it "
