@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -268,6 +268,13 @@ def fault_run(cluster: Cluster, args: argparse.Namespace, rng: random.Random) ->
     )
     console.print(f"faults injected: {', '.join(events) or 'none'}")
     console.print(table)
+    unfinished = Counter(
+        (str(row["status"]), str(row.get("error") or "")[:160])
+        for row in rows
+        if row["status"] != "succeeded"
+    )
+    for (status, error), count in unfinished.most_common(5):
+        console.print(f"not succeeded: {count} {status}: {error}")
 
 
 def claim_rate(nodes: list[Node], args: argparse.Namespace, ledger: Path) -> float:
@@ -339,7 +346,8 @@ def main() -> None:
     cluster = start_cluster(Path(tempfile.mkdtemp(prefix="gpumux-pg-")))
     try:
         fault_run(cluster, args, random.Random(args.seed))
-        claim_runs(cluster, args)
+        if args.repeats:
+            claim_runs(cluster, args)
     finally:
         cluster.stop()
 
