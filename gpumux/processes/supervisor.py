@@ -100,6 +100,16 @@ class Supervisor:
             keep=int(self.spec["log_keep"]),
         )
         log.write(self.spec["banner"].encode())
+        lease_file = self.spec.get("lease_file")
+        if lease_file is not None and rundir.lease_lapsed(lease_file):
+            # Claimed by a daemon frozen between its claim and this GO: another node may
+            # have requeued the trial meanwhile.
+            with contextlib.suppress(OSError):
+                rundir.record_stop(self.run_dir, rundir.LEASE_LAPSED)
+            why = "not started: this node's lease on the shared database lapsed before the start"
+            log.write(f"gpumux: {why}\n".encode())
+            self._record_exit(rundir.ExitStatus(exit_code=None, signal=None), why, log)
+            return 0
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             self.trial = pid = self._spawn(write_end)
@@ -297,7 +307,7 @@ class Supervisor:
         left = rundir.lease_until(lease_file) - rundir.boottime()
         if left > 0:
             return left
-        if rundir.recorded_stop(self.run_dir) != rundir.LEASE_LAPSED:
+        if rundir.recorded_stop(self.run_dir) is None:
             log.write(
                 b"gpumux: this node's lease on the shared database lapsed (its daemon stopped "
                 b"renewing it); the trial is stopped so that no other node runs it twice\n"

@@ -269,3 +269,35 @@ def test_as_root_the_trial_runs_as_the_user_the_spec_names(tmp_path: Path) -> No
     process, run_dir = start(tmp_path, argv, user=user, cwd="/")
     assert exit_record(process, run_dir)["exit_code"] == 0
     assert (tmp_path / "trial.log").read_text().splitlines()[-1] == "65534 65534 65534"
+
+
+def test_a_trial_whose_node_lease_lapsed_before_the_go_never_starts(tmp_path: Path) -> None:
+    # A daemon frozen between its claim and the GO: another node may run the trial by now.
+    lease = tmp_path / "node.lease"
+    rundir.write_lease(lease, until=rundir.boottime() - 1)
+    marker = tmp_path / "ran"
+    process, run_dir = start(tmp_path, ["touch", str(marker)], lease_file=str(lease))
+    record = exit_record(process, run_dir)
+    assert record["exit_code"] is None and "lease" in record["error"]
+    assert rundir.recorded_stop(run_dir) == rundir.LEASE_LAPSED
+    assert not marker.exists()
+
+
+def test_a_lapsed_lease_keeps_the_stop_gpumux_recorded_before(tmp_path: Path) -> None:
+    # A pruned or cancelled trial in its grace period stays pruned or cancelled.
+    lease = tmp_path / "node.lease"
+    rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
+    process, run_dir = start(
+        tmp_path, argv, kill_grace=600, heartbeat_interval=600, lease_file=str(lease)
+    )
+    while not pidfile.exists():
+        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        assert process.poll() is None, "the supervisor ended while its lease was renewed"
+        time.sleep(0.1)
+    rundir.record_stop(run_dir, "prune")
+    process.send_signal(signal.SIGTERM)
+    # The lease is renewed no more: the fence kills the trial that ignores SIGTERM.
+    assert exit_record(process, run_dir)["signal"] == signal.SIGKILL
+    assert rundir.recorded_stop(run_dir) == "prune"
