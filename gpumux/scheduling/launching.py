@@ -57,7 +57,8 @@ class Launcher:
         self.spawner = spawner
         # Where trials report: the daemon's first listening address.
         self.url = url
-        lease_file = node_lease_file(settings, sessions)
+        # A scheduler that runs for no node (a tool, a test) holds no lease to watch.
+        lease_file = None if node is None else node_lease_file(settings, sessions)
         self.options = SupervisorOptions(
             kill_grace=settings.kill_grace,
             heartbeat_interval=settings.heartbeat_interval,

@@ -31,7 +31,7 @@ from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.lines import LogReports
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.outcomes import Outcome, StopReason
-from gpumux.scheduling.reconcile import reconcile
+from gpumux.scheduling.reconcile import reconcile, stop_reason
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
@@ -281,8 +281,10 @@ class Scheduler:
                 settings=self.settings,
             )
             return
+        # The supervisor's own stop (its node's lease lapsed) when this daemon gave none.
+        stop = entry.stop or stop_reason(entry.process.run_dir)
         outcome = outcomes.record(
-            session=session, trial=trial, end=end, stop=entry.stop, settings=self.settings
+            session=session, trial=trial, end=end, stop=stop, settings=self.settings
         )
         self._pass_on(session, trial, outcome)
 

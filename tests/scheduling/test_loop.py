@@ -18,6 +18,7 @@ from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 from gpumux import sweepspec
 from gpumux.config import Settings
 from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
+from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
@@ -636,3 +637,34 @@ def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
     (trial,) = second.trials(sweep_id)
     assert (trial.status, trial.signal) == (TrialStatus.failed, signal.SIGKILL)
     assert trial.error == "time limit of 1 s exceeded; stopped"
+
+
+def test_a_trial_its_supervisor_stopped_for_a_lapsed_lease_is_requeued_not_failed(
+    harness: Harness, settings: Settings, tmp_path: Path
+) -> None:
+    # The node's renewals came late (a loaded machine): its supervisors stopped the trial as
+    # the lease ran out, while the database still held it for this node.
+    pidfile = tmp_path / "pids"
+    sweep_id = harness.submit(
+        command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)], split=1
+    )
+
+    async def scenario() -> Trial:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(pidfile.exists, "the trial to start")
+        (first,) = harness.trials(sweep_id)
+        run_dir = settings.runs_dir / f"{first.id}.{first.attempt}"
+        # What the supervisor's fence does: record why, then kill the group at once.
+        (run_dir / rundir.STOP_REASON).write_text(rundir.LEASE_LAPSED)
+        os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+        await until(lambda: harness.trials(sweep_id)[0].attempt == 2, "the trial's requeue")
+        harness.cancel(sweep_id)
+        await until(lambda: harness.sweep_status(sweep_id) == SweepStatus.cancelled, "cancel")
+        stop.set()
+        await task
+        return harness.trials(sweep_id)[0]
+
+    trial = asyncio.run(scenario())
+    assert trial.attempt == 2 and trial.failures == 0
+    assert trial.status is TrialStatus.cancelled
