@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -22,7 +22,7 @@ class NodeIdentity:
     id: int
     name: str
     incarnation: int
-    secret: str
+    secret: str = field(repr=False)
 
 
 def list_nodes(*, session: Session) -> list[Node]:
