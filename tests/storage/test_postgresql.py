@@ -1,14 +1,57 @@
 """PostgreSQL's twins of the SQLite-only storage tests: its write lock, its busy and full
-states, its foreign keys in a migration."""
+states, its foreign keys in a migration; and the settings that keep a frozen node from holding
+the write lock."""
 
 from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy import exc, make_url, text
 
-from gpumux.storage.dialects.postgresql import WRITE_LOCK_KEY
+from gpumux.storage.dialects.postgresql import (
+    KEEPALIVE_COUNT,
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
+    WRITE_LOCK_KEY,
+    session_settings,
+)
 from gpumux.storage.engine import WRITE_OPTION, Sessions, make_engine, make_sessions
+from gpumux.storage.models import Owner
+
+# A daemon's write transaction that stops between two statements: it takes the write lock,
+# writes, says so, then waits for a line on stdin before it commits.
+FROZEN_WRITER = """
+import sys
+from sqlalchemy import exc
+from gpumux.storage.dialects import postgresql
+from gpumux.storage.engine import make_engine, make_sessions
+from gpumux.storage.models import Owner
+
+postgresql.IDLE_IN_TRANSACTION_TIMEOUT_MS = int(sys.argv[2])
+sessions = make_sessions(make_engine(sys.argv[1]))
+try:
+    with sessions.write.begin() as session:
+        session.add(Owner(name="frozen"))
+        session.flush()
+        print("locked", flush=True)
+        sys.stdin.readline()
+except exc.DBAPIError as error:
+    unreachable = sessions.dialect.is_unreachable(error)
+    print("refused", getattr(error.orig, "sqlstate", None), unreachable, flush=True)
+    sys.exit(3)
+print("committed", flush=True)
+"""
+# The frozen writer's idle timeout: short, so that the test waits little for the lock.
+FROZEN_IDLE_MS = 1000
+WORKTREE = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -117,4 +160,79 @@ def test_a_connection_the_server_cut_is_unreachable_and_the_pool_replaces_it(
     # The next session gets a live connection (pre-ping), not the cut one.
     with pg_sessions.read() as session:
         assert session.execute(text("SELECT count(*) FROM sweeps")).scalar() == 0
+    pg_sessions.engine.dispose()
+
+
+def test_every_connection_ends_idle_transactions_and_probes_its_peer(
+    pg_sessions: Sessions,
+) -> None:
+    with pg_sessions.engine.connect() as connection:
+        from_client = connection.exec_driver_sql(
+            "SELECT lower(name) FROM pg_settings WHERE source = 'client'"
+        )
+        accepted = set(from_client.scalars())
+        shown = {
+            name: connection.exec_driver_sql(f"SHOW {name}").scalar()
+            for name in ("lock_timeout", "idle_in_transaction_session_timeout", "timezone")
+        }
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        client = driver.info.get_parameters()
+    # All taken from the startup packet; on a Unix socket (the test cluster's) the server has no
+    # keepalives and shows them as 0, so only their source tells.
+    assert {name for name, _ in session_settings()} <= accepted
+    assert shown == {
+        "lock_timeout": "30s",
+        "idle_in_transaction_session_timeout": "10s",
+        "timezone": "UTC",
+    }
+    assert (client["keepalives"], client["keepalives_idle"]) == ("1", str(KEEPALIVE_IDLE_S))
+    assert client["keepalives_interval"] == str(KEEPALIVE_INTERVAL_S)
+    assert client["keepalives_count"] == str(KEEPALIVE_COUNT)
+    pg_sessions.engine.dispose()
+
+
+def read_line(child: subprocess.Popen[str], *, within: float) -> str:
+    """The child's next line of output ("" once it has ended), waited for at most `within` s."""
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], within)
+    assert ready, f"no output from the child within {within} s"
+    return child.stdout.readline().strip()
+
+
+def test_a_frozen_node_inside_a_write_transaction_loses_the_write_lock_and_its_writes(
+    pg_sessions: Sessions, pg_migrated_database: str
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", FROZEN_WRITER, pg_migrated_database, str(FROZEN_IDLE_MS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(WORKTREE)},
+    ) as child:
+        try:
+            assert read_line(child, within=60) == "locked"
+            child.send_signal(signal.SIGSTOP)
+            # The server ends the frozen writer's session after its idle timeout, well before
+            # lock_timeout (30 s) would fail this writer as busy.
+            started = time.monotonic()
+            with pg_sessions.write.begin() as session:
+                waited = time.monotonic() - started
+                session.add(Owner(name="awake"))
+            child.send_signal(signal.SIGCONT)
+            assert child.stdin is not None
+            child.stdin.write("commit\n")
+            child.stdin.flush()
+            refused = read_line(child, within=60)
+            assert child.wait(timeout=60) == 3, refused
+        finally:
+            # A no-op once it has been reaped.
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+    # Ended by the server (idle_in_transaction_session_timeout), a connection gpumux replaces.
+    assert refused == "refused 25P03 True"
+    with pg_sessions.read() as session:
+        names = session.execute(text("SELECT name FROM owners")).scalars().all()
+    assert "frozen" not in names and "awake" in names, f"the lock came after {waited:.1f} s"
     pg_sessions.engine.dispose()

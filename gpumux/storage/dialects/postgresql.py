@@ -36,6 +36,19 @@ WRITE_LOCK_KEY = 0x6770_756D_7578
 LOCK_TIMEOUT_MS = 30_000
 # How long a connection attempt waits for an unreachable server before it fails.
 CONNECT_TIMEOUT_S = 10
+# How long the server lets a session sit idle inside a transaction before it ends the session,
+# rolling back and releasing what it holds (the write lock above all): a node frozen (SIGSTOP,
+# a paused VM) or cut off mid-transaction must not stall every other node's lease renewal. Well
+# under what a renewal may wait and still land before the supervisors' lease files lapse (the
+# lease less two heartbeats: 30 - 2 x 5 = 20 s by default), and well over what gpumux does
+# between two statements of one transaction (Python work: a sampler's ask, a user lookup).
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
+# TCP keepalives, on the server for a node that vanished from the network and in libpq for a
+# server that did: a dead peer is found after idle + interval x count = 25 s of silence rather
+# than the system's two hours. Unix-socket connections have no keepalives (nor need them).
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
 # SQLSTATEs: no room left; waited past lock_timeout; a deadlock or serialization failure.
 DISK_FULL = "53100"
 OUT_OF_RESOURCES = {"53000", DISK_FULL, "53200", "53300"}
@@ -86,8 +99,12 @@ class PostgresqlDialect(Dialect):
             "max_overflow": 20,
             "connect_args": {
                 "connect_timeout": CONNECT_TIMEOUT_S,
-                "options": f"-c lock_timeout={LOCK_TIMEOUT_MS} -c timezone=UTC",
+                "options": " ".join(f"-c {name}={value}" for name, value in session_settings()),
                 "application_name": "gpumux",
+                "keepalives": 1,
+                "keepalives_idle": KEEPALIVE_IDLE_S,
+                "keepalives_interval": KEEPALIVE_INTERVAL_S,
+                "keepalives_count": KEEPALIVE_COUNT,
             },
         }
 
@@ -172,6 +189,18 @@ class PostgresqlDialect(Dialect):
         """now() as naive UTC; the statement's start rather than the transaction's, which may
         have begun before a wait for the write lock."""
         return func.timezone("UTC", func.statement_timestamp(), type_=DateTime())
+
+
+def session_settings() -> list[tuple[str, str]]:
+    """The server settings every connection starts with (in its startup packet)."""
+    return [
+        ("lock_timeout", str(LOCK_TIMEOUT_MS)),
+        ("idle_in_transaction_session_timeout", str(IDLE_IN_TRANSACTION_TIMEOUT_MS)),
+        ("tcp_keepalives_idle", str(KEEPALIVE_IDLE_S)),
+        ("tcp_keepalives_interval", str(KEEPALIVE_INTERVAL_S)),
+        ("tcp_keepalives_count", str(KEEPALIVE_COUNT)),
+        ("timezone", "UTC"),
+    ]
 
 
 def _sqlstate(error: BaseException) -> str | None:
