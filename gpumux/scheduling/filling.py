@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
+from gpumux.devices.kinds import KINDS
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling import fairshare, placement
@@ -18,11 +20,28 @@ from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.splits.searches import Searches
-from gpumux.storage import store
+from gpumux.storage import nodes, store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OtherNode:
+    """Another active node: its name, and its devices as its last heartbeat wrote them."""
+
+    name: str
+    devices: list[Any]
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Whether a trial that fits no device here fits another node's (None: cannot tell), and
+    why: where it fits, what cannot be judged, or why it fits none of theirs either."""
+
+    fits: bool | None
+    why: str
 
 
 class SlotFiller:
@@ -55,6 +74,9 @@ class SlotFiller:
         # keeps its turn, or a trial fair share puts first at the next fill would take the
         # share it waits for, again and again.
         self.heads: list[int] = []
+        # The sweeps whose trials fit no device here but stay queued for another node, and
+        # have been logged as such.
+        self.told: set[int] = set()
 
     def fill(self, devices: Sequence[DeviceSnapshot], *, group_of: Mapping[int, int]) -> None:
         """Fill free device slots with the next trials, each user's fair share first;
@@ -79,15 +101,7 @@ class SlotFiller:
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
-        for waiting in list(pending):
-            # It would reserve a device forever, and hold back every trial behind it there.
-            reason = placement.never_fits(waiting, devices, policy)
-            if reason is not None:
-                log.warning("trial %s: %s", waiting.trial_id, reason)
-                trial_id = self.asked(waiting.trial_id, sweep_of[waiting.trial_id])
-                if trial_id is not None:
-                    self.launcher.fail_unstarted(trial_id, reason)
-                pending.remove(waiting)
+        pending = self.set_aside(pending, devices, policy, sweep_of)
         if not pending:
             self.heads = []
             return
@@ -129,6 +143,58 @@ class SlotFiller:
                 continue
             if started is not None:
                 self.watched.add(chosen.trial_id, started)
+
+    def set_aside(
+        self,
+        pending: list[placement.PendingTrial],
+        devices: Sequence[DeviceSnapshot],
+        policy: placement.PackingPolicy,
+        sweep_of: Mapping[int, int],
+    ) -> list[placement.PendingTrial]:
+        """The pending trials that fit a device here. One whose fixed split fits none would
+        reserve a device forever, holding back every trial behind it there: it is failed,
+        unless another active node's devices may fit it (then it stays queued for that node)."""
+        # Told once per sweep while it waits, not at every tick.
+        self.told &= set(sweep_of.values())
+        others: list[OtherNode] | None = None
+        kept = []
+        for waiting in pending:
+            reason = placement.never_fits(waiting, devices, policy)
+            if reason is None:
+                kept.append(waiting)
+                continue
+            if others is None:
+                others = self.other_nodes()
+            verdict = elsewhere(waiting, others, policy)
+            sweep_id = sweep_of[waiting.trial_id]
+            if verdict.fits is not False:
+                if sweep_id not in self.told:
+                    self.told.add(sweep_id)
+                    log.log(
+                        logging.INFO if verdict.fits else logging.WARNING,
+                        "sweep %s: %s; its trials stay queued for the other nodes: %s",
+                        sweep_id,
+                        reason,
+                        verdict.why,
+                    )
+                continue
+            reason = "; ".join(part for part in (reason, verdict.why) if part)
+            log.warning("trial %s: %s", waiting.trial_id, reason)
+            trial_id = self.asked(waiting.trial_id, sweep_id)
+            if trial_id is not None:
+                self.launcher.fail_unstarted(trial_id, reason)
+        return kept
+
+    def other_nodes(self) -> list[OtherNode]:
+        """The other active nodes and their devices, none when this scheduler owns every trial."""
+        if self.node_id is None:
+            return []
+        with self.sessions.read() as session:
+            return [
+                OtherNode(name=node.name, devices=list(node.devices))
+                for node in nodes.active_nodes(session=session)
+                if node.id != self.node_id
+            ]
 
     def asked(self, trial_id: int, sweep_id: int) -> int | None:
         """The stored trial behind a next trial: itself, or for a trial not asked yet the one
@@ -225,3 +291,55 @@ def heads_first(
         if head is not None:
             first.append(head)
     return first + [trial for trial in pending if trial not in first]
+
+
+def elsewhere(
+    trial: placement.PendingTrial, others: Sequence[OtherNode], policy: placement.PackingPolicy
+) -> Elsewhere:
+    """Whether the trial's fixed split fits an idle device of another node, as that node's
+    row describes its devices; each judged by its kind, as placement judges this node's."""
+    # Measured overheads are this node's, by its device keys: other nodes' get the configured.
+    configured = replace(policy, overhead_by_device={})
+    reasons: list[str] = []
+    unjudged: list[str] = []
+    for node in others:
+        snapshots = []
+        for entry in node.devices:
+            snapshot = summary_snapshot(entry)
+            if snapshot is None:
+                unjudged.append(f"node {node.name} lists a device gpumux cannot judge: {entry!r}")
+            else:
+                snapshots.append(snapshot)
+        reason = placement.never_fits(trial, snapshots, configured)
+        if reason is None and snapshots:
+            return Elsewhere(fits=True, why=f"node {node.name}'s devices may fit them")
+        if reason is not None:
+            reasons.append(f"on node {node.name}: {reason}")
+    if unjudged:
+        return Elsewhere(fits=None, why="; ".join(unjudged))
+    return Elsewhere(fits=False, why="; ".join(reasons))
+
+
+def summary_snapshot(entry: Any) -> DeviceSnapshot | None:
+    """A device as a node row describes it ({key, kind, name, memory_mb}): what its kind needs
+    to judge a split on it idle; None for an entry not of that shape or of a kind unknown here."""
+    if not isinstance(entry, dict):
+        return None
+    key, kind, name, memory = (entry.get(field) for field in ("key", "kind", "name", "memory_mb"))
+    if not (isinstance(key, str) and isinstance(kind, str) and isinstance(name, str)):
+        return None
+    if kind not in KINDS or not (memory is None or type(memory) is int):
+        return None
+    return DeviceSnapshot(
+        key=key,
+        kind=kind,
+        index=0,
+        name=name,
+        uuid=None,
+        memory_total_mb=memory,
+        memory_used_mb=None,
+        memory_free_mb=None,
+        utilization_pct=None,
+        processes=None,
+        cpu_count=None,
+    )

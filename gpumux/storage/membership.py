@@ -73,20 +73,22 @@ def join(
     secret: str | None = None,
 ) -> NodeIdentity:
     """Register this daemon as node `name` (its data directory's id `home`), as a new
-    incarnation: a restart takes its own row back, a row whose lease lapsed or that left is
-    taken over (its trials requeued within `lost_retries` first); a name another live daemon
-    holds is refused (NodeNameTaken). `secret`: the one to keep (a rejoin), else a new one."""
+    incarnation: a restart takes its own row back, under a new name too (its trials stay
+    its own); a row whose lease lapsed or that left is taken over (its trials requeued within
+    `lost_retries` first); a name another live daemon holds is refused (NodeNameTaken).
+    `secret`: the one to keep (a rejoin), else a new one."""
     now = database_now(session)
-    row = session.scalar(select(Node).where(Node.name == name))
-    if row is not None and row.home_id != home:
-        if row.state is NodeState.active and row.lease_until >= now:
+    named = session.scalar(select(Node).where(Node.name == name))
+    if named is not None and named.home_id != home:
+        if named.state is NodeState.active and named.lease_until >= now:
             raise NodeNameTaken(
-                f"node name {name!r} is held by another live daemon (pid {row.pid}, a "
-                f"different data directory, lease until {row.lease_until:%H:%M:%S} UTC); give "
-                "this one its own name with GPUMUX_NODE_NAME, or stop the other"
+                f"node name {name!r} is held by another live daemon (pid {named.pid}, a "
+                f"different data directory, lease until {named.lease_until:%H:%M:%S} UTC); "
+                "give this one its own name with GPUMUX_NODE_NAME, or stop the other"
             )
         # Its trials go back to the queue before the row changes hands.
-        expire(session=session, lost_retries=lost_retries, only=row.id)
+        expire(session=session, lost_retries=lost_retries, only=named.id)
+    row = own_row(session=session, home=home, named=named)
     secret = secret or secrets.token_urlsafe(32)
     fields = {
         "home_id": home,
@@ -103,12 +105,39 @@ def join(
         row = Node(name=name, incarnation=1, **fields)
         session.add(row)
     else:
+        if row.name != name:
+            log.info("node %s: renamed %s; its data directory is the same", row.name, name)
+            row.name = name
         for field, value in fields.items():
             setattr(row, field, value)
         row.incarnation += 1
     session.flush()
     log.info("node %s: joined as incarnation %d (node id %d)", name, row.incarnation, row.id)
     return NodeIdentity(id=row.id, name=name, incarnation=row.incarnation, secret=secret)
+
+
+def own_row(*, session: Session, home: str, named: Node | None) -> Node | None:
+    """The row this join takes: this data directory's active row (its trials, left running by
+    a warm stop, are this node's whatever it is called now), else the row named as asked.
+    Renamed, it takes the name; when another, dead row holds that name, that row is taken
+    and the active trials move onto it (a data directory has one active row)."""
+    own = session.scalars(
+        select(Node)
+        .where(Node.home_id == home, Node.state == NodeState.active)
+        .order_by(Node.heartbeat_at.desc(), Node.id)
+    ).first()
+    if own is None or own is named:
+        return named
+    if named is None:
+        return own
+    log.info("node %s: its data directory's trials move to node %s", own.name, named.name)
+    session.execute(
+        update(Trial)
+        .where(Trial.node_id == own.id, Trial.status.in_(ACTIVE_TRIAL_STATUSES))
+        .values(node_id=named.id)
+    )
+    own.state = NodeState.left
+    return named
 
 
 def heartbeat(

@@ -236,3 +236,57 @@ def test_the_split_search_sees_only_its_own_node_s_trials_on_a_device_key(
         )
     assert on.shares["cpu"] == Fraction(2, 4) and everywhere.shares["cpu"] == Fraction(5, 4)
     assert [t.id for t in at_split] == mine
+
+
+def trial_rows(db: Sessions, trial_ids: list[int]) -> list[tuple[TrialStatus, int, int | None]]:
+    with db.read() as session:
+        trials = [store.get_trial(session=session, trial_id=i) for i in trial_ids]
+        return [(t.status, t.attempt, t.node_id) for t in trials if t is not None]
+
+
+def test_a_renamed_restart_takes_its_row_and_keeps_its_trials(db: Sessions, tmp_path: Path) -> None:
+    # A warm stop left the trial running; the daemon comes back from the same data directory
+    # under another hostname: its trial is its own still, not another node's to requeue.
+    first = join(db, "old-host")
+    trial_ids = claimed_trials(db, tmp_path, first, 1)
+    again = join(db, "new-host")
+    with db.read() as session:
+        rows = list(session.scalars(select(Node)))
+    assert [(r.id, r.name, r.incarnation, r.state) for r in rows] == [
+        (first.id, "new-host", 2, NodeState.active)
+    ]
+    assert (again.id, again.name, again.incarnation) == (first.id, "new-host", 2)
+    assert trial_rows(db, trial_ids) == [(TrialStatus.running, 1, first.id)]
+    with db.write.begin() as session:
+        # The old incarnation no longer renews the row; the renamed one does.
+        assert not membership.heartbeat(session=session, node=first, lease_s=LEASE_S)
+        assert membership.heartbeat(session=session, node=again, lease_s=LEASE_S)
+
+
+def test_a_rename_to_a_live_node_s_name_is_refused(db: Sessions, tmp_path: Path) -> None:
+    first = join(db, "a", "home-a")
+    trial_ids = claimed_trials(db, tmp_path, first, 1)
+    join(db, "b", "home-b")
+    with pytest.raises(membership.NodeNameTaken, match="GPUMUX_NODE_NAME"):
+        join(db, "b", "home-a")
+    assert (row(db, first).name, row(db, first).incarnation) == ("a", 1)
+    assert trial_rows(db, trial_ids) == [(TrialStatus.running, 1, first.id)]
+
+
+def test_a_rename_to_a_lapsed_name_takes_that_row_with_its_own_trials(
+    db: Sessions, tmp_path: Path
+) -> None:
+    mine = join(db, "a", "home-a")
+    my_trials = claimed_trials(db, tmp_path / "a", mine, 1)
+    theirs = join(db, "b", "home-b")
+    their_trials = claimed_trials(db, tmp_path / "b", theirs, 1)
+    lapse(db, theirs)
+    taken = join(db, "b", "home-a")
+    assert (taken.id, taken.incarnation) == (theirs.id, 2)
+    assert row(db, taken).home_id == "home-a" and row(db, mine).state is NodeState.left
+    assert trial_rows(db, my_trials) == [(TrialStatus.running, 1, theirs.id)]
+    assert trial_rows(db, their_trials) == [(TrialStatus.queued, 2, None)]
+    # The data directory has one active row: a restart under either name finds its trials.
+    back = join(db, "a", "home-a")
+    assert (back.id, row(db, taken).state) == (mine.id, NodeState.left)
+    assert trial_rows(db, my_trials) == [(TrialStatus.running, 1, mine.id)]
