@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from typing import IO
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from sqlalchemy.exc import OperationalError
@@ -43,6 +44,8 @@ from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
 
+# Addresses that listen on every interface: no other host can connect to them as written.
+WILDCARDS = {"0.0.0.0", "::"}
 # A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -114,8 +117,15 @@ class Daemon:
         record_holder(self._lock, self.url)
 
     def _tcp_url(self) -> str | None:
-        """Where other nodes reach this daemon's API, None when it serves no TCP."""
-        return next((url for url in self.urls if url.startswith("http")), None)
+        """Where other nodes reach this daemon's API, None when it serves no TCP: a wildcard
+        address (0.0.0.0, ::) is this host's name to them."""
+        url = next((url for url in self.urls if url.startswith("http")), None)
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.hostname in WILDCARDS:
+            return urlunsplit(parts._replace(netloc=f"{socket.getfqdn()}:{parts.port}"))
+        return url
 
     def _join(self) -> NodeIdentity | None:
         """Join the nodes of this database (one on SQLite); a name another live daemon holds

@@ -18,6 +18,7 @@ from gpumux.config import Settings
 from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
 from gpumux.server.daemon import Daemon, embedded
 from gpumux.server.listening import bind_tcp, listen_where_clients_look
+from gpumux.storage.models import Node
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -89,6 +90,18 @@ def test_a_second_daemon_on_one_data_directory_is_refused_even_with_its_own_data
                 pass
         with httpx.Client(base_url=first.url, timeout=10) as client:
             assert client.get("/health").json()["status"] == "ok", "the first one serves on"
+
+
+def test_a_daemon_on_every_interface_tells_other_nodes_its_host_name(tmp_path: Path) -> None:
+    # Another node that connected to 0.0.0.0 would reach itself, not this daemon.
+    port = free_port()
+    settings = Settings(home=tmp_path / "home", url=f"http://0.0.0.0:{port}")
+    with embedded(settings) as daemon:
+        assert daemon.sessions is not None and daemon.node is not None
+        with daemon.sessions.read() as session:
+            node = session.get(Node, daemon.node.id)
+            assert node is not None
+            assert node.url == f"http://{socket.getfqdn()}:{port}"
 
 
 def test_a_unix_socket_url_makes_the_daemon_listen_there(tmp_path: Path) -> None:
