@@ -6,7 +6,7 @@ does the cluster claim?
 Two parts, on this machine (a throwaway PostgreSQL cluster from Debian's server binaries, as
 the tests start one; each node a `gpumux serve` with its own data directory and node name):
 - faults: a sweep of `trials` short trials (a shell that writes its trial id, attempt and the
-  time to a ledger as it starts, sleeps `--duration` s, and writes them again as it ends)
+  time to a ledger as it starts, every 0.1 s of the `--duration` s it sleeps, and as it ends)
   while, at random moments, a node's daemon is killed with SIGKILL (and started again after
   its lease lapsed) or frozen with SIGSTOP past its lease (then thawed). Prints trials
   submitted, succeeded, requeued (attempt > 1), lost (not succeeded: must be 0), run twice
@@ -49,6 +49,9 @@ from postgres import Cluster, start_cluster, unavailable  # noqa: E402
 
 console = Console(soft_wrap=True)
 HEARTBEAT_S = 1.0
+# How often a trial of the fault run says it is alive: an attempt that lives on past the start
+# of the next one is seen within this much.
+TICK_S = 0.1
 
 
 def free_port() -> int:
@@ -125,7 +128,8 @@ def make_nodes(count: int, root: Path, database_url: str, lease_s: float) -> lis
 
 def submit(node: Node, trials: int, split: int, ledger: Path, duration: float) -> tuple[int, str]:
     mark = f'echo "$GPUMUX_TRIAL_ID $GPUMUX_ATTEMPT $(date +%s.%N)" >> {ledger}'
-    script = f"{mark} start; sleep {duration}; {mark} end"
+    ticks = " ".join(str(tick) for tick in range(round(duration / TICK_S)))
+    script = f"{mark} start; for t in {ticks}; do sleep {TICK_S}; {mark} alive; done; {mark} end"
     token = tokenfile.daemon_token(node.home)
     assert token is not None, f"{node.name} wrote no token in {node.home}"
     with httpx.Client(base_url=node.url, timeout=30) as client:
@@ -208,22 +212,25 @@ def orphans(ledger: Path) -> int:
 
 
 def overlaps(ledger: str) -> tuple[int, int]:
-    """From the ledger: trials one of whose attempts started before an earlier one of theirs
-    ended (ran beside it), and trials two of whose attempts ran to their end."""
-    starts: dict[str, dict[int, float]] = defaultdict(dict)
-    ends: dict[str, dict[int, float]] = defaultdict(dict)
+    """From the ledger: trials an attempt of which was seen alive after a later attempt of
+    theirs started (ran beside it), and trials two of whose attempts ran to their end."""
+    seen: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    ended: dict[str, set[int]] = defaultdict(set)
     for line in ledger.splitlines():
         trial, attempt, moment, what = line.split()
-        (starts if what == "start" else ends)[trial][int(attempt)] = float(moment)
+        seen[trial][int(attempt)].append(float(moment))
+        if what == "end":
+            ended[trial].add(int(attempt))
     beside = sum(
         any(
-            later > attempt and began < ends[trial].get(attempt, 0.0)
-            for attempt in attempts
-            for later, began in attempts.items()
+            max(attempts[earlier]) > min(attempts[later])
+            for earlier in attempts
+            for later in attempts
+            if later > earlier
         )
-        for trial, attempts in starts.items()
+        for attempts in seen.values()
     )
-    return beside, sum(len(ended) > 1 for ended in ends.values())
+    return beside, sum(len(attempts) > 1 for attempts in ended.values())
 
 
 def fault_run(cluster: Cluster, args: argparse.Namespace, rng: random.Random) -> None:
