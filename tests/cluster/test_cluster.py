@@ -11,6 +11,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from reliability.conftest import DaemonProcess
 from sqlalchemy import select
@@ -170,6 +171,16 @@ def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
             return all(now[i].attempt == 2 for i in stale)
 
         wait_until("a's trials to be requeued", requeued, b)
+        # A late report of an old attempt, with its own token, is refused on any node.
+        trial_id = min(stale)
+        token = (tmp_path / f"token-{trial_id}.1").read_text()
+        with httpx.Client(base_url=b.url, timeout=30) as client:
+            late = client.post(
+                "/reports",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"trial_id": trial_id, "attempt": 1, "kind": "manual", "step": 9},
+            )
+        assert late.status_code in (403, 409), late.text
     finally:
         a.send(signal.SIGCONT)
     wait_until("a to kill its stale trials", lambda: not any(map(alive, stale.values())), a)
