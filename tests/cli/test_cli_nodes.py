@@ -8,13 +8,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from builders import bearer, served
+from builders import bearer, cpu_snapshot, served
 from rich.console import Console
 from test_cli import cli_env, gpumux, row
 
 from gpumux.cli import nodes as nodes_cli
 from gpumux.config import Settings
-from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import NodePublic
 from gpumux.server.api import create_app
 from gpumux.status import NodeState
@@ -103,19 +102,7 @@ def test_nodes_and_devices_against_an_api_that_knows_two_nodes(
 ) -> None:
     here = stored_node(sessions, "node-a", url="http://node-a:7070")
     stored_node(sessions, "node-b")
-    cpu = DeviceSnapshot(
-        key="cpu",
-        kind="cpu",
-        index=0,
-        name="the CPU",
-        uuid=None,
-        memory_total_mb=8_000,
-        memory_used_mb=1_000,
-        memory_free_mb=7_000,
-        utilization_pct=None,
-        processes=None,
-        cpu_count=4,
-    )
+    cpu = cpu_snapshot(name="the CPU", cpu_count=4)
     app = create_app(settings=settings, sessions=sessions, devices_view=lambda: [cpu], node=here)
     headers = bearer(sessions)
     with served(app) as client:

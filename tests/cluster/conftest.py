@@ -11,13 +11,29 @@ import pytest
 from reliability.conftest import DaemonProcess
 from sqlalchemy import Engine
 
+from gpumux.config import Settings
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
+from gpumux.storage.migrate import upgrade
 
 T = TypeVar("T")
 TIMEOUT_S = 120.0
 POLL_S = 0.1
 
 NodeFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Sessions]:
+    """Sessions over a migrated database of each backend."""
+    if request.param == "sqlite":
+        settings.home.mkdir(parents=True, exist_ok=True)
+        url = settings.database_url
+    else:
+        url = request.getfixturevalue("pg_database")
+    engine = make_engine(url)
+    upgrade(engine)
+    yield make_sessions(engine)
+    engine.dispose()
 
 
 @pytest.fixture

@@ -52,6 +52,13 @@ def node_ids(db: Sessions) -> dict[str, int]:
         return {node.name: node.id for node in session.scalars(select(Node))}
 
 
+def two_running_on_each(db: Sessions, sweep_id: int, ids: dict[str, int]) -> list[Trial] | None:
+    """The sweep's trials once two run on node a and two on node b."""
+    trials = trials_of(db, sweep_id)
+    on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
+    return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
+
+
 def all_ended(db: Sessions, sweep_id: int) -> list[Trial] | None:
     trials = trials_of(db, sweep_id)
     return trials if all(t.status.is_final for t in trials) else None
@@ -83,12 +90,12 @@ def test_a_killed_node_has_its_trials_finished_elsewhere_once(
     # x=0: each trial exits 0 once released; y tells them apart.
     sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
 
-    def two_running_on_each() -> list[Trial] | None:
-        trials = trials_of(cluster_db, sweep_id)
-        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
-        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
-
-    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    trials = wait_until(
+        "two trials running on each node",
+        lambda: two_running_on_each(cluster_db, sweep_id, ids),
+        a,
+        b,
+    )
     on_a = {t.id for t in trials if t.node_id == ids["a"]}
     # A power cut: the daemon and everything it started die at once.
     a.kill9()
@@ -121,12 +128,12 @@ def test_a_killed_daemon_s_supervisors_stop_its_trials_before_another_node_reque
     command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
     sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
 
-    def two_running_on_each() -> list[Trial] | None:
-        trials = trials_of(cluster_db, sweep_id)
-        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
-        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
-
-    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    trials = wait_until(
+        "two trials running on each node",
+        lambda: two_running_on_each(cluster_db, sweep_id, ids),
+        a,
+        b,
+    )
     on_a = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
     a.kill9()
 
@@ -156,12 +163,12 @@ def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
     command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
     sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
 
-    def two_running_on_each() -> list[Trial] | None:
-        trials = trials_of(cluster_db, sweep_id)
-        on = Counter(t.node_id for t in trials if t.status is TrialStatus.running)
-        return trials if on == {ids["a"]: 2, ids["b"]: 2} else None
-
-    trials = wait_until("two trials running on each node", two_running_on_each, a, b)
+    trials = wait_until(
+        "two trials running on each node",
+        lambda: two_running_on_each(cluster_db, sweep_id, ids),
+        a,
+        b,
+    )
     stale = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
     a.send(signal.SIGSTOP)
     try:

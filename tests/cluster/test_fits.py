@@ -4,7 +4,6 @@ queued for the nodes it may fit (both backends, a real filler over real sessions
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,12 @@ from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
-from gpumux.storage.engine import Sessions, make_engine, make_sessions
-from gpumux.storage.migrate import upgrade
+from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node
 from gpumux.storage.nodes import NodeIdentity
 
 SMALL_MB = 16 * 1024
 LARGE_MB = 80 * 1024
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Sessions]:
-    """Sessions over a migrated database of each backend."""
-    if request.param == "sqlite":
-        settings.home.mkdir(parents=True, exist_ok=True)
-        url = settings.database_url
-    else:
-        url = request.getfixturevalue("pg_database")
-    engine = make_engine(url)
-    upgrade(engine)
-    yield make_sessions(engine)
-    engine.dispose()
 
 
 def gpu(memory_mb: int) -> DeviceSnapshot:

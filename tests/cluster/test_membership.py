@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -18,26 +17,11 @@ from gpumux.splits.searches import ActiveTrials
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
 from gpumux.storage import reports as report_store
-from gpumux.storage.engine import Sessions, make_engine, make_sessions
-from gpumux.storage.migrate import upgrade
+from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node, Trial
 from gpumux.storage.nodes import NodeIdentity
 
 LEASE_S = 30.0
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Sessions]:
-    """Sessions over a migrated database of each backend."""
-    if request.param == "sqlite":
-        settings.home.mkdir(parents=True, exist_ok=True)
-        url = settings.database_url
-    else:
-        url = request.getfixturevalue("pg_database")
-    engine = make_engine(url)
-    upgrade(engine)
-    yield make_sessions(engine)
-    engine.dispose()
 
 
 def join(
