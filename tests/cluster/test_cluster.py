@@ -52,6 +52,21 @@ def node_ids(db: Sessions) -> dict[str, int]:
         return {node.name: node.id for node in session.scalars(select(Node))}
 
 
+def two_nodes_two_trials_each(
+    make_node: NodeFactory, db: Sessions, folder: Path
+) -> tuple[DaemonProcess, DaemonProcess, dict[str, int], int, list[Trial]]:
+    """Nodes a and b on short leases, and a sweep of four trials that wait to be released
+    (x=0: each exits 0 once released; y tells them apart), two running on each node."""
+    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
+    ids = node_ids(db)
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(folder)]
+    sweep_id = submit(a, folder, ["x=0", "y=1..4"], command)
+    trials = wait_until(
+        "two trials running on each node", lambda: two_running_on_each(db, sweep_id, ids), a, b
+    )
+    return a, b, ids, sweep_id, trials
+
+
 def two_running_on_each(db: Sessions, sweep_id: int, ids: dict[str, int]) -> list[Trial] | None:
     """The sweep's trials once two run on node a and two on node b."""
     trials = trials_of(db, sweep_id)
@@ -84,18 +99,7 @@ def test_nodes_pack_one_sweep_and_claim_each_trial_once(
 def test_a_killed_node_has_its_trials_finished_elsewhere_once(
     make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
 ) -> None:
-    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
-    ids = node_ids(cluster_db)
-    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
-    # x=0: each trial exits 0 once released; y tells them apart.
-    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
-
-    trials = wait_until(
-        "two trials running on each node",
-        lambda: two_running_on_each(cluster_db, sweep_id, ids),
-        a,
-        b,
-    )
+    a, b, ids, sweep_id, trials = two_nodes_two_trials_each(make_node, cluster_db, tmp_path)
     on_a = {t.id for t in trials if t.node_id == ids["a"]}
     # A power cut: the daemon and everything it started die at once.
     a.kill9()
@@ -123,17 +127,7 @@ def test_a_killed_daemon_s_supervisors_stop_its_trials_before_another_node_reque
 ) -> None:
     # The daemon alone dies: its supervisors outlive it, and must not run on beside the
     # attempts another node starts once the lease lapsed.
-    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
-    ids = node_ids(cluster_db)
-    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
-    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
-
-    trials = wait_until(
-        "two trials running on each node",
-        lambda: two_running_on_each(cluster_db, sweep_id, ids),
-        a,
-        b,
-    )
+    a, b, ids, sweep_id, trials = two_nodes_two_trials_each(make_node, cluster_db, tmp_path)
     on_a = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
     a.kill9()
 
@@ -158,17 +152,7 @@ def test_a_killed_daemon_s_supervisors_stop_its_trials_before_another_node_reque
 def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
     make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
 ) -> None:
-    a, b = make_node("a", **SHORT_LEASE), make_node("b", **SHORT_LEASE)
-    ids = node_ids(cluster_db)
-    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
-    sweep_id = submit(a, tmp_path, ["x=0", "y=1..4"], command)
-
-    trials = wait_until(
-        "two trials running on each node",
-        lambda: two_running_on_each(cluster_db, sweep_id, ids),
-        a,
-        b,
-    )
+    a, b, ids, sweep_id, trials = two_nodes_two_trials_each(make_node, cluster_db, tmp_path)
     stale = {t.id: t.pid for t in trials if t.node_id == ids["a"]}
     a.send(signal.SIGSTOP)
     try:
