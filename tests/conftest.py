@@ -4,14 +4,13 @@ throwaway PostgreSQL cluster for the tests that need one."""
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from builders import bearer, served
-from postgres import SQLITE_ONLY, Cluster, on_both_backends, start_cluster, unavailable
+from postgres import SQLITE_ONLY, Cluster, on_both_backends, throwaway_cluster
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -83,13 +82,7 @@ def api(settings: Settings, sessions: Sessions) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Cluster]:
     """One PostgreSQL server for the whole run, on a Unix socket (skips, saying why, without)."""
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    # Not under pytest's tmp_path: as root the server runs as `postgres`, which must reach it.
-    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="gpumux-pg-")))
-    yield cluster
-    cluster.stop()
+    yield from throwaway_cluster("gpumux-pg-")
 
 
 @pytest.fixture

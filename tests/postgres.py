@@ -12,6 +12,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,3 +189,15 @@ def start_cluster(root: Path) -> Cluster:
         shown = log.read_text() if log.exists() else ""
         raise RuntimeError(f"{error.cmd}: {error.stderr}\n{shown}") from error
     return cluster
+
+
+def throwaway_cluster(prefix: str) -> Iterator[Cluster]:
+    """A started cluster in a new temporary directory, stopped and removed after; skips,
+    saying why, where none can be started. The body of a generator fixture (`yield from`)."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # Not under pytest's tmp_path: as root the server runs as `postgres`, which must reach it.
+    cluster = start_cluster(Path(tempfile.mkdtemp(prefix=prefix)))
+    yield cluster
+    cluster.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from postgres import Cluster, start_cluster, unavailable
+from postgres import Cluster, throwaway_cluster
 
 from .conftest import DaemonFactory, DaemonProcess
 
@@ -26,12 +25,7 @@ FAST = {"GPUMUX_POLL_INTERVAL": "0.2", "GPUMUX_HEARTBEAT_INTERVAL": "0.2", "GPUM
 @pytest.fixture
 def own_cluster() -> Iterator[Cluster]:
     """A cluster this test alone uses: it stops that server, which the shared one must not."""
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="gpumux-pg-lost-")))
-    yield cluster
-    cluster.stop()
+    yield from throwaway_cluster("gpumux-pg-lost-")
 
 
 def wait_until(what: str, check: Callable[[], object]) -> Any:

@@ -5,14 +5,13 @@ once the server is back, the same requests answer 200."""
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from builders import bearer, problem, served, sweep_body
-from postgres import Cluster, start_cluster, unavailable
+from postgres import Cluster, throwaway_cluster
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -24,12 +23,7 @@ from gpumux.storage.migrate import upgrade
 @pytest.fixture(scope="module")
 def own_cluster() -> Iterator[Cluster]:
     """A cluster these tests alone use: they stop that server, which the shared one must not."""
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="gpumux-pg-away-")))
-    yield cluster
-    cluster.stop()
+    yield from throwaway_cluster("gpumux-pg-away-")
 
 
 @pytest.fixture
