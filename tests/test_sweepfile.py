@@ -16,7 +16,7 @@ from gpumux import sweepfile, sweepspec
 from gpumux.search import methods
 from gpumux.status import SearchMethod
 from gpumux.sweepfile import SweepFile, SweepFileError
-from gpumux.sweepfile.loading import MAX_FILE_BYTES
+from gpumux.sweepfile.loading import MAX_FILE_BYTES, MAX_MESSAGE_CHARS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "sweeps"
@@ -473,6 +473,28 @@ def test_malformed_yaml_is_refused_with_its_line_and_column(
     text: str, key: str, fragment: str
 ) -> None:
     assert fragment in refusal(text, key)
+
+
+def test_yaml_aliases_are_refused_before_they_expand() -> None:
+    # Nested aliases, each level nine of the last: 9**10 values from a few hundred bytes.
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 10):
+        levels.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]")
+    bomb = "method: grid\n" + "\n".join(levels) + "\nparameters:\n  lr: *a9\n"
+    message = refusal(bomb, "line 3, column 10")
+    assert "the alias *a0 is not taken in a sweep file; write its value out" in message
+
+
+def test_an_anchor_alone_is_read() -> None:
+    doc = "method: grid\nparameters:\n  lr: &lr\n    values: [1, 2]\n"
+    assert from_yaml(doc).params == {"lr": "lr=1,2"}
+
+
+def test_a_refusal_quoting_a_long_value_stays_one_short_line() -> None:
+    word = "${" + "x" * 100_000 + "}"
+    message = refusal({"program": "t.py", "command": ["t.py", word]}, "command[1]")
+    assert len(message) <= MAX_MESSAGE_CHARS + 1
+    assert message.endswith("…")
 
 
 def test_json_is_read_and_its_errors_placed() -> None:

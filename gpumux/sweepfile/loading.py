@@ -13,19 +13,37 @@ import yaml
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 # Far beyond any sweep file, and beyond what the daemon would take in one request.
 MAX_FILE_BYTES = 1024 * 1024
+# A refusal quotes what it refuses; a file's values can be long, a terminal line is not.
+MAX_MESSAGE_CHARS = 500
 
 
 class SweepFileError(ValueError):
     """A sweep file gpumux cannot run as written: the file, the key, and what to do."""
 
     def __init__(self, file: str, key: str, problem: str) -> None:
-        super().__init__(f"{file}: {key}: {problem}" if key else f"{file}: {problem}")
+        message = f"{file}: {key}: {problem}" if key else f"{file}: {problem}"
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "…"
+        super().__init__(message)
         self.file = file
         self.key = key
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice (PyYAML would keep the last silently)."""
+    """YAML's safe loader, refusing a key given twice (PyYAML would keep the last silently) and
+    any alias: each `*name` repeats a whole subtree, so a few hundred bytes of nested aliases
+    expand to billions of values (a "billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the alias *{event.anchor} is not taken in a sweep file; write its value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: set[str] = set()
