@@ -57,11 +57,11 @@ def devices_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureF
 
 
 def test_real_nvml_probe_raises_the_nvml_error_text(nvml_error: str) -> None:
-    assert nvml_error == "NVML Shared Library Not Found"
+    # No library here; a host with the library and no driver says "Driver Not Loaded".
     with pytest.raises(NvmlUnavailable) as raised:
         NvmlProbe().snapshot()
-    assert str(raised.value) == "NVML Shared Library Not Found"
-    assert isinstance(raised.value.__cause__, pynvml.NVMLError_LibraryNotFound)
+    assert str(raised.value) == nvml_error
+    assert isinstance(raised.value.__cause__, pynvml.NVMLError)
 
 
 def test_real_make_probe_falls_back_to_cpu_and_logs_once(
