@@ -137,7 +137,16 @@ def _record_failure(
                 then="requeued at a lower N",
             )
             return Outcome(status=trial.status, out_of_memory=True)
-        how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
+        if trial.sweep.split is None:
+            how = (
+                f"out of device memory on each of {trial.attempt} attempts, the last at "
+                f"N={trial.split} ({how}); it needs more than a slice of this device at "
+                f"N={trial.split} holds: "
+                "lower its memory use (batch size, model), run it with --split 1, or raise "
+                "GPUMUX_OOM_RETRIES for more tries at lower N"
+            )
+        else:
+            how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
     elif trial.failures < trial.sweep.retries:
         store.requeue(
             session=session,

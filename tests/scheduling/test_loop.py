@@ -432,8 +432,8 @@ def test_an_auto_trial_out_of_memory_is_requeued_not_failed(harness: Harness) ->
     (trial,) = harness.trials(sweep_id)
     assert trial.status == TrialStatus.succeeded and trial.attempt == 2
     (search,) = harness.scheduler.searches
-    # The first attempt ran at the search's start, the CPU's core count: N=1 from there on.
-    assert search.oom_at == search.start and search.split == 1
+    # The first attempt ran at the search's start; the search stays below it from there on.
+    assert search.oom_at == search.start and search.split < search.start
     assert trial.error == (
         f"attempt 1 ran out of device memory at N={search.start}; requeued at a lower N"
     )
@@ -446,6 +446,20 @@ def test_a_fixed_split_trial_out_of_memory_fails_and_says_what_to_change(harness
     assert trial.status == TrialStatus.failed and trial.error is not None
     assert trial.error.startswith("out of device memory at N=2 (exited with code 1)")
     assert "try a smaller --split" in trial.error
+
+
+def test_an_auto_trial_always_out_of_memory_fails_after_its_retry_budget(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(update={"oom_retries": 2})
+    harness = Harness(settings, sessions, tmp_path)
+    sweep_id = harness.submit(command=[sys.executable, str(FIXTURES / "oom_always.py")])
+    asyncio.run(harness.scheduler.run_until_idle())
+    (trial,) = harness.trials(sweep_id)
+    assert trial.status == TrialStatus.failed and trial.attempt == settings.oom_retries + 1
+    assert trial.error is not None
+    assert f"on each of {trial.attempt} attempts" in trial.error
+    assert "lower its memory use (batch size, model), run it with --split 1" in trial.error
 
 
 def exit_after_flag(flag: Path, code: int) -> list[str]:
