@@ -30,6 +30,14 @@ def _no_gpumux_settings_of_the_developer(monkeypatch: pytest.MonkeyPatch) -> Non
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _gpus_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's GPUs reach no daemon or trial the tests start: expectations are written for
+    the CPU device or a scripted NVML, on a GPU host too. The real-NVML tests make their probe
+    themselves; a test that wants the host's GPUs through a daemon deletes the variable."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
