@@ -103,17 +103,29 @@ def make_pruner(spec: PruneSpec | None) -> BasePruner:
     return pruner
 
 
-def make_sampler(method: SearchMethod, *, seed: int) -> BaseSampler:
-    """A fresh Optuna sampler for an adaptive sweep, seeded (replays what the sampler allows)."""
+def startup_trials(budget: int) -> int:
+    """How many of a model-based sweep's trials are drawn at random before its model chooses.
+
+    Optuna's 10 suits budgets of a hundred; a sweep of 12 would be random search to its end.
+    A quarter of the budget, at least 2 (a good and a bad trial to tell apart), at most 10."""
+    return max(2, min(10, budget // 4))
+
+
+def make_sampler(method: SearchMethod, *, seed: int, budget: int) -> BaseSampler:
+    """A fresh Optuna sampler for an adaptive sweep of `budget` trials, seeded (replays what
+    the sampler allows)."""
     seed %= SEED_MODULUS
+    startup = startup_trials(budget)
     with warnings.catch_warnings():
         # QMC and GP are marked experimental by Optuna; their use here is deliberate.
         warnings.simplefilter("ignore", ExperimentalWarning)
         if method is SearchMethod.tpe:
             # Running trials count as if they had the worst value: parallel asks spread out.
-            return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
+            return optuna.samplers.TPESampler(
+                seed=seed, constant_liar=True, multivariate=True, n_startup_trials=startup
+            )
         if method is SearchMethod.gp:
-            return optuna.samplers.GPSampler(seed=seed)
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
         if method is SearchMethod.cmaes:
             return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
         if method is SearchMethod.qmc:

@@ -254,7 +254,7 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
     else:
         seed = sweep.seed
     sampler = (
-        methods.make_sampler(sweep.search, seed=seed)
+        methods.make_sampler(sweep.search, seed=seed, budget=sweep.trial_count)
         if adaptive
         else optuna.samplers.RandomSampler(seed=seed % methods.SEED_MODULUS)
     )

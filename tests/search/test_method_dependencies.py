@@ -46,7 +46,7 @@ from gpumux.sweepspec import parse_params
 method = SearchMethod(sys.argv[1])
 tokens = ["lr=1e-4..1e-1", "layers=1..4"] + ([] if method is SearchMethod.cmaes else ["bs=32,64"])
 space = distributions_of(parse_params(tokens))
-study = optuna.create_study(sampler=methods.make_sampler(method, seed=3))
+study = optuna.create_study(sampler=methods.make_sampler(method, seed=3, budget=12))
 for _ in range(12):
     trial = study.ask(space)
     study.tell(trial, sum(float(v) for v in trial.params.values() if not isinstance(v, str)))
