@@ -208,3 +208,65 @@ def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None
         return [(d.trial_id, d.step) for d in studies.to_prune(session=session, sweeps=[sweep])]
+
+
+def pruned_sweep(sessions: Sessions, tmp_path: Path, n: int, prune: str) -> list[int]:
+    """The trial ids of a grid sweep of `n` trials minimising loss under `prune`."""
+    with sessions.write.begin() as session:
+        sweep_id = stored_sweep(session, tmp_path, n, objective="loss:min", prune=prune).id
+        return [t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0]]
+
+
+def run_through(
+    studies: Studies, sessions: Sessions, trial_id: int, losses: list[float]
+) -> list[tuple[int, int]]:
+    """Run the trial, reporting `losses` step by step, the pruner judging after each step as the
+    scheduler's tick would; what it pruned. A trial left unpruned ends succeeded."""
+    end_running(sessions, trial_id)
+    with sessions.read() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        sweep_id = trial.sweep_id
+    for step, loss in enumerate(losses):
+        report(sessions, trial_id, step, loss)
+        if decided := prune(studies, sessions, sweep_id):
+            return decided
+    with sessions.write.begin() as session:
+        trial = store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        trial.objective = losses[-1]
+        store.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.succeeded, ended_at=utcnow()
+        )
+    return []
+
+
+def test_asha_stops_a_losing_trial_at_its_first_rung_and_not_before(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # Rungs at min_resource * reduction_factor ** (min_early_stopping_rate + k): steps 2, 4, 8.
+    *good, bad = pruned_sweep(sessions, tmp_path, 4, "asha:min_resource=2,reduction_factor=2")
+    studies = Studies()
+    for trial_id in good:
+        assert run_through(studies, sessions, trial_id, [0.5, 0.4, 0.3, 0.2, 0.1]) == []
+    assert run_through(studies, sessions, bad, [5.0] * 5) == [(bad, 2)]
+
+
+def test_hyperband_stops_a_losing_trial_at_a_rung_of_its_bracket(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # Brackets of successive halving from step 1 to 9 in thirds: their first rungs are 1, 3, 9.
+    *good, bad = pruned_sweep(
+        sessions, tmp_path, 13, "hyperband:min_resource=1,max_resource=9,reduction_factor=3"
+    )
+    studies = Studies()
+    for trial_id in good:
+        run_through(studies, sessions, trial_id, [0.1] * 10)
+    assert [step for _, step in run_through(studies, sessions, bad, [5.0] * 10)] in ([1], [3])
+
+
+def test_the_median_pruner_waits_for_its_warm_up_steps(sessions: Sessions, tmp_path: Path) -> None:
+    good, bad = pruned_sweep(sessions, tmp_path, 2, "median:n_startup_trials=1,n_warmup_steps=3")
+    studies = Studies()
+    assert run_through(studies, sessions, good, [0.1] * 6) == []
+    assert run_through(studies, sessions, bad, [5.0] * 6) == [(bad, 3)]
