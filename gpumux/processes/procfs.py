@@ -109,17 +109,21 @@ def kill_marked(marker: bytes, *, since: int) -> list[int]:
     return killed
 
 
-def group_members(pgids: Collection[int]) -> dict[int, int]:
-    """Every live process in one of these process groups, mapped to its group."""
-    members = {}
+def group_members(
+    pgids: Collection[int], *, subreapers: Mapping[int, int] | None = None
+) -> dict[int, int]:
+    """Every live process in one of these process groups, mapped to its group; with
+    `subreapers` (a trial's supervisor's pid -> the trial's group), also every process below
+    such a supervisor, mapped to its trial's group: those that left the group count as the
+    trial's (its GPU memory, say)."""
     wanted = set(pgids)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            group = os.getpgid(int(entry.name))
-            if group in wanted:
-                members[int(entry.name)] = group
+    processes = _processes()
+    members = {pid: int(f[2]) for pid, f in processes.items() if int(f[2]) in wanted}
+    if subreapers:
+        parents = {pid: int(f[1]) for pid, f in processes.items()}
+        below = _under(parents, subreapers.keys())
+        for pid, supervisor in below.items():
+            members.setdefault(pid, subreapers[supervisor])
     return members
 
 

@@ -284,6 +284,26 @@ def test_sigterm_reaches_a_grandchild_outside_the_group_and_sigkill_follows(
     assert not alive(leader) and not alive(grandchild)
 
 
+def test_a_grandchild_that_left_the_group_counts_among_the_trials_processes(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # What the scheduler attributes a GPU process's memory by: the trial's group, and what
+    # runs below the trial's supervisor.
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile)]
+    process, run_dir = start(tmp_path, argv)
+    try:
+        wait_for(pidfile)
+        leader, grandchild = escaped(pidfile, request)
+        members = procfs.group_members({leader}, subreapers={process.pid: leader})
+    finally:
+        process.send_signal(signal.SIGUSR1)
+        exit_record(process, run_dir)
+    assert members.get(leader) == leader
+    assert members.get(grandchild) == leader, "the escaped grandchild is not the trial's"
+    assert process.pid not in members
+
+
 def test_the_log_is_rotated_at_its_cap_and_keeps_the_newest_pieces(tmp_path: Path) -> None:
     script = "import sys\nfor i in range(12000): print(f'line {i:05d} ' + 'x' * 40)"
     process, run_dir = start(tmp_path, [sys.executable, "-c", script], log_max_bytes=50_000)
