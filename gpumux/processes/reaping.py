@@ -32,19 +32,24 @@ def become_subreaper() -> str | None:
         return str(error)
 
 
-def signal_trial(pgid: int, signum: int) -> list[int]:
+def signal_trial(pgid: int, signum: int) -> tuple[set[int], set[int]]:
     """Send `signum` to the trial's process group and to each of this process's descendants
-    outside it, once each (a second SIGTERM may mean "now" to a trial's handler); the pids of
-    those outside the group."""
-    with contextlib.suppress(ProcessLookupError):
+    outside it, once each (a second SIGTERM may mean "now" to a trial's handler). Returns the
+    pids outside the group signalled, and those that refused it: a set-user-ID program (sudo)
+    that a supervisor not run as root may not signal."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    escaped = []
+    escaped, refused = set(), set()
     for pid in descendants(os.getpid()):
-        with contextlib.suppress(ProcessLookupError):
+        try:
             if os.getpgid(pid) != pgid:
                 os.kill(pid, signum)
-                escaped.append(pid)
-    return escaped
+                escaped.add(pid)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            refused.add(pid)
+    return escaped, refused
 
 
 def reap_orphans(*, leader: int | None) -> None:

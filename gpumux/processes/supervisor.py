@@ -377,8 +377,8 @@ class Supervisor:
         assert self.trial is not None
         interval = float(self.spec["heartbeat_interval"])
         beat_at = time.monotonic() + interval
-        escaped = set(self._signal_trial(signal.SIGKILL))
-        while descendants(os.getpid()) - {self.trial}:
+        escaped, refused = signal_trial(self.trial, signal.SIGKILL)
+        while descendants(os.getpid()) - refused - {self.trial}:
             ready, _, _ = select.select([wake_read], [], [], END_POLL_SECONDS)
             if ready:
                 with contextlib.suppress(BlockingIOError):
@@ -387,19 +387,26 @@ class Supervisor:
             if time.monotonic() >= beat_at:
                 rundir.touch_heartbeat(self.run_dir)
                 beat_at = time.monotonic() + interval
-            escaped.update(self._signal_trial(signal.SIGKILL))
+            more, not_ours = signal_trial(self.trial, signal.SIGKILL)
+            escaped |= more
+            refused |= not_ours
         if escaped:
             log.write(
                 f"gpumux: killed {len(escaped)} process(es) the trial left running outside "
                 "its process group\n".encode()
             )
+        if refused:
+            log.write(
+                f"gpumux: could not kill pids {sorted(refused)} (another user's: set-user-ID "
+                "programs the trial started); they run on\n".encode()
+            )
 
     def _reap_orphans(self) -> None:
         reap_orphans(leader=self.trial if self.returncode is None else None)
 
-    def _signal_trial(self, signum: int) -> list[int]:
+    def _signal_trial(self, signum: int) -> None:
         assert self.trial is not None
-        return signal_trial(self.trial, signum)
+        signal_trial(self.trial, signum)
 
 
 def _wake(signum: int, frame: object) -> None:

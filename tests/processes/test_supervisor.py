@@ -284,6 +284,25 @@ def test_sigterm_reaches_a_grandchild_outside_the_group_and_sigkill_follows(
     assert not alive(leader) and not alive(grandchild)
 
 
+def test_a_lapsed_lease_kills_a_grandchild_outside_the_group(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    lease = tmp_path / "node.lease"
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile), "--ignore-term"]
+    rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+    process, run_dir = start(tmp_path, argv, kill_grace=600, lease_file=str(lease))
+    # The daemon's heartbeat renews the lease until the trial runs, then stops.
+    while not pidfile.exists():
+        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        assert process.poll() is None, "the supervisor ended while its lease was renewed"
+        time.sleep(0.1)
+    leader, grandchild = escaped(pidfile, request)
+    record = exit_record(process, run_dir)
+    assert record["signal"] == signal.SIGKILL
+    assert not alive(leader) and not alive(grandchild)
+
+
 def test_a_grandchild_that_left_the_group_counts_among_the_trials_processes(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
