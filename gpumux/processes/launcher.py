@@ -16,7 +16,7 @@ from typing import Any
 
 from gpumux.processes import rundir, supervisor
 from gpumux.processes.contract import LaunchSpec, trial_env
-from gpumux.processes.procfs import kill_orphans, start_ticks
+from gpumux.processes.procfs import kill_marked, kill_orphans, start_ticks
 from gpumux.processes.rundir import TrialEnd
 from gpumux.processes.spawning import Spawner
 
@@ -221,7 +221,7 @@ class SupervisedTrial:
         self._signal_supervisor(signal.SIGKILL)
 
     def kill_leftovers(self) -> None:
-        """SIGKILL what is left of the trial's process group."""
+        """SIGKILL what is left of the trial: its process group and its processes outside it."""
         kill_leftovers(self.trial_id, self.run_dir)
 
     def _signal_supervisor(self, signum: int) -> None:
@@ -320,16 +320,34 @@ def spawn_supervisor(run_dir: Path, go_read: int, own_log: int) -> int:
 def kill_leftovers(
     trial_id: int, run_dir: Path, *, pgid: int | None = None, started: int | None = None
 ) -> None:
-    """SIGKILL what is left of an attempt's process group, as its run directory names it
-    (or as given, for a trial started before supervisors kept one)."""
+    """SIGKILL what is left of an attempt, as its run directory names it: its process group
+    (or the one given, for a trial started before supervisors kept one), and the processes
+    that left the group but carry the attempt's report token in their environment (its
+    supervisor, their subreaper, is gone: no one's tree holds them any more)."""
     record = rundir.recorded_leader(run_dir)
     if record is not None and not record.this_boot():
         return  # the machine rebooted since: those processes are long gone
     if record is not None and record.started is not None:
         pgid, started = record.pid, record.started
+    killed = []
     if pgid is not None and started is not None:
-        for pid in kill_orphans(pgid=pgid, started=started):
-            log.warning("trial %s: pid %d outlived its daemon; killed it", trial_id, pid)
+        killed += kill_orphans(pgid=pgid, started=started)
+    marker = _attempt_marker(run_dir)
+    if marker is not None:
+        supervised = rundir.recorded_supervisor(run_dir)
+        since = started or (supervised.started if supervised is not None else None) or 0
+        killed += kill_marked(marker, since=since)
+    for pid in sorted(set(killed)):
+        log.warning("trial %s: pid %d outlived its supervisor; killed it", trial_id, pid)
+
+
+def _attempt_marker(run_dir: Path) -> bytes | None:
+    """The environment entry that only this attempt's processes carry: its report token."""
+    try:
+        token = rundir.read_spec(run_dir)["env"]["GPUMUX_TRIAL_TOKEN"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"GPUMUX_TRIAL_TOKEN={token}".encode()
 
 
 def _pidfd_open(pid: int) -> int | None:

@@ -1,6 +1,8 @@
-"""Process identity from /proc: a pid with its start ticks names one process, even after reuse.
+"""Process identity from /proc: a pid with its start ticks names one process, even after reuse;
+and the processes of a trial, in its process group or escaped from it.
 
-The supervisor imports this module (for start_ticks): standard library only, and little of it.
+The supervisor imports this module (for start_ticks and descendants): standard library only,
+and little of it.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 
 def start_ticks(pid: int, *, living: bool = False) -> int | None:
@@ -16,29 +18,112 @@ def start_ticks(pid: int, *, living: bool = False) -> int | None:
 
     With `living`, None for a zombie too: it has exited, and only waits to be collected.
     """
+    fields = _stat(pid)
+    if fields is None:
+        return None
+    if living and fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat from the state on (field 3), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat_file:
             stat = stat_file.read()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rpartition(")")[2].split()
-    if living and fields[0] == "Z":
-        return None
-    return int(fields[19])
+    return stat.rpartition(")")[2].split()
 
 
-def group_members(pgids: Collection[int]) -> dict[int, int]:
-    """Every live process in one of these process groups, mapped to its group."""
-    members = {}
-    wanted = set(pgids)
+def _processes() -> dict[int, list[str]]:
+    """Every process's stat fields (from the state on), by pid: one scan of /proc."""
+    found = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
+            found[int(entry.name)] = fields
+    return found
+
+
+def _under(parents: Mapping[int, int], roots: Collection[int]) -> dict[int, int]:
+    """Each process below one of `roots` (its parent, or its parent's parent and so on, is the
+    root), mapped to that root; the roots themselves are not."""
+    root_of: dict[int, int] = {}
+    outside: set[int] = set()
+    for pid in parents:
+        chain: list[int] = []
+        ancestor = pid
+        # The walk stops at init (pid 1, or 0 above it), at a process gone, at one already
+        # placed, or at a loop that a pid reused between two reads could make.
+        while (
+            ancestor in parents
+            and ancestor not in roots
+            and ancestor not in root_of
+            and ancestor not in outside
+            and len(chain) < len(parents)
+        ):
+            chain.append(ancestor)
+            ancestor = parents[ancestor]
+        root = ancestor if ancestor in roots else root_of.get(ancestor)
+        if root is None:
+            outside.update(chain)
+        else:
+            root_of.update(dict.fromkeys(chain, root))
+    return root_of
+
+
+def descendants(root: int) -> set[int]:
+    """The living processes whose parent, or whose parent's parent and so on, is `root`.
+
+    Run by a child subreaper (the supervisor), this is every process its trial started, in the
+    trial's process group or not: what a double fork orphans is reparented to the subreaper,
+    not to init. Zombies are left out: they have exited.
+    """
+    parents = {pid: int(f[1]) for pid, f in _processes().items() if f[0] != "Z"}
+    return set(_under(parents, {root}))
+
+
+def kill_marked(marker: bytes, *, since: int) -> list[int]:
+    """SIGKILL every process started no earlier than `since` (start ticks) whose environment
+    holds `marker` (a whole `NAME=value` entry); the pids killed.
+
+    What is left of a trial whose supervisor was killed: processes that left its group are no
+    one's children any more, but they inherited the attempt's environment (its own report
+    token). A process that replaced its environment at an exec is not found.
+    """
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        with contextlib.suppress(OSError, ValueError):
-            group = os.getpgid(int(entry.name))
-            if group in wanted:
-                members[int(entry.name)] = group
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                marked = marker in environ.read().split(b"\0")
+        except OSError:
+            continue
+        ticks = start_ticks(int(entry.name), living=True)
+        if marked and ticks is not None and ticks >= since:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
+def group_members(
+    pgids: Collection[int], *, subreapers: Mapping[int, int] | None = None
+) -> dict[int, int]:
+    """Every live process in one of these process groups, mapped to its group; with
+    `subreapers` (a trial's supervisor's pid -> the trial's group), also every process below
+    such a supervisor, mapped to its trial's group: those that left the group count as the
+    trial's (its GPU memory, say)."""
+    wanted = set(pgids)
+    processes = _processes()
+    members = {pid: int(f[2]) for pid, f in processes.items() if int(f[2]) in wanted}
+    if subreapers:
+        parents = {pid: int(f[1]) for pid, f in processes.items()}
+        below = _under(parents, subreapers.keys())
+        for pid, supervisor in below.items():
+            members.setdefault(pid, subreapers[supervisor])
     return members
 
 

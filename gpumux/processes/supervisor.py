@@ -1,18 +1,22 @@
-"""The per-attempt supervisor: owns one trial's process group and outlives the daemon.
+"""The per-attempt supervisor: owns one trial's processes and outlives the daemon.
 
 The daemon's spawner forks it (spawner.py), or the daemon starts it isolated (`python -I -S`,
 see launcher.supervisor_command), in a session of its own, with the attempt's run directory. It
 reads the spec there, starts the trial in a new session (as another user when it is root and
 the spec names one), copies the trial's output into the log (rotated at a size cap; output lost
 to a full disk is counted and said), beats its heartbeat, and when the trial's leader exits it
-kills what is left of the group and records the exit atomically. A daemon that restarts reads
-that record, or adopts a supervisor still running. SIGTERM: stop the trial (SIGTERM, then
-SIGKILL after the grace period); SIGUSR1: kill it now.
+kills what is left of the trial and records the exit atomically, once none of its processes
+runs. A daemon that restarts reads that record, or adopts a supervisor still running. SIGTERM:
+stop the trial (SIGTERM, then SIGKILL after the grace period); SIGUSR1: kill it now.
+
+What is left of the trial is its process group and every process that left it: the supervisor
+is a child subreaper, so that a process the trial double-forks after a setsid() is reparented
+to it instead of to init, and found among its descendants (reaping.py).
 
 One starts per trial attempt, so it imports little: the standard library, less subprocess and
 pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it forks and
 execs the trial itself), and from gpumux only the stdlib-only modules that own the run
-directory, the log format and process identity.
+directory, the log format, process identity and the trial's processes.
 
 A warm start (the spec's `warm`): when this supervisor was forked by the warm spawner, which
 imported gpumux.runtime.warm and the framework, and the command is `python script.py` with that
@@ -34,7 +38,8 @@ import time
 
 from gpumux.processes import rundir
 from gpumux.processes.logfiles import RotatingLog
-from gpumux.processes.procfs import start_ticks
+from gpumux.processes.procfs import descendants, start_ticks
+from gpumux.processes.reaping import become_subreaper, reap_orphans, signal_trial
 
 # What the daemon sends on the supervisor's stdin once it has recorded the supervisor's pid.
 GO = b"g"
@@ -43,6 +48,8 @@ READ_SIZE = 64 * 1024
 DRAIN_SECONDS = 2.0
 # The trial's side of a warm start: the warm spawner preloads it; never imported here.
 WARM_MODULE = "gpumux.runtime.warm"
+# While killed processes of the trial are still exiting, how often to look again.
+END_POLL_SECONDS = 0.05
 
 
 def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, path: str) -> str:
@@ -87,11 +94,21 @@ class Supervisor:
             # for it, and requeues the trial; running it here too would run it twice.
             print("gpumux supervisor: the daemon went away before the start; exiting")
             return 0
+        why = become_subreaper()
+        if why is not None:
+            print(
+                f"gpumux supervisor: not a subreaper ({why}): processes that leave the "
+                "trial's process group outlive it",
+                file=sys.stderr,
+            )
         # A signal wakes the select loop through this pipe, so a grace period starts on time.
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_kill)
+        # An orphan of the trial that exits is this subreaper's to collect: a handler wakes
+        # the loop (through the wakeup fd) to do it.
+        signal.signal(signal.SIGCHLD, _wake)
         # The daemon starts it with these blocked, so that none arrives before its handler.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
         log = RotatingLog(
@@ -123,15 +140,15 @@ class Supervisor:
         self.leader_unrecorded = True
         self._record_leader()
         if self.kill_requested:
-            self._kill_group()
+            self._kill_trial()
         elif self.term_requested:
             self._on_term(signal.SIGTERM, None)
         self._watch(read_end, wake_read, log)
         # Killing the group before reaping the leader: its unreaped pid pins the group id.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        self._end_trial(wake_read, log)
         self._drain(read_end, log)
         self.returncode = returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        self._reap_orphans()
         code, killed_by = (None, -returncode) if returncode < 0 else (returncode, None)
         self._record_exit(rundir.ExitStatus(exit_code=code, signal=killed_by), None, log)
         log.close()
@@ -212,7 +229,7 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             # Python ignores SIGPIPE and SIGXFSZ, and exec keeps what is ignored: restore both.
             restored = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1)
-            for signum in (*restored, signal.SIGPIPE, signal.SIGXFSZ):
+            for signum in (*restored, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
@@ -281,7 +298,7 @@ class Supervisor:
             if now >= lease_at:
                 lease_at = now + self._fence(log)
             if self.kill_at is not None and now >= self.kill_at:
-                self._kill_group()
+                self._kill_trial()
                 self.kill_at = None
             timeout = min(beat_at, lease_at) - now
             if self.kill_at is not None:
@@ -290,6 +307,7 @@ class Supervisor:
             if wake_read in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_read, READ_SIZE)
+                self._reap_orphans()
             if read_end in ready and not self._copy(read_end, log):
                 watched.remove(read_end)
             if pidfd in ready:
@@ -315,7 +333,7 @@ class Supervisor:
             # On a full disk the daemon that comes back finds the attempt stopped all the same.
             with contextlib.suppress(OSError):
                 rundir.record_stop(self.run_dir, rundir.LEASE_LAPSED)
-        self._kill_group()
+        self._kill_trial()
         return float("inf")
 
     def _drain(self, read_end: int, log: RotatingLog) -> None:
@@ -340,19 +358,59 @@ class Supervisor:
         if self.trial is None:
             self.term_requested = True
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.trial, signal.SIGTERM)
+        self._signal_trial(signal.SIGTERM)
         if self.kill_at is None:
             self.kill_at = time.monotonic() + float(self.spec["kill_grace"])
 
     def _on_kill(self, signum: int, frame: object) -> None:
         self.kill_requested = True
-        self._kill_group()
+        self._kill_trial()
 
-    def _kill_group(self) -> None:
+    def _kill_trial(self) -> None:
         if self.trial is not None and self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.trial, signal.SIGKILL)
+            self._signal_trial(signal.SIGKILL)
+
+    def _end_trial(self, wake_read: int, log: RotatingLog) -> None:
+        """Once the leader exited: SIGKILL every process of the trial, and wait until none
+        runs (a process in the kernel, releasing a GPU, may take a while): its end is
+        recorded, and its device counted free, only then."""
+        assert self.trial is not None
+        interval = float(self.spec["heartbeat_interval"])
+        beat_at = time.monotonic() + interval
+        escaped, refused = signal_trial(self.trial, signal.SIGKILL)
+        while descendants(os.getpid()) - refused - {self.trial}:
+            ready, _, _ = select.select([wake_read], [], [], END_POLL_SECONDS)
+            if ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, READ_SIZE)
+            self._reap_orphans()
+            if time.monotonic() >= beat_at:
+                rundir.touch_heartbeat(self.run_dir)
+                beat_at = time.monotonic() + interval
+            more, not_ours = signal_trial(self.trial, signal.SIGKILL)
+            escaped |= more
+            refused |= not_ours
+        if escaped:
+            log.write(
+                f"gpumux: killed {len(escaped)} process(es) the trial left running outside "
+                "its process group\n".encode()
+            )
+        if refused:
+            log.write(
+                f"gpumux: could not kill pids {sorted(refused)} (another user's: set-user-ID "
+                "programs the trial started); they run on\n".encode()
+            )
+
+    def _reap_orphans(self) -> None:
+        reap_orphans(leader=self.trial if self.returncode is None else None)
+
+    def _signal_trial(self, signum: int) -> None:
+        assert self.trial is not None
+        signal_trial(self.trial, signum)
+
+
+def _wake(signum: int, frame: object) -> None:
+    """SIGCHLD's handler: its signal wakes the loop through the wakeup fd; the loop reaps."""
 
 
 def main(argv: list[str]) -> int:

@@ -198,13 +198,15 @@ class Scheduler:
         devices = self._devices()
         # Our trials' processes, listed (a scan of /proc) only for what needs them: per-process
         # memory on devices that list it, and memory per trial while a split search measures.
+        # A process that left its trial's group still counts as the trial's, found below the
+        # trial's supervisor.
         group_of = None
         if self.overheads.measurable(devices):
-            group_of = group_members(self.watched.pgids())
+            group_of = self._trial_processes()
         self.filler.fill(devices, group_of=group_of or {})
         if any(not search.decision.settled for search in self.searches):
             if group_of is None:
-                group_of = group_members(self.watched.pgids())
+                group_of = self._trial_processes()
             with self.sessions.read() as session:
                 changed = self.searches.observe(
                     session=session,
@@ -217,6 +219,9 @@ class Scheduler:
                 with self.sessions.write.begin() as session:
                     for search in changed:
                         search.save(session=session)
+
+    def _trial_processes(self) -> dict[int, int]:
+        return group_members(self.watched.pgids(), subreapers=self.watched.subreapers())
 
     def reconcile(self) -> None:
         """Trials the database calls active that this scheduler does not watch (at start, or

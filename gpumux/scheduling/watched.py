@@ -163,6 +163,15 @@ class Watched:
         """The process groups of the watched trials whose command has started."""
         return {pgid for entry in self._entries.values() if (pgid := entry.process.pgid)}
 
+    def subreapers(self) -> dict[int, int]:
+        """Each started trial's supervisor (the subreaper of what left its group), mapped to
+        the trial's process group."""
+        return {
+            entry.process.pid: pgid
+            for entry in self._entries.values()
+            if (pgid := entry.process.pgid) is not None
+        }
+
     def caps_by_group(self) -> dict[int, int]:
         """Each started trial's process group, mapped to its memory slice (capped trials only)."""
         return {

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from gpumux.processes.procfs import group_members, kill_orphans, start_ticks
+from gpumux.processes.procfs import group_members, kill_marked, kill_orphans, start_ticks
 
 
 def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> None:
@@ -25,3 +25,22 @@ def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> No
     finally:
         newcomer.kill()
         newcomer.wait()
+
+
+def test_processes_carrying_an_attempts_token_are_killed_and_no_others() -> None:
+    marker = "GPUMUX_TRIAL_TOKEN=t0k3n"
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    marked = subprocess.Popen(sleep, env={"GPUMUX_TRIAL_TOKEN": "t0k3n"}, start_new_session=True)
+    other = subprocess.Popen(sleep, env={"GPUMUX_TRIAL_TOKEN": "t0k3n0"}, start_new_session=True)
+    try:
+        ticks = start_ticks(marked.pid)
+        assert ticks is not None
+        # A process that started before the attempt is not its own, whatever it carries.
+        assert kill_marked(marker.encode(), since=ticks + 1) == []
+        assert kill_marked(marker.encode(), since=ticks) == [marked.pid]
+        assert marked.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None, "a process with another token was killed"
+    finally:
+        for process in (marked, other):
+            process.kill()
+            process.wait()

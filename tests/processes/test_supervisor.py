@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpumux.processes import rundir, supervisor
+from gpumux.processes import procfs, rundir, supervisor
 from gpumux.processes.launcher import SUPERVISOR_PATH, supervisor_command
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -76,6 +77,21 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def escaped(pidfile: Path, request: pytest.FixtureRequest) -> tuple[int, int]:
+    """The leader and the escaped grandchild escaper.py recorded; the grandchild is killed at
+    the end of the test if it is still the same process (no supervisor may have done it)."""
+    leader, grandchild = (int(pid) for pid in pidfile.read_text().split())
+    started = procfs.start_ticks(grandchild)
+
+    def kill() -> None:
+        if started is not None and procfs.start_ticks(grandchild) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
+
+    request.addfinalizer(kill)
+    return leader, grandchild
+
+
 def test_the_supervisor_imports_only_what_it_needs() -> None:
     # Each trial attempt pays for these imports: pathlib, dataclasses and logging alone would
     # add tens of milliseconds, and gpumux's other modules would cross its boundary.
@@ -99,6 +115,7 @@ def test_the_supervisor_imports_only_what_it_needs() -> None:
         "gpumux.processes",
         "gpumux.processes.logfiles",
         "gpumux.processes.procfs",
+        "gpumux.processes.reaping",
         "gpumux.processes.rundir",
         "gpumux.processes.supervisor",
     }
@@ -233,6 +250,77 @@ def test_grandchildren_left_in_the_group_are_killed_when_the_leader_exits(
     record = exit_record(process, run_dir)
     assert record["exit_code"] == 0
     assert not alive(int(pidfile.read_text()))
+
+
+def test_a_grandchild_that_left_the_group_is_killed_before_the_exit_is_recorded(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A daemonising library: fork, setsid, fork again; the trial's leader then exits 0.
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile), "--exit"]
+    process, run_dir = start(tmp_path, argv)
+    record = exit_record(process, run_dir)
+    leader, grandchild = escaped(pidfile, request)
+    assert record["exit_code"] == 0
+    assert not alive(grandchild), "the escaped grandchild outlived its trial's recorded end"
+    assert (
+        "killed 1 process(es) the trial left running outside its process group"
+        in (tmp_path / "trial.log").read_text()
+    )
+
+
+def test_sigterm_reaches_a_grandchild_outside_the_group_and_sigkill_follows(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile), "--ignore-term"]
+    process, run_dir = start(tmp_path, argv)
+    wait_for(pidfile)
+    leader, grandchild = escaped(pidfile, request)
+    assert os.getsid(grandchild) != os.getsid(leader), "the fixture did not leave the session"
+    process.send_signal(signal.SIGTERM)
+    record = exit_record(process, run_dir)
+    assert record["signal"] == signal.SIGTERM, "the leader takes SIGTERM"
+    assert not alive(leader) and not alive(grandchild)
+
+
+def test_a_lapsed_lease_kills_a_grandchild_outside_the_group(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    lease = tmp_path / "node.lease"
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile), "--ignore-term"]
+    rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+    process, run_dir = start(tmp_path, argv, kill_grace=600, lease_file=str(lease))
+    # The daemon's heartbeat renews the lease until the trial runs, then stops.
+    while not pidfile.exists():
+        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        assert process.poll() is None, "the supervisor ended while its lease was renewed"
+        time.sleep(0.1)
+    leader, grandchild = escaped(pidfile, request)
+    record = exit_record(process, run_dir)
+    assert record["signal"] == signal.SIGKILL
+    assert not alive(leader) and not alive(grandchild)
+
+
+def test_a_grandchild_that_left_the_group_counts_among_the_trials_processes(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # What the scheduler attributes a GPU process's memory by: the trial's group, and what
+    # runs below the trial's supervisor.
+    pidfile = tmp_path / "pids"
+    argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile)]
+    process, run_dir = start(tmp_path, argv)
+    try:
+        wait_for(pidfile)
+        leader, grandchild = escaped(pidfile, request)
+        members = procfs.group_members({leader}, subreapers={process.pid: leader})
+    finally:
+        process.send_signal(signal.SIGUSR1)
+        exit_record(process, run_dir)
+    assert members.get(leader) == leader
+    assert members.get(grandchild) == leader, "the escaped grandchild is not the trial's"
+    assert process.pid not in members
 
 
 def test_the_log_is_rotated_at_its_cap_and_keeps_the_newest_pieces(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""A trial's processes from its supervisor's side: every process the trial started, in its
+process group or not, signalled and collected.
+
+The supervisor is a child subreaper (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4): a process the
+trial double-forks after a setsid() is reparented to it instead of to init, so its descendants
+are the trial's processes, wherever they moved. Standard library only (the supervisor imports
+it); ctypes costs some 5 ms to import, paid once by the spawner that forks supervisors, and
+by a supervisor started afresh only when there is no spawner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+from gpumux.processes.procfs import descendants
+
+# prctl(2): orphans among this process's descendants are reparented to it, not to init.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> str | None:
+    """Make this process a child subreaper; None, or why it could not (its trial's processes
+    that leave the trial's group then outlive it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+            return None
+        return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as error:
+        return str(error)
+
+
+def signal_trial(pgid: int, signum: int) -> tuple[set[int], set[int]]:
+    """Send `signum` to the trial's process group and to each of this process's descendants
+    outside it, once each (a second SIGTERM may mean "now" to a trial's handler). Returns the
+    pids outside the group signalled, and those that refused it: a set-user-ID program (sudo)
+    that a supervisor not run as root may not signal."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+    escaped, refused = set(), set()
+    for pid in descendants(os.getpid()):
+        try:
+            if os.getpgid(pid) != pgid:
+                os.kill(pid, signum)
+                escaped.add(pid)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            refused.add(pid)
+    return escaped, refused
+
+
+def reap_orphans(*, leader: int | None) -> None:
+    """Collect this process's exited children, but not `leader` (None: every one): the trial's
+    leader is reaped for its exit status, and its unreaped pid pins the group id until then."""
+    while True:
+        try:
+            found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if found is None or found.si_pid == leader:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(found.si_pid, 0)
