@@ -141,12 +141,12 @@ class PostgresqlDialect(Dialect):
         started = time.monotonic()
         while not taken:
             waited = time.monotonic() - started
-            holder = _migration_lock_holder(connection)
+            pid, holder = _migration_lock_holder(connection)
             if waited >= wait_s:
                 raise DatabaseError(
-                    f"{self.label}: another node's migration has held the schema for over "
+                    f"{self.label}: another node has been migrating the schema for over "
                     f"{wait_s:.0f} s ({holder}); if that node hangs, end its session (SELECT "
-                    "pg_terminate_backend(PID) as the database's owner) and start again"
+                    f"pg_terminate_backend({pid or 'PID'})) and start again"
                 )
             log.info(
                 "db %s: waiting for another node's migration (%s; %.0f s so far, up to %.0f s)",
@@ -271,8 +271,9 @@ def _wait_for_migration_lock(connection: Connection, wait_s: float) -> bool:
     return True
 
 
-def _migration_lock_holder(connection: Connection) -> str:
-    """The session that holds the migration lock, as far as this user may see it."""
+def _migration_lock_holder(connection: Connection) -> tuple[int | None, str]:
+    """The server pid of the session that holds the migration lock, and that session as far
+    as this user may see it."""
     # An advisory lock is one database's; pg_locks shows a bigint key as its high (classid)
     # and low (objid) 32 bits.
     found = connection.exec_driver_sql(
@@ -284,11 +285,11 @@ def _migration_lock_holder(connection: Connection) -> str:
     ).first()
     connection.commit()
     if found is None:
-        return "its holder has just let go"
+        return None, "its holder has just let go"
     pid, address, application, started = found
     if started is None:
-        return f"held by server pid {pid}"
-    return (
+        return pid, f"held by server pid {pid}"
+    return pid, (
         f"held by server pid {pid}: {application or 'a client'} from "
         f"{address or 'the local socket'}, connected at {started:%H:%M:%S %Z}"
     )
