@@ -16,8 +16,8 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    """Migrate on the connection gpumux hands over (holding the migration lock), or, when run
-    by `alembic`, on one of the configured database's that takes the lock first."""
+    """Migrate on the connection gpumux hands over (it holds the migration lock), or else on
+    a connection of its own (run by `alembic`, or by a test) that takes the lock first."""
     connection = config.attributes.get("connection")
     if connection is not None:
         migrate(connection)
