@@ -4,6 +4,7 @@ included), in one transaction that the dialect opens."""
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
 from gpumux.config import Settings
 from gpumux.storage.dialects import dialect_for
@@ -15,9 +16,20 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    """Migrate over gpumux's engine, or over the configured database when run by `alembic`."""
+    """Migrate on the connection gpumux hands over (it holds the migration lock), or else on
+    a connection of its own (run by `alembic`, or by a test) that takes the lock first."""
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        migrate(connection)
+        return
     engine = config.attributes.get("engine") or make_engine(Settings().database_url)
-    with engine.connect() as connection, dialect_for(engine.url).migrating(connection):
+    with engine.connect() as own, dialect_for(engine.url).migration_lock(own):
+        migrate(own)
+
+
+def migrate(connection: Connection) -> None:
+    """Run the migrations in the one transaction the dialect opens."""
+    with dialect_for(connection.engine.url).migrating(connection):
         # SQLite alters tables by copying them: batch mode does that for us.
         context.configure(
             connection=connection, target_metadata=target_metadata, render_as_batch=True

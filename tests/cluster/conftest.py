@@ -46,11 +46,12 @@ def cluster_db(pg_database: str) -> Iterator[Sessions]:
 
 @pytest.fixture
 def make_node(tmp_path: Path, pg_database: str) -> Iterator[NodeFactory]:
-    """Start `gpumux serve` as node NAME on the shared database, with `env` added; all are
-    stopped, and what they left running killed, at the end of the test."""
+    """Start `gpumux serve` as node NAME on the shared database, with `env` added (launch
+    only, with `serving=False`: the caller waits); all are stopped, and what they left running
+    killed, at the end of the test."""
     made: list[DaemonProcess] = []
 
-    def make(name: str, **env: str) -> DaemonProcess:
+    def make(name: str, *, serving: bool = True, **env: str) -> DaemonProcess:
         daemon = DaemonProcess(
             tmp_path / name,
             env={
@@ -61,7 +62,9 @@ def make_node(tmp_path: Path, pg_database: str) -> Iterator[NodeFactory]:
             },
         )
         made.append(daemon)
-        daemon.start()
+        daemon.launch()
+        if serving:
+            daemon.serving()
         return daemon
 
     yield make

@@ -3,6 +3,7 @@ for real (bash, a real daemon, a real database and real trials) with Slurm playe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,12 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import kill_processes_naming
+from sqlalchemy import select
 
 from gpumux.scheduling.idle import IdleClock
-from gpumux.status import TrialStatus
+from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import make_engine, make_sessions
-from gpumux.storage.models import Trial
+from gpumux.storage.models import Node, Trial
 
 ROOT = Path(__file__).parents[2]
 SLURM = ROOT / "deploy" / "slurm"
@@ -28,6 +30,10 @@ NODES = SLURM / "gpumux-nodes.sbatch"
 SLEEPER = ROOT / "tests" / "fixtures" / "sleeper.py"
 JOB_ID = "4242"
 DEADLINE_S = 20.0
+# The nodes of the job that starts them all at once: more than two, as a real job may have;
+# and how long they may take to start together on a machine that may have fewer cores.
+NODES_AT_ONCE = 4
+NODES_START_S = 120.0
 
 # The long options of sbatch (Slurm 23.11's man page) that a script may set in #SBATCH lines.
 SBATCH_OPTIONS = frozenset(
@@ -46,12 +52,23 @@ SBATCH_OPTIONS = frozenset(
 )
 
 # Slurm's srun, played on this one machine (no Slurm can run here): its options are dropped and
-# the command runs here as task 0 of node 0; each call is noted in SRUN_LOG.
+# the command runs as one task on each node of the job (--ntasks-per-node=1), all started at
+# once, as srun starts them; each node is played by a local disk (TMPDIR) and a port (the next
+# of NODE_PORTS) of its own. Each call is noted in SRUN_LOG.
 SRUN_SHIM = """#!/usr/bin/env bash
 echo "$*" >>"$SRUN_LOG"
 while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
-export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0
-exec "$@"
+read -ra ports <<<"$NODE_PORTS"
+tasks=()
+for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do
+    mkdir -p "$TMPDIR/host$node"
+    SLURM_PROCID=$node SLURM_LOCALID=0 SLURM_NODEID=$node TMPDIR="$TMPDIR/host$node" \\
+        GPUMUX_PORT="${ports[$node]}" "$@" &
+    tasks+=($!)
+done
+status=0
+for task in "${tasks[@]}"; do wait "$task" || status=$?; done
+exit "$status"
 """
 
 
@@ -120,9 +137,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def batch_job(tmp_path: Path, **settings: str) -> tuple[subprocess.Popen[str], Path, Path]:
-    """The node script started as Slurm's batch shell of a one-node job: the job, the node
-    daemon's data directory and the database file."""
+def batch_job(
+    tmp_path: Path, *, nodes: int = 1, **settings: str
+) -> tuple[subprocess.Popen[str], Path, Path]:
+    """The node script started as Slurm's batch shell of a job of `nodes` nodes (on an SQLite
+    file unless `settings` name another database): the job, the first node daemon's data
+    directory and the SQLite file."""
     shim = tmp_path / "slurm-bin"
     venv = tmp_path / "venv"
     for directory in (shim, venv / "bin", tmp_path / "node", tmp_path / "submit"):
@@ -141,33 +161,62 @@ def batch_job(tmp_path: Path, **settings: str) -> tuple[subprocess.Popen[str], P
         "TMPDIR": str(tmp_path / "node"),
         "SRUN_LOG": str(tmp_path / "srun.log"),
         "SLURM_JOB_ID": JOB_ID,
-        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_CPUS_PER_TASK": "2",
         "SLURM_SUBMIT_DIR": str(tmp_path / "submit"),
         "GPUMUX_DATABASE_URL": f"sqlite:///{database}",
         "GPUMUX_VENV": str(venv),
         "GPUMUX_HOST": "127.0.0.1",
-        "GPUMUX_PORT": str(free_port()),
+        "NODE_PORTS": " ".join(str(free_port()) for _ in range(nodes)),
         "GPUMUX_POLL_INTERVAL": "0.2",
         "GPUMUX_KILL_GRACE": "5",
         **settings,
     }
+    # A process group of its own, as a batch shell has: end() kills the job's daemons with it.
     job = subprocess.Popen(
-        ["bash", str(NODES)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ["bash", str(NODES)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
-    return job, tmp_path / "node" / f"gpumux-{JOB_ID}-0", database
+    return job, tmp_path / "node" / "host0" / f"gpumux-{JOB_ID}-0", database
 
 
-def wait_for(condition: object, what: str, job: subprocess.Popen[str]) -> None:
-    """Poll `condition` (a callable) until true; fail with the job's output past the deadline."""
+def wait_for(
+    condition: object, what: str, job: subprocess.Popen[str], timeout: float = DEADLINE_S
+) -> None:
+    """Poll `condition` (a callable) until true; fail with the job's output past `timeout`."""
     assert callable(condition)
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline or job.poll() is not None:
-            job.kill()
-            output, _ = job.communicate()
-            raise AssertionError(f"{what}: not within {DEADLINE_S} s; the job said:\n{output}")
+            output = end(job)
+            raise AssertionError(f"{what}: not within {timeout} s; the job said:\n{output}")
         time.sleep(0.05)
+
+
+def end(job: subprocess.Popen[str]) -> str:
+    """Kill the job's process group (its shell, srun's tasks, the daemons they started), so
+    that nothing keeps its output open; what it said."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+    output, _ = job.communicate()
+    return output
+
+
+def serves(socket_path: Path) -> bool:
+    """Whether a node daemon answers /health on its Unix socket."""
+    # Connected first by hand: httpx leaves the socket of a refused connection open.
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(socket_path))
+        except OSError:
+            return False
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    with httpx.Client(transport=transport, base_url="http://gpumux", timeout=10) as client:
+        return client.get("/health").status_code == 200
 
 
 def alive(pid: int) -> bool:
@@ -219,8 +268,7 @@ def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_tria
         assert job.returncode == 0, output
     finally:
         if job.poll() is None:
-            job.kill()
-            job.communicate()
+            end(job)
     assert "the time limit is near: a warm stop on every node" in output
     assert "warm stop: launching nothing new, stopping trials" in output
     assert "cold stop" not in output
@@ -238,6 +286,46 @@ def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_tria
     assert list((job_dir / "logs").rglob("trial-*.log"))
 
 
+def test_the_first_job_on_a_fresh_shared_database_brings_every_node_up_at_once(
+    tmp_path: Path, pg_database: str
+) -> None:
+    """srun starts every node of the job at once: on a fresh PostgreSQL database one of them
+    migrates it while the others wait, and all join; USR1 then stops them all warm."""
+    nodes_dir = tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes"
+    job, _, _ = batch_job(
+        tmp_path, nodes=NODES_AT_ONCE, GPUMUX_DATABASE_URL=pg_database, GPUMUX_LEAVE_WHEN_IDLE="60"
+    )
+    sockets = [
+        tmp_path / "node" / f"host{n}" / f"gpumux-{JOB_ID}-{n}" / "gpumux.sock"
+        for n in range(NODES_AT_ONCE)
+    ]
+    try:
+        wait_for(
+            lambda: (
+                all(map(serves, sockets)) and len(list(nodes_dir.glob("*.url"))) == len(sockets)
+            ),
+            "every node serving and published",
+            job,
+            NODES_START_S,
+        )
+        published = sorted(url.stem for url in nodes_dir.glob("*.url"))
+        sessions = make_sessions(make_engine(pg_database))
+        with sessions.read() as session:
+            active = select(Node.name).where(Node.state == NodeState.active)
+            joined = sorted(session.scalars(active))
+        sessions.engine.dispose()
+        job.send_signal(signal.SIGUSR1)
+        output, _ = job.communicate(timeout=DEADLINE_S)
+    finally:
+        if job.poll() is None:
+            end(job)
+    assert job.returncode == 0, output
+    assert [name.rpartition("-")[2] for name in published] == [str(n) for n in range(NODES_AT_ONCE)]
+    assert joined == published
+    assert output.count("upgrading schema None -> head") == 1, output
+    assert kill_processes_naming(tmp_path) == []
+
+
 def test_a_node_with_nothing_to_do_leaves_after_its_grace_time_and_the_job_ends_cleanly(
     tmp_path: Path,
 ) -> None:
@@ -246,8 +334,7 @@ def test_a_node_with_nothing_to_do_leaves_after_its_grace_time_and_the_job_ends_
         output, _ = job.communicate(timeout=DEADLINE_S)
     finally:
         if job.poll() is None:
-            job.kill()
-            job.communicate()
+            end(job)
     assert job.returncode == 0, output
     assert "no trial queued or running on" in output and "for 0.5 s; leaving" in output
     assert not (home / "gpumux.sock").exists()

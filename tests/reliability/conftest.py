@@ -120,13 +120,16 @@ class DaemonProcess:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
         """Start the daemon (again, on the same home and port); its /health once it answers."""
+        self.launch()
+        return self.serving(timeout)
+
+    def launch(self) -> None:
+        """Start the daemon's process and return at once (serving() waits until it serves)."""
         assert not self.running, "already running"
         command = [self.python, "-m", "gpumux", "serve", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), *self.args]
-        serving = self.url
         if self.uds is not None:
             command += ["--uds", str(self.uds)]
-            serving = f"unix:{self.uds} and {self.url}"
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 command,
@@ -137,7 +140,11 @@ class DaemonProcess:
                 start_new_session=True,
                 **self.spawn_options(),
             )
-        assert self.popen.stdout is not None
+
+    def serving(self, timeout: float = START_TIMEOUT_S) -> dict[str, object]:
+        """Wait until the launched daemon serves; its /health then."""
+        assert self.popen is not None and self.popen.stdout is not None, "launch() first"
+        serving = self.url if self.uds is None else f"unix:{self.uds} and {self.url}"
         # `serve` prints this line once it listens: connections made from then on are served.
         line = self._read_line(self.popen.stdout, time.monotonic() + timeout)
         if not line.startswith(f"gpumux: serving on {serving} "):

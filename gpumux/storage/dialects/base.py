@@ -12,6 +12,10 @@ from typing import Any, ClassVar
 from sqlalchemy import URL, ColumnElement, SQLColumnExpression, exc
 from sqlalchemy.engine import Connection
 
+# How long a daemon waits for another's migration of a shared database before it gives up,
+# saying which session holds the lock: far longer than a migration of a real database takes.
+MIGRATION_LOCK_WAIT_S = 600.0
+
 
 class DatabaseError(RuntimeError):
     """The database cannot be used as it is; the message says why and what to do."""
@@ -61,6 +65,18 @@ class Dialect(ABC):
     @abstractmethod
     def on_begin(self, connection: Connection, *, write: bool) -> None:
         """Begin a transaction, one that will write when `write` (the engine's begin event)."""
+
+    @contextlib.contextmanager
+    def migration_lock(
+        self, connection: Connection, *, wait_s: float = MIGRATION_LOCK_WAIT_S
+    ) -> Iterator[None]:
+        """Hold the database's one migration lock on this connection (not in a transaction)
+        until the block ends, waiting up to `wait_s` for another daemon's migration.
+
+        Here nothing: a database that one daemon at a time holds (its lock file, lock_path)
+        has one migrator. A shared database's dialect takes a lock on the server.
+        """
+        yield
 
     @contextlib.contextmanager
     def migrating(self, connection: Connection) -> Iterator[None]:

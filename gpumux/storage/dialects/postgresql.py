@@ -9,7 +9,10 @@ by the server; reads run beside writes under MVCC and never wait for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,10 +31,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from gpumux.storage.dialects.base import Dialect
+from gpumux.storage.dialects.base import MIGRATION_LOCK_WAIT_S, DatabaseError, Dialect
 
-# The key of the advisory lock write transactions take (any constant; gpumux takes no other).
+log = logging.getLogger(__name__)
+
+# The key of the advisory lock write transactions take (any constant).
 WRITE_LOCK_KEY = 0x6770_756D_7578
+# The key of the session-level advisory lock a daemon holds while it reads the schema's
+# revision and migrates it: the only other lock gpumux takes.
+MIGRATION_LOCK_KEY = WRITE_LOCK_KEY + 1
+# How often a daemon waiting for another's migration says so, and who holds the lock.
+MIGRATION_WAIT_REPORT_S = 10.0
 # How long a statement waits for a lock (the write lock included) before it fails as busy.
 LOCK_TIMEOUT_MS = 30_000
 # How long a connection attempt waits for an unreachable server before it fails.
@@ -52,7 +62,8 @@ KEEPALIVE_COUNT = 3
 # SQLSTATEs: no room left; waited past lock_timeout; a deadlock or serialization failure.
 DISK_FULL = "53100"
 OUT_OF_RESOURCES = {"53000", DISK_FULL, "53200", "53300"}
-BUSY = {"55P03", "40P01", "40001"}
+LOCK_NOT_AVAILABLE = "55P03"
+BUSY = {LOCK_NOT_AVAILABLE, "40P01", "40001"}
 WRONG_PASSWORD = {"28P01", "28000"}
 NO_DATABASE = "3D000"
 # A connection exception (the class), and a server shut down, crashed or still starting.
@@ -115,6 +126,49 @@ class PostgresqlDialect(Dialect):
         """A transaction that will write takes the write lock before its first statement."""
         if write:
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+    @contextmanager
+    def migration_lock(
+        self, connection: Connection, *, wait_s: float = MIGRATION_LOCK_WAIT_S
+    ) -> Iterator[None]:
+        """A session-level advisory lock on this connection: it outlives the transactions of
+        the revision check and the upgrade, and ends with the session, should the daemon die.
+        A wait past `wait_s` is refused, naming the session that holds the lock."""
+        taken = connection.exec_driver_sql(
+            f"SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})"
+        ).scalar_one()
+        connection.commit()
+        started = time.monotonic()
+        while not taken:
+            waited = time.monotonic() - started
+            pid, holder = _migration_lock_holder(connection)
+            if waited >= wait_s:
+                raise DatabaseError(
+                    f"{self.label}: another node has been migrating the schema for over "
+                    f"{wait_s:.0f} s ({holder}); if that node hangs, end its session (SELECT "
+                    f"pg_terminate_backend({pid or 'PID'})) and start again"
+                )
+            log.info(
+                "db %s: waiting for another node's migration (%s; %.0f s so far, up to %.0f s)",
+                self.label,
+                holder,
+                waited,
+                wait_s,
+            )
+            taken = _wait_for_migration_lock(
+                connection, min(MIGRATION_WAIT_REPORT_S, wait_s - waited)
+            )
+        try:
+            yield
+        finally:
+            try:
+                connection.rollback()
+                connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+                connection.commit()
+            except exc.DBAPIError:
+                # Back in the pool, the session would hold the lock for the daemon's life;
+                # closed, it lets go as the server ends it.
+                connection.invalidate()
 
     def check_integrity(self, connection: Connection) -> list[str]:
         """Nothing to run: the server checks its own pages as it reads them (and their
@@ -201,6 +255,44 @@ def session_settings() -> list[tuple[str, str]]:
         ("tcp_keepalives_count", str(KEEPALIVE_COUNT)),
         ("timezone", "UTC"),
     ]
+
+
+def _wait_for_migration_lock(connection: Connection, wait_s: float) -> bool:
+    """Wait up to wait_s for the migration lock, then take it; whether it was taken."""
+    try:
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, round(wait_s * 1000))}")
+        connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+    except exc.OperationalError as error:
+        connection.rollback()
+        if _sqlstate(error) != LOCK_NOT_AVAILABLE:
+            raise
+        return False
+    connection.commit()
+    return True
+
+
+def _migration_lock_holder(connection: Connection) -> tuple[int | None, str]:
+    """The server pid of the session that holds the migration lock, and that session as far
+    as this user may see it."""
+    # An advisory lock is one database's; pg_locks shows a bigint key as its high (classid)
+    # and low (objid) 32 bits.
+    found = connection.exec_driver_sql(
+        "SELECT a.pid, a.client_addr, a.application_name, a.backend_start "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        f"AND (l.classid::bigint << 32 | l.objid::bigint) = {MIGRATION_LOCK_KEY}"
+    ).first()
+    connection.commit()
+    if found is None:
+        return None, "its holder has just let go"
+    pid, address, application, started = found
+    if started is None:
+        return pid, f"held by server pid {pid}"
+    return pid, (
+        f"held by server pid {pid}: {application or 'a client'} from "
+        f"{address or 'the local socket'}, connected at {started:%H:%M:%S %Z}"
+    )
 
 
 def _sqlstate(error: BaseException) -> str | None:
