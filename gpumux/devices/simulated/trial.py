@@ -6,7 +6,9 @@
 Run as a gpumux trial on a simulated GPU (GPUMUX_SIMULATED_GPU), it finds its device from
 CUDA_VISIBLE_DEVICES (gpumux.devices.simulated.state), then:
 1. starts up: `startup_s` of one core's work, at the share of a core it gets while more trial
-   processes are active on the device than the model has cores;
+   processes are active on the device than the model has cores; the real time its process
+   took to get here (the interpreter, gpumux's bootstrap) counts as part of it, as it did on
+   the measured host;
 2. allocates: when what it holds inside its slice (`--memory-mb`, default the model's
    `per_process_mb`, less `context_mb`) exceeds GPUMUX_MEMORY_LIMIT_MB, or the device's
    memory left, it fails as PyTorch does (`torch.OutOfMemoryError: CUDA out of memory`, exit
@@ -92,9 +94,22 @@ def epoch_size(args: argparse.Namespace, model: DeviceModel) -> int:
     return model.epoch_samples if args.epoch_samples is None else args.epoch_samples
 
 
+def seconds_since_exec() -> float:
+    """Real seconds since this process started (Linux's /proc); 0 when they cannot be read."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started = int(stat.read().rpartition(")")[2].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as uptime:
+            now = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, now - started)
+
+
 def start_up(model: DeviceModel, scale: float, directory: str) -> None:
-    """Sleep through `startup_s` of one core's work at the share of a core this trial gets."""
-    left = model.startup_s
+    """Sleep through what is left of `startup_s` of one core's work, at the share of a core
+    this trial gets."""
+    left = model.startup_s - seconds_since_exec() / scale
     last = time.monotonic()
     while left > 0:
         share = model.startup_share(census(directory).active)
