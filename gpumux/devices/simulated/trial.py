@@ -15,8 +15,9 @@ CUDA_VISIBLE_DEVICES (gpumux.devices.simulated.state), then:
    1), which is how gpumux recognises an out-of-memory trial;
 3. computes its samples at aggregate(N) / N samples/s, N the trials computing on the device,
    looked up again every TICK_S, and reports each epoch (`--epoch-samples`, default the model's
-   `epoch_samples`) with gpumux.runtime.report(samples=..., step=...), as examples/torch_mlp.py
-   does: the daemon measures it as it measures that real trial.
+   `epoch_samples`) as a line, `GPUMUX_REPORT {"step": e, "samples": ...}`: the split search
+   measures it as it measures a real trial. A line in the log is never lost, where an HTTP
+   report may be dropped by a host too loaded to deliver it in time.
 Its work is `--samples`, `--epochs` epochs, or what one trial alone computes in
 `--seconds` less its start-up (`--seconds` is its duration alone, start-up included). Simulated
 seconds last `time_scale` real seconds. SIGTERM ends it as it ends a real one, after it left
@@ -28,6 +29,7 @@ Standard library only: 34 of them start at once on two cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -45,7 +47,6 @@ from gpumux.devices.simulated.state import (
     device_dir,
     read_device,
 )
-from gpumux.runtime import report
 
 # Real seconds between two looks at how many trials share the device: the rate follows N within
 # this much of a change (34 trials looking 5 times a second cost a few ms of CPU per second).
@@ -139,6 +140,11 @@ def out_of_memory(model: DeviceModel, memory_mb: int, directory: str) -> str | N
     )
 
 
+def report(step: int, samples: float) -> None:
+    """One epoch's report line on stdout."""
+    print("GPUMUX_REPORT " + json.dumps({"step": step, "samples": samples}), flush=True)
+
+
 def compute(model: DeviceModel, scale: float, directory: str, total: float, epoch: int) -> None:
     """Sleep through `total` samples at this trial's share of the device, epoch by epoch."""
     done = 0.0
@@ -152,7 +158,7 @@ def compute(model: DeviceModel, scale: float, directory: str, total: float, epoc
         done = min(total, done + (now - last) / scale * rate)
         last = now
         while step * epoch < done and min(total, (step + 1) * epoch) <= done:
-            report(samples=min(total, (step + 1) * epoch) - step * epoch, step=step)
+            report(step, min(total, (step + 1) * epoch) - step * epoch)
             step += 1
 
 
