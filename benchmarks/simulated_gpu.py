@@ -113,7 +113,10 @@ def crowd(model_name: str, count: int) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         processes = [
             subprocess.Popen(
-                [*trial, f"--samples={samples}", f"--state={directory}"], env=env, cwd=ROOT
+                [*trial, f"--samples={samples}", f"--state={directory}"],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
             )
             for _ in range(count)
         ]
