@@ -166,6 +166,17 @@ def run_sweep(
     return Run(makespan, splits, None, profile, settled)
 
 
+def memory_fits(model: DeviceModel) -> int:
+    """The most trials whose slices (at the daemon's default reserve and overhead) hold what
+    one trial allocates."""
+    defaults = Settings()
+    room = model.memory_mb - defaults.reserve_mb
+    return max(
+        (n for n in range(1, room + 1) if room // n - defaults.overhead_mb >= model.slice_mb),
+        default=0,
+    )
+
+
 def rate_share(model: DeviceModel, split: int | None) -> str:
     if split is None:
         return "-"
@@ -192,8 +203,9 @@ def main() -> None:
     console.print(f"$ python benchmarks/split_search.py {' '.join(sys.argv[1:])}".rstrip())
     console.print(
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores, best N="
-        f"{model.best_split} by its model); {args.trials} trials of {args.trial_seconds:g} s "
+        f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores; its best rate "
+        f"at N={model.best_split}, its memory fits N<={memory_fits(model)}); "
+        f"{args.trials} trials of {args.trial_seconds:g} s "
         f"alone, time x{args.time_scale:g}, {args.repeats} repeats, variants interleaved"
     )
     variants: list[tuple[str, int | str]] = [("auto", "auto"), *((f"N={n}", n) for n in fixed)]
