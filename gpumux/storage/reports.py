@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from datetime import datetime
 
@@ -11,8 +12,11 @@ from sqlalchemy.orm import Session
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES
+from gpumux.storage.budget import ReportBudget, Seed, Verdict
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.store import token_hash
+
+log = logging.getLogger(__name__)
 
 # Samples/s above what one report may hold per second measure nothing (a near-zero interval).
 MAX_RATE = MAX_SAMPLES
@@ -26,8 +30,11 @@ class TokenMismatch(ReportRefused):
     """A report whose token is not its trial's."""
 
 
-def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportIn) -> TrialReport:
-    """Record a report from the trial's current attempt; refuse anything else."""
+def add_report(
+    *, session: Session, trial: Trial, token: str, report_in: ReportIn, budget: ReportBudget
+) -> Verdict:
+    """Record a report from the trial's current attempt, within its budget; refuse anything
+    else."""
     if trial.token_hash is None or token_hash(token) != trial.token_hash:
         raise TokenMismatch(f"trial {trial.id}: the report token does not match")
     if report_in.attempt != trial.attempt:
@@ -45,6 +52,7 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
         samples=report_in.samples,
         seconds=report_in.seconds,
         metrics=report_in.metrics,
+        budget=budget,
     )
 
 
@@ -55,8 +63,12 @@ def add_line_report(
     step: int | None,
     samples: float | None,
     metrics: dict[str, float],
-) -> TrialReport:
-    """Record a GPUMUX_REPORT line that the daemon read in the log of the trial's current attempt.
+    budget: ReportBudget,
+    lines: int = 1,
+) -> Verdict:
+    """Record a GPUMUX_REPORT line that the daemon read in the log of the trial's current
+    attempt, within its budget; `lines` consecutive lines of one step merged into one (their
+    samples summed, each metric's last value), counted as that many if dropped.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
     no interval, so it sets no samples/s; its samples still count in the split search's windows.
@@ -69,6 +81,8 @@ def add_line_report(
         samples=samples,
         seconds=None,
         metrics=metrics,
+        budget=budget,
+        count=lines,
     )
 
 
@@ -81,23 +95,16 @@ def _record(
     samples: float | None,
     seconds: float | None,
     metrics: dict[str, float],
-) -> TrialReport:
+    budget: ReportBudget,
+    count: int = 1,
+) -> Verdict:
     rate = samples / seconds if samples is not None and seconds else None
     if rate is not None and not rate <= MAX_RATE:
         # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
         rate = None
-    report = TrialReport(
-        trial_id=trial.id,
-        attempt=trial.attempt,
-        kind=kind,
-        step=step,
-        samples=samples,
-        seconds=seconds,
-        samples_per_s=rate,
-        metrics=metrics,
-    )
-    session.add(report)
-    trial.last_report_at = report.at = utcnow()
+    now = utcnow()
+    # The trial's row follows every report, stored or not: its last step, objective and rate.
+    trial.last_report_at = now
     if rate is not None:
         trial.samples_per_s = rate
     if step is not None:
@@ -105,7 +112,72 @@ def _record(
     metric = trial.sweep.objective_metric
     if metric is not None and metric in metrics:
         trial.objective = metrics[metric]
-    return report
+    allowance = budget.allowance(
+        trial.id, trial.attempt, lambda: _stored(session, trial.id, trial.attempt)
+    )
+    verdict = budget.decide(allowance, step)
+    latest = None
+    if verdict is not Verdict.row and allowance.latest is not None:
+        latest = session.get(TrialReport, allowance.latest)
+        if latest is None:
+            # Its transaction rolled back: this report starts the attempt's rows again.
+            budget.lost(allowance)
+            verdict = Verdict.row
+    if verdict is Verdict.row:
+        report = TrialReport(
+            trial_id=trial.id,
+            attempt=trial.attempt,
+            kind=kind,
+            step=step,
+            samples=samples,
+            seconds=seconds,
+            samples_per_s=rate,
+            metrics=metrics,
+            at=now,
+        )
+        session.add(report)
+        session.flush()
+        budget.made(allowance, report.id, step)
+        return verdict
+    if verdict is Verdict.merge:
+        assert latest is not None
+        latest.metrics = {**latest.metrics, **metrics}
+        if seconds is not None:
+            latest.seconds = (latest.seconds or 0.0) + seconds
+    else:
+        trial.reports_dropped += count
+        if budget.first_drop(allowance):
+            log.warning(
+                "trial %s: reports over its budget (%g new rows/s, %d at once, %d per attempt); "
+                "dropping the excess (their samples still count), %d so far",
+                trial.id,
+                budget.rate,
+                budget.burst,
+                budget.rows,
+                trial.reports_dropped,
+            )
+    if latest is not None:
+        # The samples count wherever they land, and the latest row says when they came.
+        if samples is not None:
+            latest.samples = (latest.samples or 0.0) + samples
+        if latest.samples is not None and latest.seconds:
+            merged = latest.samples / latest.seconds
+            latest.samples_per_s = merged if merged <= MAX_RATE else None
+        latest.at = now
+    return verdict
+
+
+def _stored(session: Session, trial_id: int, attempt: int) -> Seed:
+    """How many report rows the attempt holds, and its latest row's id and step."""
+    where = (TrialReport.trial_id == trial_id, TrialReport.attempt == attempt)
+    rows = session.scalar(select(func.count()).select_from(TrialReport).where(*where)) or 0
+    latest = session.execute(
+        select(TrialReport.id, TrialReport.step)
+        .where(*where)
+        .order_by(TrialReport.id.desc())
+        .limit(1)
+    ).first()
+    return (rows, None, None) if latest is None else (rows, latest[0], latest[1])
 
 
 def list_reports(
