@@ -199,6 +199,8 @@ class Scheduler:
                 self._reconcile_due = True
                 self.studies.forget(self.studies)
                 self.lines.forget()
+                # Ends waiting for their last lines are recorded by the reconcile instead.
+                self._ending.clear()
             self.on_tick(time.perf_counter() - began)
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -268,8 +270,9 @@ class Scheduler:
         with self.sessions.read() as session:
             active = {t.id for t in store.active_trials(session=session, node_id=self.node_id)}
         unwatched = {trial_id for trial_id in active if trial_id not in self.watched}
-        if unwatched - set(self._ending):
-            # Trials that ended while no daemon ran: what they printed last is read first.
+        if unwatched:
+            # Trials that ended while no daemon ran: what they printed last is read first, a
+            # slice and a short transaction at a time.
             self.lines.drain(unwatched)
             with self.sessions.write.begin() as session:
                 recorded = reconcile(
