@@ -22,6 +22,7 @@ from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
+from gpumux.storage.reports import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +167,13 @@ class LogReports:
                     continue
                 if store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
                     continue
-                for batch in batches:
-                    report_store.add_line_report(
-                        session=session,
-                        trial=trial,
-                        step=batch.step,
-                        samples=batch.samples,
-                        metrics=batch.metrics,
-                        budget=self.budget,
-                        lines=batch.lines,
-                    )
+                report_store.add_line_reports(
+                    session=session,
+                    trial=trial,
+                    reports=[
+                        Incoming(step=b.step, samples=b.samples, metrics=b.metrics, count=b.lines)
+                        for b in batches
+                    ],
+                    budget=self.budget,
+                )
                 trial.log_scanned = scanned

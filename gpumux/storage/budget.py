@@ -38,7 +38,8 @@ class Verdict(enum.Enum):
 @dataclass
 class Allowance:
     """One attempt's budget: tokens for new rows (`burst` at most, `rate` a second), rows kept
-    (`rows` of `limit`), and its latest row (None: none yet), on a monotonic clock."""
+    (`rows` of `limit`), and its latest row (`latest`: its id, None until it is flushed; none
+    at all while `has_latest` is false), on a monotonic clock."""
 
     rate: float
     burst: int
@@ -47,31 +48,30 @@ class Allowance:
     at: float
     rows: int = 0
     latest: int | None = None
+    has_latest: bool = False
     latest_step: int | None = None
     latest_made: float = -math.inf
     warned: bool = False
 
     def decide(self, step: int | None, now: float) -> Verdict:
-        """Whether a report of `step` at `now` takes a new row, merges into the latest, or is
-        dropped; a new row spends a token (`made` then records it)."""
+        """Whether a report of `step` at `now` takes a new row (spending a token, and counted
+        as the latest from now on), merges into the latest, or is dropped."""
         self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.at) * self.rate)
         self.at = now
-        same = self.latest is not None and step == self.latest_step
+        same = self.has_latest and step == self.latest_step
         if same and now - self.latest_made < COALESCE_S:
             return Verdict.merge
         if self.rows < self.limit and self.tokens >= 1.0:
             self.tokens -= 1.0
+            self.take(step, now)
             return Verdict.row
         return Verdict.merge if same else Verdict.drop
 
-    def made(self, row_id: int, step: int | None, now: float) -> None:
-        """A new row was stored for a report of `step`."""
+    def take(self, step: int | None, now: float) -> None:
+        """A new row of `step` is stored, the latest from now on (its id once flushed)."""
         self.rows += 1
-        self.latest, self.latest_step, self.latest_made = row_id, step, now
-
-    def lost(self) -> None:
-        """The latest row is gone (its transaction rolled back): the next report starts one."""
-        self.latest, self.latest_step = None, None
+        self.latest, self.has_latest = None, True
+        self.latest_step, self.latest_made = step, now
 
 
 # What the database holds of an attempt's reports: how many rows, and its latest row's id and
@@ -121,6 +121,7 @@ class ReportBudget:
             at=self.clock(),
             rows=rows,
             latest=latest,
+            has_latest=latest is not None,
             latest_step=latest_step,
         )
         with self._lock:
@@ -133,13 +134,16 @@ class ReportBudget:
         with self._lock:
             return allowance.decide(step, self.clock())
 
-    def made(self, allowance: Allowance, row_id: int, step: int | None) -> None:
+    def take(self, allowance: Allowance, step: int | None) -> None:
+        """A new row of `step` is stored whatever the budget (the latest row is gone: its
+        transaction rolled back)."""
         with self._lock:
-            allowance.made(row_id, step, self.clock())
+            allowance.take(step, self.clock())
 
-    def lost(self, allowance: Allowance) -> None:
+    def settle(self, allowance: Allowance, row_id: int) -> None:
+        """The latest row was flushed: its id."""
         with self._lock:
-            allowance.lost()
+            allowance.latest = row_id
 
     def first_drop(self, allowance: Allowance) -> bool:
         """Whether this is the attempt's first drop (to be said once)."""

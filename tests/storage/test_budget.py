@@ -13,54 +13,45 @@ from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.budget import Allowance, ReportBudget, Verdict
 from gpumux.storage.engine import Sessions
+from gpumux.storage.reports import Incoming
 
 
 def allowance(*, rate: float = 2.0, burst: int = 3, limit: int = 100) -> Allowance:
     return Allowance(rate=rate, burst=burst, limit=limit, tokens=float(burst), at=0.0)
 
 
-def decide(budget: Allowance, step: int | None, now: float) -> Verdict:
-    """Decide, and record the row a new-row verdict stands for (its id counts up)."""
-    verdict = budget.decide(step, now)
-    if verdict is Verdict.row:
-        budget.made(budget.rows + 1, step, now)
-    return verdict
-
-
 def test_new_steps_take_the_burst_then_the_rate_and_the_rest_is_dropped() -> None:
     budget = allowance(rate=2.0, burst=3)
-    assert [decide(budget, step, 0.0) for step in range(5)] == [Verdict.row] * 3 + [
-        Verdict.drop
-    ] * 2
+    assert [budget.decide(step, 0.0) for step in range(5)] == [Verdict.row] * 3 + [Verdict.drop] * 2
     # Half a second refills one token at 2 a second.
-    assert decide(budget, 5, 0.5) is Verdict.row
-    assert decide(budget, 6, 0.5) is Verdict.drop
+    assert budget.decide(5, 0.5) is Verdict.row
+    assert budget.decide(6, 0.5) is Verdict.drop
     # Never more than the burst, however long the pause.
-    assert [decide(budget, step, 100.0) for step in range(7, 12)] == [Verdict.row] * 3 + [
+    assert [budget.decide(step, 100.0) for step in range(7, 12)] == [Verdict.row] * 3 + [
         Verdict.drop
     ] * 2
 
 
 def test_a_step_reported_again_within_a_second_updates_its_row() -> None:
     budget = allowance(rate=1.0, burst=1)
-    assert decide(budget, 0, 0.0) is Verdict.row
-    assert [decide(budget, 0, t) for t in (0.1, 0.5, 0.9)] == [Verdict.merge] * 3
+    assert budget.decide(0, 0.0) is Verdict.row
+    assert [budget.decide(0, t) for t in (0.1, 0.5, 0.9)] == [Verdict.merge] * 3
     # A second on: a new row of the same step (the split search sees the reports' spacing).
-    assert decide(budget, 0, 1.5) is Verdict.row
+    assert budget.decide(0, 1.5) is Verdict.row
 
 
 def test_over_the_budget_the_latest_step_still_updates_its_row_and_others_are_dropped() -> None:
     budget = allowance(rate=0.001, burst=1)
-    assert decide(budget, 3, 0.0) is Verdict.row
-    assert decide(budget, 3, 5.0) is Verdict.merge
-    assert decide(budget, 4, 5.0) is Verdict.drop
-    assert decide(budget, 3, 9.0) is Verdict.merge
-    assert decide(budget, None, 9.0) is Verdict.drop
+    assert budget.decide(3, 0.0) is Verdict.row
+    assert budget.decide(3, 5.0) is Verdict.merge
+    assert budget.decide(4, 5.0) is Verdict.drop
+    assert budget.decide(3, 9.0) is Verdict.merge
+    assert budget.decide(None, 9.0) is Verdict.drop
 
 
 def test_an_attempt_keeps_no_more_rows_than_its_total() -> None:
     budget = allowance(rate=1000.0, burst=1000, limit=4)
-    verdicts = [decide(budget, step, step * 2.0) for step in range(10)]
+    verdicts = [budget.decide(step, step * 2.0) for step in range(10)]
     assert verdicts == [Verdict.row] * 4 + [Verdict.drop] * 6
     assert budget.rows == 4
 
@@ -78,12 +69,10 @@ def report_lines(
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         for step, value in lines:
-            report_store.add_line_report(
+            report_store.add_line_reports(
                 session=session,
                 trial=trial,
-                step=step,
-                samples=1.0,
-                metrics={"val_loss": value},
+                reports=[Incoming(step=step, samples=1.0, metrics={"val_loss": value})],
                 budget=budget,
             )
 

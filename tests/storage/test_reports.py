@@ -14,6 +14,7 @@ from gpumux.storage import store
 from gpumux.storage.budget import Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
+from gpumux.storage.reports import Incoming
 
 
 def running_trial(sessions: Sessions, tmp_path: Path) -> int:
@@ -38,13 +39,11 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
         report_store.add_report(
             budget=ample_budget(), session=session, trial=trial, token="secret", report_in=report_in
         )
-        verdict = report_store.add_line_report(
+        [verdict] = report_store.add_line_reports(
             budget=ample_budget(),
             session=session,
             trial=trial,
-            step=3,
-            samples=512.0,
-            metrics={"val_loss": 0.41},
+            reports=[Incoming(step=3, samples=512.0, metrics={"val_loss": 0.41})],
         )
         assert verdict is Verdict.row
 
@@ -72,21 +71,17 @@ def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_pat
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        report_store.add_line_report(
+        report_store.add_line_reports(
             budget=ample_budget(),
             session=session,
             trial=trial,
-            step=1,
-            samples=None,
-            metrics={"val_loss": 0.5},
+            reports=[Incoming(step=1, samples=None, metrics={"val_loss": 0.5})],
         )
-        report_store.add_line_report(
+        report_store.add_line_reports(
             budget=ample_budget(),
             session=session,
             trial=trial,
-            step=None,
-            samples=None,
-            metrics={"loss": 0.1},
+            reports=[Incoming(step=None, samples=None, metrics={"loss": 0.1})],
         )
 
     trial = the_trial(sessions, trial_id)
@@ -102,13 +97,11 @@ def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
-        report_store.add_line_report(
+        report_store.add_line_reports(
             budget=ample_budget(),
             session=session,
             trial=trial,
-            step=9,
-            samples=None,
-            metrics={"val_loss": 0.2},
+            reports=[Incoming(step=9, samples=None, metrics={"val_loss": 0.2})],
         )
 
     trial = the_trial(sessions, trial_id)
