@@ -162,6 +162,22 @@ class Settings(BaseSettings):
     max_queued_per_user: int | None = Field(
         default=None, ge=1, description="trials one user may have waiting"
     )
+    report_rate: float = Field(
+        default=20.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="report rows a trial may add per second, sustained (printed or posted); "
+        "over it a report of the step its latest row holds updates that row, any other is "
+        "dropped and counted",
+    )
+    report_burst: int = Field(
+        default=200, ge=1, description="report rows a trial may add at once before the rate applies"
+    )
+    report_rows: int = Field(
+        default=20_000,
+        ge=1,
+        description="report rows kept per trial attempt; past it only its latest row is updated",
+    )
     max_body_bytes: int = Field(
         default=MAX_BODY_BYTES,
         ge=MIN_BODY_BYTES,

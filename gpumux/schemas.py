@@ -261,6 +261,11 @@ class TrialPublic(BaseModel):
     step: int | None = Field(
         default=None, description="the last step (epoch or iteration) the trial reported"
     )
+    reports_dropped: int = Field(
+        default=0,
+        description="reports over the trial's budget (GPUMUX_REPORT_RATE, _BURST, _ROWS), not "
+        "stored; their samples still count",
+    )
 
 
 class TrialsPublic(BaseModel):

@@ -26,8 +26,14 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep
+
+
+def ample_budget() -> ReportBudget:
+    """A report budget no test's few reports reach: each report of a new step takes a row."""
+    return ReportBudget(rate=1e6, burst=10**6, rows=10**6)
 
 
 def sweep_body(tmp_path: Path, *params: str, **fields: Any) -> dict[str, Any]:

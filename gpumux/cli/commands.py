@@ -181,6 +181,9 @@ def show(
     # An adaptive sweep's trial_count is its budget: only the trials it asked exist to list.
     if len(trials) < count:
         out.print(f"... {count - len(trials)} more trials: --all")
+    dropped = render.dropped_reports(trials)
+    if dropped is not None:
+        out.print(dropped)
     errors = render.failures(failed.data, total=failed.count)
     if errors is not None:
         out.print(errors)

@@ -327,6 +327,17 @@ def failures(
     return Group(*parts)
 
 
+def dropped_reports(trials: Sequence[TrialPublic]) -> RenderableType | None:
+    """Trials whose reports went over their budget: how many were dropped."""
+    lines = [
+        f"trial {t.id}: {t.reports_dropped:,} reports dropped over its report budget "
+        "(GPUMUX_REPORT_RATE, _BURST, _ROWS); their samples still count"
+        for t in trials
+        if t.reports_dropped
+    ]
+    return Text("\n".join(lines), style="yellow") if lines else None
+
+
 def memory(used: int | None, total: int | None) -> str:
     """ "3.2/80.0 GiB" from MiB figures."""
     if total is None:

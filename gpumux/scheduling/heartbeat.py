@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -19,6 +21,8 @@ from gpumux.storage.engine import Sessions
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def device_summaries(devices: list[DeviceSnapshot]) -> list[dict[str, Any]]:
@@ -44,7 +48,11 @@ def record_lease(settings: Settings, sessions: Sessions, *, renewed_at: float | 
 
 
 class NodeHeartbeat:
-    """Every GPUMUX_NODE_HEARTBEAT seconds: renew the lease, then expire lapsed nodes."""
+    """Every GPUMUX_NODE_HEARTBEAT seconds: renew the lease, then expire lapsed nodes.
+
+    Its database work runs in a thread of its own: neither the scheduler's tick (in its own
+    thread) nor the API's requests delay a renewal; only another write's short transaction
+    may (PostgreSQL's write lock, SQLite's single writer)."""
 
     def __init__(
         self,
@@ -65,6 +73,7 @@ class NodeHeartbeat:
         self.home = home
         # False from a lost lease until the node has joined again.
         self.held = True
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpumux-heartbeat")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Beat until `stop` is set; a database that fails is logged and tried again."""
@@ -77,13 +86,14 @@ class NodeHeartbeat:
                 log.error("node %s: heartbeat failed (%s); trying again", self.node.name, error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.node_heartbeat)
+        self._thread.shutdown(wait=True)
 
     async def beat(self) -> None:
         """One heartbeat: renew (or rejoin after a loss), and expire the lapsed nodes."""
         devices = device_summaries(self.scheduler.devices)
         if self.held:
             renewed_at = rundir.boottime()
-            self.held, expired = await asyncio.to_thread(self._renew, devices)
+            self.held, expired = await self._in_thread(self._renew, devices)
             record_lease(self.settings, self.sessions, renewed_at=renewed_at if self.held else None)
             if expired:
                 # Their trials are queued again: fill our free slots with them.
@@ -96,16 +106,19 @@ class NodeHeartbeat:
                     self.node.incarnation,
                     self.scheduler.running_count,
                 )
-                self.scheduler.abandon()
+                await self.scheduler.abandon()
         if not self.held:
             renewed_at = rundir.boottime()
-            self.node = await asyncio.to_thread(self._rejoin, devices)
+            self.node = await self._in_thread(self._rejoin, devices)
             record_lease(self.settings, self.sessions, renewed_at=renewed_at)
             self.held = True
-            self.scheduler.use_node(self.node)
+            await self.scheduler.use_node(self.node)
             log.warning(
                 "node %s: joined again as incarnation %d", self.node.name, self.node.incarnation
             )
+
+    async def _in_thread(self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
 
     def _renew(self, devices: list[dict[str, Any]]) -> tuple[bool, list[str]]:
         with self.sessions.write.begin() as session:

@@ -2,26 +2,43 @@
 
 A script that imports nothing reports by printing a line; its supervisor writes the line to the
 trial's log like any other output. Each tick, this reads what every running trial's current
-attempt added to its log since the last look (following rotations by whole-output offset),
-parses it (`processes/reportlines.py`) and records the reports as the API records a report. The
-offset read up to is stored with the trial, so a restarted daemon reads on rather than again.
+attempt added to its log since the last look (following rotations by whole-output offset), in
+one slice of at most READ_LIMIT bytes per trial, parses it (`processes/reportlines.py`) and
+records the reports as the API records a report, within the trial's budget
+(`storage/budget.py`), in one short transaction. A flood is read a slice a tick: it neither
+starves the other trials nor makes a transaction long. The offset read up to is stored with
+the trial, so a restarted daemon reads on rather than again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
+from gpumux.storage.reports import Incoming
 
 log = logging.getLogger(__name__)
 
-# At most this much of one trial's output is read in one tick; the rest at the next.
+# At most this much of one trial's output is read in one pass; the rest at the next. A MiB of
+# report lines (about 17,000) parses in a fraction of a second and stores a few rows.
 READ_LIMIT = 1024 * 1024
+
+
+@dataclass
+class _Batch:
+    """Consecutive report lines of one step, merged: samples summed, each metric's last value."""
+
+    step: int | None
+    samples: float | None
+    metrics: dict[str, float]
+    lines: int = 1
 
 
 @dataclass
@@ -35,87 +52,128 @@ class _Reader:
 class LogReports:
     """Reads the report lines of the running trials from their logs and records them."""
 
-    def __init__(self, *, sessions: Sessions, node_id: int | None = None) -> None:
+    def __init__(
+        self, *, sessions: Sessions, budget: ReportBudget, node_id: int | None = None
+    ) -> None:
         self.sessions = sessions
+        self.budget = budget
         # This node's trials only: another node's logs are on its own disk.
         self.node_id = node_id
         # One reader per (trial, attempt), from the offset stored with the trial.
         self._readers: dict[tuple[int, int], _Reader] = {}
         self._warned: set[tuple[int, int]] = set()
+        # Whether the last pass over every trial left a log unread past its slice.
+        self.behind = False
+        # Trials whose supervisors exited, and the size of their logs then (None: not seen).
+        self._ended: dict[int, int | None] = {}
 
-    def collect(self, *, drain: bool = False) -> int:
-        """Record the report lines running trials printed since the last look; how many. With
-        `drain`, read each log to its end (before an end is recorded: its last lines count)."""
+    def collect(self, *, only: Collection[int] | None = None) -> set[int]:
+        """Record the report lines running trials (those of `only`, if given) printed since the
+        last look, one slice of each log; the ids of the trials marked `ended` whose logs are
+        now read to where they ended (or that have no log left to read)."""
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
                 for trial in store.active_trials(session=session, node_id=self.node_id)
-                if trial.log_path is not None
+                if trial.log_path is not None and (only is None or trial.id in only)
             ]
         live = {(trial_id, attempt) for trial_id, attempt, _, _ in targets}
-        for gone in set(self._readers) - live:
-            del self._readers[gone]
-        self._warned &= live
-        found: dict[tuple[int, int], tuple[int, list[LineReport]]] = {}
+        if only is None:
+            for gone in set(self._readers) - live:
+                del self._readers[gone]
+            self._warned &= live
+        found: dict[tuple[int, int], tuple[int, list[_Batch]]] = {}
+        asked = set(self._ended) if only is None else set(self._ended) & set(only)
+        whole = asked - {trial_id for trial_id, _, _, _ in targets}
+        behind = False
         for trial_id, attempt, path, scanned in targets:
             reader = self._readers.setdefault((trial_id, attempt), _Reader(scanned))
-            reports = self._read(trial_id, attempt, path, reader, drain=drain)
-            if reports:
-                found[(trial_id, attempt)] = (reader.offset, reports)
-        if not found:
-            return 0
-        return self._record(found)
+            if trial_id in self._ended and self._ended[trial_id] is None:
+                # Its supervisor has exited: what the log holds now is all the trial wrote.
+                self._ended[trial_id] = read_log(path, None, 0)[2]
+            batches, at_end = self._read(trial_id, attempt, path, reader)
+            end = self._ended.get(trial_id)
+            if end is not None and (at_end or reader.offset + reader.lines.pending >= end):
+                whole.add(trial_id)
+            behind |= not at_end
+            if batches:
+                found[(trial_id, attempt)] = (reader.offset, batches)
+        if only is None:
+            self.behind = behind
+        if found:
+            self._record(found)
+        for trial_id in whole:
+            self._ended.pop(trial_id, None)
+        return whole
+
+    def ended(self, trial_ids: Collection[int]) -> None:
+        """These trials' supervisors exited: `collect` says when their logs are read to the
+        end they had then (a process left behind may write on; it is not waited for)."""
+        for trial_id in trial_ids:
+            self._ended.setdefault(trial_id, None)
+
+    def drain(self, trial_ids: Collection[int]) -> None:
+        """Read these ended trials' logs to their end, a slice and a short transaction at a
+        time (at a start, before their ends are recorded: the last lines count)."""
+        self.ended(trial_ids)
+        left = set(trial_ids)
+        while left:
+            left -= self.collect(only=left)
 
     def forget(self) -> None:
         """Drop what was read (after a failed write): read again from the stored offsets."""
         self._readers.clear()
+        self._ended = dict.fromkeys(self._ended)
+        self.budget.forget()
 
     def _read(
-        self, trial_id: int, attempt: int, path: str, reader: _Reader, *, drain: bool
-    ) -> list[LineReport]:
-        """The reports in what the log holds past the reader's offset (one chunk, or all)."""
-        reports: list[LineReport] = []
-        while True:
-            data, start, _, skipped = read_log(
-                path, reader.offset + reader.lines.pending, READ_LIMIT
-            )
-            if skipped:
-                # Rotation dropped output nobody read: go on from the oldest piece kept.
-                log.warning("trial %s: %d bytes of its log rotated away unread", trial_id, skipped)
-                reader.lines = ReportLines()
-                reader.offset = start
-            if not data:
-                return reports
-            fed = reader.lines.feed(data)
-            reader.offset += fed.consumed
-            for item in fed.items:
-                if isinstance(item, LineReport):
-                    reports.append(item)
-                elif (trial_id, attempt) not in self._warned:
-                    self._warned.add((trial_id, attempt))
-                    log.warning("trial %s: %s", trial_id, item.reason)
-            if not drain:
-                return reports
+        self, trial_id: int, attempt: int, path: str, reader: _Reader
+    ) -> tuple[list[_Batch], bool]:
+        """The reports in one slice of what the log holds past the reader's offset, consecutive
+        lines of one step merged; and whether the slice reached the log's end."""
+        data, start, _, skipped = read_log(path, reader.offset + reader.lines.pending, READ_LIMIT)
+        if skipped:
+            # Rotation dropped output nobody read: go on from the oldest piece kept.
+            log.warning("trial %s: %d bytes of its log rotated away unread", trial_id, skipped)
+            reader.lines = ReportLines()
+            reader.offset = start
+        batches: list[_Batch] = []
+        if not data:
+            return batches, True
+        fed = reader.lines.feed(data)
+        reader.offset += fed.consumed
+        for item in fed.items:
+            if isinstance(item, LineReport):
+                last = batches[-1] if batches else None
+                if last is not None and last.step == item.step:
+                    last.lines += 1
+                    last.metrics.update(item.metrics)
+                    if item.samples is not None:
+                        last.samples = (last.samples or 0.0) + item.samples
+                else:
+                    batches.append(_Batch(item.step, item.samples, dict(item.metrics)))
+            elif (trial_id, attempt) not in self._warned:
+                self._warned.add((trial_id, attempt))
+                log.warning("trial %s: %s", trial_id, item.reason)
+        return batches, len(data) < READ_LIMIT
 
-    def _record(self, found: dict[tuple[int, int], tuple[int, list[LineReport]]]) -> int:
+    def _record(self, found: dict[tuple[int, int], tuple[int, list[_Batch]]]) -> None:
         """Store the reports, and the offset read to with them: output between holds none, so
         a restarted daemon that reads it again finds nothing twice."""
-        recorded = 0
         with self.sessions.write.begin() as session:
-            for (trial_id, attempt), (scanned, reports) in found.items():
+            for (trial_id, attempt), (scanned, batches) in found.items():
                 trial = store.get_trial(session=session, trial_id=trial_id)
                 if trial is None:
                     continue
                 if store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
                     continue
-                for report in reports:
-                    report_store.add_line_report(
-                        session=session,
-                        trial=trial,
-                        step=report.step,
-                        samples=report.samples,
-                        metrics=report.metrics,
-                    )
-                recorded += len(reports)
+                report_store.add_line_reports(
+                    session=session,
+                    trial=trial,
+                    reports=[
+                        Incoming(step=b.step, samples=b.samples, metrics=b.metrics, count=b.lines)
+                        for b in batches
+                    ],
+                    budget=self.budget,
+                )
                 trial.log_scanned = scanned
-        return recorded

@@ -5,6 +5,10 @@ those that started); reconcile, when due, what the database calls active with wh
 act on cancels, pruners, time limits and stale heartbeats; fill free slots; let the split
 search see its devices. The daemon's API writes only intent (a sweep, a cancel); this loop alone
 moves trials through their lifecycle.
+
+The tick's work (logs read, reports parsed, the database written) runs in one worker thread of
+its own, one call at a time, so that the event loop it shares with the API and the node's
+heartbeat never waits on a trial; only the supervisors' pidfds stay on the loop (`Watched`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -37,11 +43,14 @@ from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
 from gpumux.storage import store
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -57,6 +66,7 @@ class Scheduler:
         on_tick: Callable[[float], None] = lambda seconds: None,
         spawner: Spawner | None = None,
         node: NodeIdentity | None = None,
+        budget: ReportBudget | None = None,
     ) -> None:
         self.settings = settings
         # The node this scheduler runs trials for: it claims, watches and records only its
@@ -76,7 +86,9 @@ class Scheduler:
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
         self.studies = Studies()
-        self.lines = LogReports(sessions=sessions, node_id=self.node_id)
+        # Shared with the API's report route (default: the settings' own).
+        self.budget = budget or ReportBudget.of(settings)
+        self.lines = LogReports(sessions=sessions, budget=self.budget, node_id=self.node_id)
         self.launcher = Launcher(
             settings=settings, sessions=sessions, url=url, spawner=spawner, node=node
         )
@@ -96,6 +108,10 @@ class Scheduler:
         self._draining = False
         # At start, and after a tick failed: trials the database calls active may be unwatched.
         self._reconcile_due = True
+        # Attempts whose supervisors exited, recorded once their logs are read to the end.
+        self._ending: dict[int, tuple[Running, TrialEnd | None]] = {}
+        # The one thread the tick's work runs in: ticks stay serialised, the loop stays free.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpumux-tick")
 
     @property
     def running_count(self) -> int:
@@ -106,16 +122,23 @@ class Scheduler:
         """The id of this scheduler's node, None when it owns every trial."""
         return None if self.node is None else self.node.id
 
-    def use_node(self, node: NodeIdentity) -> None:
+    async def use_node(self, node: NodeIdentity) -> None:
         """Run trials for this node incarnation from now on (after a rejoin)."""
+        await self._in_worker(self._use_node, node)
+
+    def _use_node(self, node: NodeIdentity) -> None:
         self.node = node
         self.launcher.node = node
         self.filler.node_id = self.lines.node_id = self.searches.node_id = node.id
         self.wake()
 
-    def abandon(self) -> None:
+    async def abandon(self) -> None:
         """This node's lease was lost and its trials requeued for other nodes: kill every
         trial group now and stop watching them, recording nothing (they are no longer ours)."""
+        await self._in_worker(self._abandon)
+
+    def _abandon(self) -> None:
+        self._ending.clear()
         for trial_id, entry in self.watched.items():
             log.warning(
                 "trial %s: killing attempt %d, requeued elsewhere", trial_id, entry.process.attempt
@@ -132,6 +155,18 @@ class Scheduler:
     def _attach(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.watched.attach(self._loop, self._wake.set)
+
+    async def _in_worker(self, work: Callable[..., T], *args: object) -> T:
+        """Run `work` in the tick's thread, then watch the pidfds of what it launched or
+        collected from the loop."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
+        finally:
+            self.watched.sync_readers()
+
+    def close(self) -> None:
+        """Let the tick's thread go (after the last tick)."""
+        self._worker.shutdown(wait=True)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until `stop` is set, waking on trial exits, new work and deadlines."""
@@ -164,6 +199,8 @@ class Scheduler:
                 self._reconcile_due = True
                 self.studies.forget(self.studies)
                 self.lines.forget()
+                # Ends waiting for their last lines are recorded by the reconcile instead.
+                self._ending.clear()
             self.on_tick(time.perf_counter() - began)
             self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -176,15 +213,23 @@ class Scheduler:
         self._attach()
         while True:
             await self.tick()
-            with self.sessions.read() as session:
-                if not self.watched and store.pending_work(session=session) == 0:
-                    return
+            if await self._in_worker(self._idle):
+                return
             self._wake.clear()
             await self._sleep()
 
+    def _idle(self) -> bool:
+        with self.sessions.read() as session:
+            return (
+                not self.watched and not self._ending and store.pending_work(session=session) == 0
+            )
+
     async def tick(self) -> None:
-        """One pass: read report lines, reap exits, act on cancels, pruners and deadlines, then
-        fill free slots."""
+        """One pass, in the tick's thread: read report lines, reap exits, act on cancels,
+        pruners and deadlines, then fill free slots."""
+        await self._in_worker(self._tick)
+
+    def _tick(self) -> None:
         self.lines.collect()
         self.reap()
         if self._reconcile_due and not self._draining:
@@ -229,9 +274,11 @@ class Scheduler:
         with their real exit status, and requeue the rest within their retry budget."""
         with self.sessions.read() as session:
             active = {t.id for t in store.active_trials(session=session, node_id=self.node_id)}
-        if any(trial_id not in self.watched for trial_id in active):
-            # Trials that ended while no daemon ran: what they printed last is read first.
-            self.lines.collect(drain=True)
+        unwatched = {trial_id for trial_id in active if trial_id not in self.watched}
+        if unwatched:
+            # Trials that ended while no daemon ran: what they printed last is read first, a
+            # slice and a short transaction at a time.
+            self.lines.drain(unwatched)
             with self.sessions.write.begin() as session:
                 recorded = reconcile(
                     session=session,
@@ -244,15 +291,22 @@ class Scheduler:
         self._reconcile_due = False
 
     def reap(self) -> None:
-        """Record the end of every trial whose supervisor has exited, and the leader pid of
-        every trial newly started, in one transaction (each commit waits for the disk)."""
-        ended = self.watched.collect_exited()
+        """Record the end of every trial whose supervisor has exited and whose log is read to
+        its end, and the leader pid of every trial newly started, in one transaction (each
+        commit waits for the disk)."""
+        for trial_id, entry, end in self.watched.collect_exited():
+            self._ending[trial_id] = (entry, end)
+        ended = []
+        if self._ending:
+            # Their supervisors have exited, so their logs are whole: their last lines are read
+            # first, a slice a tick (a flood's end takes several ticks, each short).
+            self.lines.ended(self._ending)
+            for trial_id in self.lines.collect(only=self._ending):
+                entry, end = self._ending.pop(trial_id)
+                ended.append((trial_id, entry, end))
         leaders = self.watched.new_leaders()
         if not ended and not leaders:
             return
-        if ended:
-            # Their supervisors have exited, so their logs are whole: read the last lines.
-            self.lines.collect(drain=True)
         # A failed commit (a full disk) leaves these trials active in the database and no
         # longer watched: reconcile() picks them up at the next tick, from their run records.
         with self.sessions.write.begin() as session:
@@ -366,21 +420,32 @@ class Scheduler:
         self._draining = True
         if not stop_trials:
             log.info("scheduler: leaving %d trials to their supervisors", len(self.watched))
-            self.watched.release_all()
+            await self._in_worker(self._release)
             return
+        await self._in_worker(self._stop_all, cold)
+        while await self._in_worker(self._stopping):
+            self._wake.clear()
+            await self._sleep()
+
+    def _release(self) -> None:
+        # Ends not recorded yet are recorded by the next daemon, from their run directories.
+        self._ending.clear()
+        self.watched.release_all()
+
+    def _stop_all(self, cold: bool) -> None:
         for trial_id, _ in self.watched.items():
             self.watched.stop(trial_id, StopReason.shutdown, cold=cold)
-        while len(self.watched):
-            self._wake.clear()
-            self.reap()
-            self.watched.apply_deadlines()
-            if len(self.watched):
-                await self._sleep()
 
-    def force(self) -> None:
-        """Cold stop: SIGKILL every trial group now."""
-        for trial_id, _ in self.watched.items():
-            self.watched.stop(trial_id, StopReason.shutdown, cold=True)
+    def _stopping(self) -> bool:
+        """One pass of a stop: record the ends; whether trials remain."""
+        self.reap()
+        self.watched.apply_deadlines()
+        return bool(self.watched or self._ending)
+
+    async def force(self) -> None:
+        """Cold stop: SIGKILL every trial group now (as soon as the tick's thread is free: its
+        work is a slice at a time)."""
+        await self._in_worker(self._stop_all, True)
         self._wake.set()
 
     async def _sleep(self) -> None:
@@ -403,5 +468,8 @@ class Scheduler:
         return self.devices
 
     def _next_wait(self) -> float:
+        if self.lines.behind or self._ending:
+            # A log left unread past its slice, or an end waiting for its last lines: go on.
+            return 0.0
         due = self.watched.next_wait(time.monotonic())
         return self.settings.poll_interval if due is None else min(due, self.settings.poll_interval)

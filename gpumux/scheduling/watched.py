@@ -40,7 +40,12 @@ class Running:
 
 class Watched:
     """Supervised trial attempts by trial id. A supervisor's exit wakes the event loop (through
-    its pidfd); deadlines, grace periods and heartbeats are checked when the loop asks."""
+    its pidfd); deadlines, grace periods and heartbeats are checked when the loop asks.
+
+    The scheduler's tick adds and collects attempts in its own thread; the pidfds are watched
+    by the event loop, which alone registers them: `sync_readers`, on the loop after each of
+    the tick's calls, follows what the tick changed (an fd closed meanwhile is out of the
+    kernel's epoll set already; its stale entry goes before its number is registered again)."""
 
     def __init__(self, *, kill_grace: float, heartbeat_timeout: float) -> None:
         self.kill_grace = kill_grace
@@ -48,12 +53,14 @@ class Watched:
         self._entries: dict[int, Running] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_exit: Callable[[], None] = lambda: None
+        # On the loop only: the pidfds it watches, and those whose exit it has seen.
+        self._readers: dict[int, SupervisedTrial] = {}
+        self._fired: dict[int, SupervisedTrial] = {}
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
         """Watch supervisors' exits from `loop`, calling `on_exit` when one exits."""
         self._loop, self._on_exit = loop, on_exit
-        for entry in self._entries.values():
-            self._add_reader(entry.process)
+        self.sync_readers()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,7 +77,6 @@ class Watched:
     def add(self, trial_id: int, entry: Running) -> None:
         """Watch a trial attempt from now on."""
         self._entries[trial_id] = entry
-        self._add_reader(entry.process)
 
     def collect_exited(self) -> list[tuple[int, Running, TrialEnd | None]]:
         """The attempts whose supervisors exited, no longer watched, each with its recorded end
@@ -78,7 +84,6 @@ class Watched:
         ended = []
         for trial_id, entry in self.items():
             if entry.process.exited():
-                self._remove_reader(entry.process)
                 ended.append((trial_id, entry, entry.process.finish()))
                 del self._entries[trial_id]
         return ended
@@ -140,7 +145,6 @@ class Watched:
     def release_all(self) -> None:
         """Stop watching every attempt and leave it to its supervisor (a warm stop)."""
         for _, entry in self.items():
-            self._remove_reader(entry.process)
             entry.process.close()
         self._entries.clear()
 
@@ -180,14 +184,34 @@ class Watched:
             if entry.memory_limit_mb is not None and (pgid := entry.process.pgid) is not None
         }
 
-    def _add_reader(self, process: SupervisedTrial) -> None:
-        if self._loop is not None and process.pidfd is not None:
-            self._loop.add_reader(process.pidfd, self._exited, process)
+    def sync_readers(self) -> None:
+        """On the loop: watch the pidfds of the attempts watched now, and no other."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        wanted = {
+            fd: entry.process
+            for entry in list(self._entries.values())
+            if (fd := entry.process.pidfd) is not None
+        }
+        for fd, process in list(self._readers.items()):
+            if wanted.get(fd) is not process:
+                self._loop.remove_reader(fd)
+                del self._readers[fd]
+        self._fired = {fd: p for fd, p in self._fired.items() if wanted.get(fd) is p}
+        for fd, process in wanted.items():
+            if fd in self._readers or fd in self._fired:
+                continue
+            try:
+                self._loop.add_reader(fd, self._exited, fd)
+            except OSError:
+                # Closed by a stop the tick's thread runs now: the next sync finds it gone.
+                continue
+            self._readers[fd] = process
 
-    def _remove_reader(self, process: SupervisedTrial) -> None:
-        if self._loop is not None and process.pidfd is not None:
-            self._loop.remove_reader(process.pidfd)
-
-    def _exited(self, process: SupervisedTrial) -> None:
-        self._remove_reader(process)
+    def _exited(self, fd: int) -> None:
+        # Level-triggered: watched no more until the tick has collected the attempt.
+        process = self._readers.pop(fd, None)
+        if self._loop is not None and process is not None:
+            self._loop.remove_reader(fd)
+            self._fired[fd] = process
         self._on_exit()

@@ -37,6 +37,7 @@ from gpumux.server.api import create_app
 from gpumux.server.listening import bind, listen_where_clients_look, serves_other_users
 from gpumux.server.metrics import Metrics
 from gpumux.storage import membership, tokens
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
@@ -202,6 +203,7 @@ class Daemon:
         probe = self._probe or self._devices()
         metrics = Metrics()
         spawner = start_spawner(self.settings)
+        budget = ReportBudget.of(self.settings)
         self.scheduler = Scheduler(
             settings=self.settings,
             sessions=self.sessions,
@@ -210,6 +212,7 @@ class Daemon:
             on_tick=metrics.observe_tick,
             spawner=spawner,
             node=self.node,
+            budget=budget,
         )
         scheduler = self.scheduler
         heartbeat = None
@@ -229,6 +232,7 @@ class Daemon:
             notify=scheduler.wake,
             metrics=metrics,
             node=self.node,
+            budget=budget,
         )
         config = uvicorn.Config(
             app,
@@ -264,6 +268,7 @@ class Daemon:
                 await heartbeat_task
                 self._leave(heartbeat)
             failure = scheduler_task.exception() if scheduler_task.done() else None
+            scheduler.close()
             probe.close()
             if spawner is not None:
                 spawner.close()
@@ -298,7 +303,7 @@ class Daemon:
             await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
             if second.done():
                 log.warning("daemon: cold stop: killing every trial now")
-                scheduler.force()
+                await scheduler.force()
             else:
                 second.cancel()
 

@@ -209,6 +209,8 @@ class Trial(Base):
     step: Mapped[int | None]
     # Bytes of the current attempt's log already read for report lines.
     log_scanned: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
+    # Reports over the trial's budget (GPUMUX_REPORT_*), not stored: their samples still count.
+    reports_dropped: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
     # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
     optuna_attrs: Mapped[dict[str, Any] | None]
 

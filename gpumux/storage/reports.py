@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, or_, select, union
@@ -11,8 +13,11 @@ from sqlalchemy.orm import Session
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES
+from gpumux.storage.budget import ReportBudget, Seed, Verdict
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.store import token_hash
+
+log = logging.getLogger(__name__)
 
 # Samples/s above what one report may hold per second measure nothing (a near-zero interval).
 MAX_RATE = MAX_SAMPLES
@@ -26,8 +31,23 @@ class TokenMismatch(ReportRefused):
     """A report whose token is not its trial's."""
 
 
-def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportIn) -> TrialReport:
-    """Record a report from the trial's current attempt; refuse anything else."""
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One report to record, or `count` consecutive reports of one step merged (their samples
+    summed, each metric's last value)."""
+
+    step: int | None
+    samples: float | None
+    metrics: dict[str, float]
+    seconds: float | None = None
+    count: int = 1
+
+
+def add_report(
+    *, session: Session, trial: Trial, token: str, report_in: ReportIn, budget: ReportBudget
+) -> Verdict:
+    """Record a report from the trial's current attempt, within its budget; refuse anything
+    else."""
     if trial.token_hash is None or token_hash(token) != trial.token_hash:
         raise TokenMismatch(f"trial {trial.id}: the report token does not match")
     if report_in.attempt != trial.attempt:
@@ -37,39 +57,27 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
         )
     if trial.status not in ACTIVE_TRIAL_STATUSES:
         raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
-    return _record(
-        session=session,
-        trial=trial,
-        kind=report_in.kind,
+    report = Incoming(
         step=report_in.step,
         samples=report_in.samples,
-        seconds=report_in.seconds,
         metrics=report_in.metrics,
+        seconds=report_in.seconds,
     )
+    return _record(
+        session=session, trial=trial, kind=report_in.kind, reports=[report], budget=budget
+    )[0]
 
 
-def add_line_report(
-    *,
-    session: Session,
-    trial: Trial,
-    step: int | None,
-    samples: float | None,
-    metrics: dict[str, float],
-) -> TrialReport:
-    """Record a GPUMUX_REPORT line that the daemon read in the log of the trial's current attempt.
+def add_line_reports(
+    *, session: Session, trial: Trial, reports: Sequence[Incoming], budget: ReportBudget
+) -> list[Verdict]:
+    """Record the GPUMUX_REPORT lines that the daemon read in the log of the trial's current
+    attempt, within its budget.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
     no interval, so it sets no samples/s; its samples still count in the split search's windows.
     """
-    return _record(
-        session=session,
-        trial=trial,
-        kind="line",
-        step=step,
-        samples=samples,
-        seconds=None,
-        metrics=metrics,
-    )
+    return _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
 
 
 def _record(
@@ -77,35 +85,104 @@ def _record(
     session: Session,
     trial: Trial,
     kind: str,
-    step: int | None,
-    samples: float | None,
-    seconds: float | None,
-    metrics: dict[str, float],
-) -> TrialReport:
-    rate = samples / seconds if samples is not None and seconds else None
-    if rate is not None and not rate <= MAX_RATE:
-        # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
-        rate = None
-    report = TrialReport(
-        trial_id=trial.id,
-        attempt=trial.attempt,
-        kind=kind,
-        step=step,
-        samples=samples,
-        seconds=seconds,
-        samples_per_s=rate,
-        metrics=metrics,
-    )
-    session.add(report)
-    trial.last_report_at = report.at = utcnow()
-    if rate is not None:
-        trial.samples_per_s = rate
-    if step is not None:
-        trial.step = step
+    reports: Sequence[Incoming],
+    budget: ReportBudget,
+) -> list[Verdict]:
+    """Store the reports within the budget: the transaction does a statement per new row or
+    merged row, none per dropped report, and flushes once."""
+    now = utcnow()
     metric = trial.sweep.objective_metric
-    if metric is not None and metric in metrics:
-        trial.objective = metrics[metric]
-    return report
+    allowance = budget.allowance(
+        trial.id, trial.attempt, lambda: _stored(session, trial.id, trial.attempt)
+    )
+    # The attempt's latest row, once a report needs it; a row made here is the latest at once.
+    latest: TrialReport | None = None
+    made = False
+    dropped = 0
+    verdicts = []
+    for report in reports:
+        samples, seconds = report.samples, report.seconds
+        rate = samples / seconds if samples is not None and seconds else None
+        if rate is not None and not rate <= MAX_RATE:
+            # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
+            rate = None
+        # The trial's row follows every report, stored or not: its last step, objective, rate.
+        if rate is not None:
+            trial.samples_per_s = rate
+        if report.step is not None:
+            trial.step = report.step
+        if metric is not None and metric in report.metrics:
+            trial.objective = report.metrics[metric]
+        verdict = budget.decide(allowance, report.step)
+        if verdict is not Verdict.row and latest is None:
+            if allowance.latest is not None:
+                latest = session.get(TrialReport, allowance.latest)
+            if latest is None and allowance.has_latest:
+                # Its transaction rolled back: this report starts the attempt's rows again.
+                budget.take(allowance, report.step)
+                verdict = Verdict.row
+        verdicts.append(verdict)
+        if verdict is Verdict.row:
+            latest = TrialReport(
+                trial_id=trial.id,
+                attempt=trial.attempt,
+                kind=kind,
+                step=report.step,
+                samples=samples,
+                seconds=seconds,
+                samples_per_s=rate,
+                metrics=report.metrics,
+                at=now,
+            )
+            session.add(latest)
+            made = True
+            continue
+        if verdict is Verdict.merge:
+            assert latest is not None
+            latest.metrics = {**latest.metrics, **report.metrics}
+            if seconds is not None:
+                latest.seconds = (latest.seconds or 0.0) + seconds
+        else:
+            dropped += report.count
+        if latest is not None:
+            # The samples count wherever they land, and the latest row says when they came.
+            if samples is not None:
+                latest.samples = (latest.samples or 0.0) + samples
+            if latest.samples is not None and latest.seconds:
+                merged = latest.samples / latest.seconds
+                latest.samples_per_s = merged if merged <= MAX_RATE else None
+            latest.at = now
+    trial.last_report_at = now
+    if made:
+        assert latest is not None
+        session.flush()
+        budget.settle(allowance, latest.id)
+    if dropped:
+        trial.reports_dropped += dropped
+        if budget.first_drop(allowance):
+            log.warning(
+                "trial %s: reports over its budget (%g new rows/s, %d at once, %d per attempt); "
+                "dropping the excess (their samples still count), %d so far",
+                trial.id,
+                budget.rate,
+                budget.burst,
+                budget.rows,
+                trial.reports_dropped,
+            )
+    return verdicts
+
+
+def _stored(session: Session, trial_id: int, attempt: int) -> Seed:
+    """How many report rows the attempt holds, and its latest row's id and step."""
+    where = (TrialReport.trial_id == trial_id, TrialReport.attempt == attempt)
+    rows = session.scalar(select(func.count()).select_from(TrialReport).where(*where)) or 0
+    latest = session.execute(
+        select(TrialReport.id, TrialReport.step)
+        .where(*where)
+        .order_by(TrialReport.id.desc())
+        .limit(1)
+    ).first()
+    return (rows, None, None) if latest is None else (rows, latest[0], latest[1])
 
 
 def list_reports(

@@ -105,6 +105,15 @@ def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> No
     assert render.status_text(TrialStatus.pruned).style == render.STATUS_STYLES["pruned"]
 
 
+def test_show_says_which_trials_had_reports_dropped_and_how_many() -> None:
+    flooded = trial_public(id=7, reports_dropped=12_345)
+    quiet = trial_public(id=8)
+    text = " ".join(lines_of(render.dropped_reports([flooded, quiet]) or ""))
+    assert "trial 7: 12,345 reports dropped" in text
+    assert "trial 8" not in text
+    assert render.dropped_reports([quiet]) is None
+
+
 def test_piped_output_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COLUMNS", raising=False)
     assert make_console().width == PIPE_WIDTH

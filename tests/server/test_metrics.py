@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import served, stored_running_trial, sweep_in
+from builders import ample_budget, served, stored_running_trial, sweep_in
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
@@ -306,6 +306,7 @@ def test_absurd_reports_leave_every_metric_finite(
             trial = session.get(Trial, trial_id)
             assert trial is not None
             report_store.add_report(
+                budget=ample_budget(),
                 session=session,
                 trial=trial,
                 token="secret",

@@ -5,14 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from builders import stored_running_trial
+from builders import ample_budget, stored_running_trial
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TrialStatus
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage.budget import Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
+from gpumux.storage.reports import Incoming
 
 
 def running_trial(sessions: Sessions, tmp_path: Path) -> int:
@@ -34,11 +36,16 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         report_in = ReportIn(trial_id=trial_id, attempt=2, kind="manual", samples=100, seconds=4)
-        report_store.add_report(session=session, trial=trial, token="secret", report_in=report_in)
-        line = report_store.add_line_report(
-            session=session, trial=trial, step=3, samples=512.0, metrics={"val_loss": 0.41}
+        report_store.add_report(
+            budget=ample_budget(), session=session, trial=trial, token="secret", report_in=report_in
         )
-        assert line.at == trial.last_report_at
+        [verdict] = report_store.add_line_reports(
+            budget=ample_budget(),
+            session=session,
+            trial=trial,
+            reports=[Incoming(step=3, samples=512.0, metrics={"val_loss": 0.41})],
+        )
+        assert verdict is Verdict.row
 
     trial = the_trial(sessions, trial_id)
     assert (trial.step, trial.objective) == (3, 0.41)
@@ -50,6 +57,7 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
         assert (stored.kind, stored.attempt, stored.step, stored.samples) == ("line", 2, 3, 512)
         assert (stored.seconds, stored.samples_per_s) == (None, None)
         assert stored.metrics == {"val_loss": 0.41}
+        assert stored.at == trial.last_report_at
         # The split search counts a line's samples in its windows like any report's.
         window = (reports[0].at - timedelta(seconds=1), stored.at)
         times = report_store.report_times(
@@ -63,11 +71,17 @@ def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_pat
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        report_store.add_line_report(
-            session=session, trial=trial, step=1, samples=None, metrics={"val_loss": 0.5}
+        report_store.add_line_reports(
+            budget=ample_budget(),
+            session=session,
+            trial=trial,
+            reports=[Incoming(step=1, samples=None, metrics={"val_loss": 0.5})],
         )
-        report_store.add_line_report(
-            session=session, trial=trial, step=None, samples=None, metrics={"loss": 0.1}
+        report_store.add_line_reports(
+            budget=ample_budget(),
+            session=session,
+            trial=trial,
+            reports=[Incoming(step=None, samples=None, metrics={"loss": 0.1})],
         )
 
     trial = the_trial(sessions, trial_id)
@@ -83,8 +97,11 @@ def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
-        report_store.add_line_report(
-            session=session, trial=trial, step=9, samples=None, metrics={"val_loss": 0.2}
+        report_store.add_line_reports(
+            budget=ample_budget(),
+            session=session,
+            trial=trial,
+            reports=[Incoming(step=9, samples=None, metrics={"val_loss": 0.2})],
         )
 
     trial = the_trial(sessions, trial_id)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from builders import stored_running_trial, stored_sweep, sweep_in
+from builders import ample_budget, stored_running_trial, stored_sweep, sweep_in
 
 from gpumux.fields import MAX_ID
 from gpumux.schemas import ReportIn
@@ -94,7 +94,9 @@ def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path:
     with sessions.write.begin() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        report_store.add_report(session=session, trial=trial, token="secret", report_in=report)
+        report_store.add_report(
+            budget=ample_budget(), session=session, trial=trial, token="secret", report_in=report
+        )
     with sessions.read() as session:
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
@@ -116,7 +118,9 @@ def test_reports_with_a_wrong_token_or_attempt_are_refused(
         trial = store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         with pytest.raises(report_store.ReportRefused, match=message):
-            report_store.add_report(session=session, trial=trial, token=token, report_in=report)
+            report_store.add_report(
+                budget=ample_budget(), session=session, trial=trial, token=token, report_in=report
+            )
         assert trial.objective is None
 
 

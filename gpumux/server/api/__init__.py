@@ -27,6 +27,7 @@ from gpumux.server.api.deps import AppState
 from gpumux.server.api.limits import BodyLimit
 from gpumux.server.api.responses import EVERY_ROUTE, problems
 from gpumux.server.metrics import Metrics
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.nodes import NodeIdentity
 
@@ -39,11 +40,14 @@ def create_app(
     notify: Callable[[], None] = lambda: None,
     metrics: Metrics | None = None,
     node: NodeIdentity | None = None,
+    budget: ReportBudget | None = None,
 ) -> FastAPI:
     """The API over this database; `notify` nudges the scheduler after a write of intent.
 
     `metrics` is shared with the scheduler, which records its tick times in it; the app adds
-    the state read at each scrape of /metrics, so one Metrics serves one app.
+    the state read at each scrape of /metrics, so one Metrics serves one app. `budget` is
+    shared with the scheduler, which records the report lines trials print (default: the
+    settings' own).
     """
     app = FastAPI(
         title="gpumux",
@@ -55,6 +59,7 @@ def create_app(
         sessions=sessions,
         devices_view=devices_view,
         notify=notify,
+        budget=budget or ReportBudget.of(settings),
         node=node,
     )
     app.state.metrics = metrics or Metrics()

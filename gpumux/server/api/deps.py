@@ -19,6 +19,7 @@ from gpumux.fields import MAX_ID, MAX_USER_CHARS
 from gpumux.server import identity
 from gpumux.server.api.shown import shown
 from gpumux.storage import tokens
+from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 from gpumux.storage.nodes import NodeIdentity
@@ -38,6 +39,8 @@ class AppState:
     sessions: Sessions
     devices_view: Callable[[], list[DeviceSnapshot]]
     notify: Callable[[], None]
+    # What each trial's reports may cost, shared with the scheduler's report lines.
+    budget: ReportBudget
     daemon_uid: int = field(default_factory=os.geteuid)
     # The node this daemon joined as; None for an app served without a scheduler (tests).
     node: NodeIdentity | None = None

@@ -38,7 +38,13 @@ def post_report(
         if trial is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {report_in.trial_id} not found")
         try:
-            report_store.add_report(session=session, trial=trial, token=token, report_in=report_in)
+            report_store.add_report(
+                session=session,
+                trial=trial,
+                token=token,
+                report_in=report_in,
+                budget=state.budget,
+            )
         except report_store.TokenMismatch as error:
             raise HTTPException(status.HTTP_403_FORBIDDEN, str(error)) from error
         except report_store.ReportRefused as error:

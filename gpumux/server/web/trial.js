@@ -99,6 +99,12 @@ export function trialView(id) {
             ["exit code", trial.exit_code],
             ["signal", trial.signal],
             ["last report", trial.last_report_at ? fmtTime(trial.last_report_at) : null],
+            [
+              "reports dropped",
+              trial.reports_dropped
+                ? `${trial.reports_dropped} over its report budget (not stored; their samples counted)`
+                : null,
+            ],
           ]),
           trial.error ? h("pre", { class: "error" }, trial.error) : null,
         ),
