@@ -18,8 +18,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpumux.config import Settings
+if TYPE_CHECKING:
+    # Storage reads no settings of its own: the budget is given them by its owner.
+    from gpumux.config import Settings
 
 log = logging.getLogger(__name__)
 
