@@ -257,6 +257,10 @@ class TrialPublic(BaseModel):
     error: str | None
     objective: float | None
     samples_per_s: float | None
+    steps_per_s: float | None = Field(
+        default=None,
+        description="optimizer steps/s the runtime counted, for a script that reports no samples",
+    )
     last_report_at: datetime | None
     step: int | None = Field(
         default=None, description="the last step (epoch or iteration) the trial reported"
@@ -311,7 +315,7 @@ class SweepsPublic(BaseModel):
     count: int
 
 
-ReportKind = Literal["batch", "epoch", "manual", "line"]
+ReportKind = Literal["batch", "epoch", "manual", "line", "steps"]
 
 
 class ReportIn(BaseModel):
@@ -321,7 +325,8 @@ class ReportIn(BaseModel):
     attempt: int = Field(ge=1, le=MAX_COUNT)
     kind: ReportKind = Field(
         description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
-        "line (a GPUMUX_REPORT line the trial printed)"
+        "line (a GPUMUX_REPORT line the trial printed), steps (PyTorch's optimizer steps, "
+        "counted by the runtime)"
     )
     step: int | None = Field(
         default=None,
@@ -341,7 +346,14 @@ class ReportIn(BaseModel):
         ge=0,
         le=MAX_REPORT_SECONDS,
         allow_inf_nan=False,
-        description="the interval the samples took",
+        description="the interval the samples (or steps) took",
+    )
+    steps: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SAMPLES,
+        allow_inf_nan=False,
+        description="optimizer steps taken since the previous report, counted by the runtime",
     )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
@@ -351,7 +363,7 @@ class ReportIn(BaseModel):
     )
 
     _integers = field_validator("trial_id", "attempt", "step", mode="before")(json_integer)
-    _numbers = field_validator("samples", "seconds", mode="before")(json_number)
+    _numbers = field_validator("samples", "seconds", "steps", mode="before")(json_number)
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -377,6 +389,7 @@ class ReportPublic(BaseModel):
     samples: float | None
     seconds: float | None
     samples_per_s: float | None
+    steps: float | None = None
     metrics: dict[str, float]
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import func, or_, select, union
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
@@ -16,6 +17,8 @@ from gpumux.storage.store import token_hash
 
 # Samples/s above what one report may hold per second measure nothing (a near-zero interval).
 MAX_RATE = MAX_SAMPLES
+# What a report counts, each in a column of its own: a workload is measured in one of them.
+Counted = Literal["samples", "steps"]
 
 
 class ReportRefused(RuntimeError):
@@ -45,6 +48,7 @@ def add_report(*, session: Session, trial: Trial, token: str, report_in: ReportI
         samples=report_in.samples,
         seconds=report_in.seconds,
         metrics=report_in.metrics,
+        steps=report_in.steps,
     )
 
 
@@ -81,11 +85,10 @@ def _record(
     samples: float | None,
     seconds: float | None,
     metrics: dict[str, float],
+    steps: float | None = None,
 ) -> TrialReport:
-    rate = samples / seconds if samples is not None and seconds else None
-    if rate is not None and not rate <= MAX_RATE:
-        # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
-        rate = None
+    rate = _rate(samples, seconds)
+    steps_rate = _rate(steps, seconds)
     report = TrialReport(
         trial_id=trial.id,
         attempt=trial.attempt,
@@ -94,18 +97,28 @@ def _record(
         samples=samples,
         seconds=seconds,
         samples_per_s=rate,
+        steps=steps,
         metrics=metrics,
     )
     session.add(report)
     trial.last_report_at = report.at = utcnow()
     if rate is not None:
         trial.samples_per_s = rate
+    if steps_rate is not None:
+        trial.steps_per_s = steps_rate
     if step is not None:
         trial.step = step
     metric = trial.sweep.objective_metric
     if metric is not None and metric in metrics:
         trial.objective = metrics[metric]
     return report
+
+
+def _rate(count: float | None, seconds: float | None) -> float | None:
+    """`count` per second; None without both, or for an absurd or infinite rate (many in a tiny
+    interval): no rate is better than that."""
+    rate = count / seconds if count is not None and seconds else None
+    return rate if rate is not None and rate <= MAX_RATE else None
 
 
 def list_reports(
@@ -140,17 +153,23 @@ def trials_at_split(
 
 
 def report_times(
-    *, session: Session, trial_ids: Collection[int], start: datetime, end: datetime
+    *,
+    session: Session,
+    trial_ids: Collection[int],
+    start: datetime,
+    end: datetime,
+    counted: Counted = "samples",
 ) -> dict[int, list[tuple[datetime, float]]]:
-    """When each trial's current attempt reported samples in the window (start, end], and how
-    many, in order."""
+    """When each trial's current attempt reported samples (or steps) in the window (start, end],
+    and how many, in order."""
+    column = _column(counted)
     rows = session.execute(
-        select(TrialReport.trial_id, TrialReport.at, TrialReport.samples)
+        select(TrialReport.trial_id, TrialReport.at, column)
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(
             TrialReport.trial_id.in_(trial_ids),
             TrialReport.attempt == Trial.attempt,
-            TrialReport.samples.is_not(None),
+            column.is_not(None),
             TrialReport.at > start,
             TrialReport.at <= end,
         )
@@ -162,12 +181,18 @@ def report_times(
     return times
 
 
-def samples_of(*, session: Session, trial_ids: Collection[int]) -> dict[int, float]:
-    """The samples each trial's current attempt reported in all."""
+def samples_of(
+    *, session: Session, trial_ids: Collection[int], counted: Counted = "samples"
+) -> dict[int, float]:
+    """The samples (or steps) each trial's current attempt reported in all."""
     rows = session.execute(
-        select(TrialReport.trial_id, func.sum(TrialReport.samples))
+        select(TrialReport.trial_id, func.sum(_column(counted)))
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
         .group_by(TrialReport.trial_id)
     )
     return {trial_id: float(total or 0.0) for trial_id, total in rows}
+
+
+def _column(counted: Counted) -> InstrumentedAttribute[float | None]:
+    return TrialReport.steps if counted == "steps" else TrialReport.samples
