@@ -448,7 +448,10 @@ class DevicePublic(BaseModel):
     memory_used_mb: int | None
     memory_free_mb: int | None
     utilization_pct: int | None
-    cpu_count: int | None
+    cpu_count: int | None = Field(
+        description="the host's cores its trials share: all of them for the CPU device, an "
+        "equal block of them for each GPU; a trial gets 1/N as threads"
+    )
     error: str | None
     trials: list[DeviceTrial]
     mix: list[DeviceShare] = Field(description="the sweeps on the device, by sweep id and split")
