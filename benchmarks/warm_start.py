@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from gpumux.devices.kinds.base import TrialCap, cpu_share
+from gpumux.devices.kinds.cpu import CpuKind
+from gpumux.devices.probes import CpuProbe
 from gpumux.processes.contract import LaunchSpec, trial_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +81,13 @@ def serve_reports(reports: Reports) -> tuple[ThreadingHTTPServer, str]:
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
 
 
+def cpu_env(split: int) -> dict[str, str]:
+    """What the CPU device kind sets for a trial at this split, on this host."""
+    (device,) = CpuProbe().snapshot()
+    cap = TrialCap(memory_limit_mb=None, cpu_threads=cpu_share(device, split) or 1)
+    return dict(CpuKind().trial_setup(device, slot=0, cap=cap, pin=False).env)
+
+
 def environment(trial_id: int, split: int, url: str) -> dict[str, str]:
     """The environment gpumux's launcher gives a CPU trial at this split."""
     base = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
@@ -94,11 +104,8 @@ def environment(trial_id: int, split: int, url: str) -> dict[str, str]:
         token="benchmark",
         log_path=Path(os.devnull),
         device_kind="cpu",
-        visible_device="",
-        device_memory_mb=None,
         split=split,
-        memory_limit_mb=None,
-        cpu_threads=max(1, (os.cpu_count() or 1) // split),
+        device_env=cpu_env(split),
     )
     return trial_env(spec)
 

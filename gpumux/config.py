@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     cpu_split: int | None = Field(
         default=None, ge=1, description="trials on the CPU device when a sweep fixes none"
     )
+    cpu_affinity: bool = Field(
+        default=False,
+        description="pin each trial to its own block of its device's cores (its threads' worth)",
+    )
     overhead_mb: int = Field(default=1024, ge=0, description="per-process memory beyond the slice")
     reserve_mb: int = Field(default=512, ge=0, description="memory left free on every GPU")
     min_memory_mb: int = Field(default=256, ge=1)

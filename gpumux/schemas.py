@@ -257,6 +257,10 @@ class TrialPublic(BaseModel):
     error: str | None
     objective: float | None
     samples_per_s: float | None
+    steps_per_s: float | None = Field(
+        default=None,
+        description="optimizer steps/s the runtime counted, for a script that reports no samples",
+    )
     last_report_at: datetime | None
     step: int | None = Field(
         default=None, description="the last step (epoch or iteration) the trial reported"
@@ -316,7 +320,7 @@ class SweepsPublic(BaseModel):
     count: int
 
 
-ReportKind = Literal["batch", "epoch", "manual", "line"]
+ReportKind = Literal["batch", "epoch", "manual", "line", "steps"]
 
 
 class ReportIn(BaseModel):
@@ -326,7 +330,8 @@ class ReportIn(BaseModel):
     attempt: int = Field(ge=1, le=MAX_COUNT)
     kind: ReportKind = Field(
         description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
-        "line (a GPUMUX_REPORT line the trial printed)"
+        "line (a GPUMUX_REPORT line the trial printed), steps (PyTorch's optimizer steps, "
+        "counted by the runtime)"
     )
     step: int | None = Field(
         default=None,
@@ -346,7 +351,14 @@ class ReportIn(BaseModel):
         ge=0,
         le=MAX_REPORT_SECONDS,
         allow_inf_nan=False,
-        description="the interval the samples took",
+        description="the interval the samples (or steps) took",
+    )
+    steps: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SAMPLES,
+        allow_inf_nan=False,
+        description="optimizer steps taken since the previous report, counted by the runtime",
     )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
@@ -356,7 +368,7 @@ class ReportIn(BaseModel):
     )
 
     _integers = field_validator("trial_id", "attempt", "step", mode="before")(json_integer)
-    _numbers = field_validator("samples", "seconds", mode="before")(json_number)
+    _numbers = field_validator("samples", "seconds", "steps", mode="before")(json_number)
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -382,6 +394,7 @@ class ReportPublic(BaseModel):
     samples: float | None
     seconds: float | None
     samples_per_s: float | None
+    steps: float | None = None
     metrics: dict[str, float]
 
 
@@ -440,7 +453,10 @@ class DevicePublic(BaseModel):
     memory_used_mb: int | None
     memory_free_mb: int | None
     utilization_pct: int | None
-    cpu_count: int | None
+    cpu_count: int | None = Field(
+        description="the host's cores its trials share: all of them for the CPU device, an "
+        "equal block of them for each GPU; a trial gets 1/N as threads"
+    )
     error: str | None
     trials: list[DeviceTrial]
     mix: list[DeviceShare] = Field(description="the sweeps on the device, by sweep id and split")

@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-ThroughputUnit = Literal["samples/s", "trials/s"]
+ThroughputUnit = Literal["samples/s", "steps/s", "trials/s"]
 SAMPLES_PER_S: ThroughputUnit = "samples/s"
-# For scripts that report no samples: completed trials.
+# For scripts that report no samples but whose optimizer steps the runtime counts (PyTorch).
+STEPS_PER_S: ThroughputUnit = "steps/s"
+# For scripts that report neither: completed trials.
 TRIALS_PER_S: ThroughputUnit = "trials/s"
 THROUGHPUT_UNITS: tuple[ThroughputUnit, ...] = get_args(ThroughputUnit)
 

@@ -22,6 +22,8 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from gpumux import tokenfile
+from gpumux.devices.kinds.base import TrialCap
+from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
@@ -80,6 +82,14 @@ CPU = DeviceSnapshot(
 def cpu_snapshot(**fields: Any) -> DeviceSnapshot:
     """A CPU device as the probe reports it: 8 cores, 12 GB of 16 free; `fields` override."""
     return replace(CPU, **fields)
+
+
+def cpu_trial_env(threads: int) -> dict[str, str]:
+    """The device part of a CPU trial's environment with `threads` threads, as its kind sets it
+    (no memory size: the trial contract's tests compare it whole)."""
+    device = cpu_snapshot(memory_total_mb=None)
+    cap = TrialCap(memory_limit_mb=None, cpu_threads=threads)
+    return dict(CpuKind().trial_setup(device, slot=0, cap=cap, pin=False).env)
 
 
 @contextmanager

@@ -52,8 +52,12 @@ def test_json_numbers_are_floats_but_for_the_split() -> None:
 
 
 def test_units_are_named_or_refused() -> None:
-    assert [throughput_unit(unit) for unit in THROUGHPUT_UNITS] == ["samples/s", "trials/s"]
-    with pytest.raises(ValueError, match="'epochs/s' is not one of samples/s, trials/s"):
+    assert [throughput_unit(unit) for unit in THROUGHPUT_UNITS] == [
+        "samples/s",
+        "steps/s",
+        "trials/s",
+    ]
+    with pytest.raises(ValueError, match="'epochs/s' is not one of samples/s, steps/s, trials/s"):
         throughput_unit("epochs/s")
 
 

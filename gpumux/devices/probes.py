@@ -6,14 +6,15 @@ import atexit
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.kinds.gpu import GpuKind
-from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess, is_visible
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess, core_blocks, is_visible
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,19 @@ def _text(value: bytes | str) -> str:
 class NvmlProbe:
     """The GPUs NVML reports; starts NVML on the first snapshot and shuts it down at exit."""
 
-    def __init__(self, nvml: ModuleType | Any | None = None, *, visible: str | None = None) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | Any | None = None,
+        *,
+        visible: str | None = None,
+        cores: Sequence[int] | None = None,
+    ) -> None:
         # The pynvml module or a stand-in with its names; pynvml ships no type hints.
         self._nvml: Any = nvml
         self._started = False
         self._visible = visible
+        # The host's cores the GPUs' trials share (None: the daemon's own, read at each probe).
+        self._cores = cores
 
     def _start(self) -> Any:
         if self._nvml is None:
@@ -63,7 +72,8 @@ class NvmlProbe:
         return self._nvml
 
     def snapshot(self) -> list[DeviceSnapshot]:
-        """One snapshot per GPU; raises NvmlUnavailable when NVML cannot start or count GPUs."""
+        """One snapshot per GPU, each with its block of the host's cores; raises NvmlUnavailable
+        when NVML cannot start or count GPUs."""
         nvml = self._start()
         try:
             count = nvml.nvmlDeviceGetCount()
@@ -77,7 +87,12 @@ class NvmlProbe:
                 snapshots.append(_failed_gpu(index, str(exc)))
                 continue
             snapshots.append(self._read_gpu(index, handle))
-        return [gpu for gpu in snapshots if is_visible(gpu, self._visible)]
+        gpus = [gpu for gpu in snapshots if is_visible(gpu, self._visible)]
+        cores = self._cores if self._cores is not None else os.sched_getaffinity(0)
+        return [
+            replace(gpu, cpu_count=len(block), cpu_cores=block)
+            for gpu, block in zip(gpus, core_blocks(cores, len(gpus)), strict=True)
+        ]
 
     def close(self) -> None:
         """Shut NVML down if this probe started it."""
@@ -174,6 +189,7 @@ class CpuProbe:
         total = meminfo.get("MemTotal")
         available = meminfo.get("MemAvailable")
         used = None if total is None or available is None else total - available
+        cores = tuple(sorted(os.sched_getaffinity(0)))
         return [
             DeviceSnapshot(
                 key="cpu",
@@ -186,7 +202,8 @@ class CpuProbe:
                 memory_free_mb=available,
                 utilization_pct=self._utilization(),
                 processes=None,
-                cpu_count=len(os.sched_getaffinity(0)),
+                cpu_count=len(cores),
+                cpu_cores=cores,
             )
         ]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -19,6 +19,8 @@ class DeviceSnapshot:
     """One device at one moment; a field NVML could not read is None.
 
     `kind` names the device's kind (gpumux.devices.kinds), which decides how trials share it.
+    `cpu_cores` are the host's cores (ids) this device's trials share, `cpu_count` how many: all
+    the daemon may use for the CPU device, an equal block of them for each GPU it uses.
     """
 
     key: str
@@ -33,6 +35,17 @@ class DeviceSnapshot:
     processes: tuple[GpuProcess, ...] | None
     cpu_count: int | None
     error: str | None = None
+    cpu_cores: tuple[int, ...] | None = None
+
+
+def core_blocks(cores: Collection[int], devices: int) -> list[tuple[int, ...]]:
+    """The cores split into `devices` equal blocks of neighbours (a core left over stays
+    unused, so no block is larger); every device gets the cores when there are fewer."""
+    ordered = tuple(sorted(cores))
+    size = len(ordered) // devices if devices else 0
+    if size == 0:
+        return [ordered] * devices
+    return [ordered[i * size : (i + 1) * size] for i in range(devices)]
 
 
 def is_visible(gpu: DeviceSnapshot, visible: str | None) -> bool:

@@ -1,5 +1,7 @@
 """The trial contract, the daemon's side: what a trial attempt is started with, and the
-environment that tells the trial who and where it is (gpumux.runtime.context reads it)."""
+environment that tells the trial who and where it is (gpumux.runtime.context reads it). What it
+gets of its device (the device, its cap, its threads, its cores) its device kind decides
+(gpumux.devices.kinds); here it is joined to the rest."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "runtime" / "bootstrap"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Set per trial by the launcher; a submitter's own values must not leak into a trial.
 CONTRACT_PREFIXES = ("GPUMUX_",)
 CONTRACT_NAMES = ("CUDA_VISIBLE_DEVICES",)
@@ -31,12 +32,14 @@ class LaunchSpec:
     url: str
     token: str
     log_path: Path
+    # The kind's name, for the log's first line (its environment names it too).
     device_kind: str
-    visible_device: str
-    device_memory_mb: int | None
     split: int
-    memory_limit_mb: int | None
-    cpu_threads: int | None
+    # What its device kind sets (DeviceKind.trial_setup): CUDA_VISIBLE_DEVICES, GPUMUX_DEVICE_KIND,
+    # the memory cap, the threads.
+    device_env: Mapping[str, str]
+    # The cores the supervisor pins the trial to; None: not pinned.
+    cpu_affinity: Sequence[int] | None = None
     # Start it from the warm spawner, where the framework is imported (a `--warm` sweep).
     warm: bool = False
 
@@ -60,15 +63,7 @@ def trial_env(spec: LaunchSpec) -> dict[str, str]:
         GPUMUX_PARAMS=json.dumps(dict(spec.params)),
         GPUMUX_URL=spec.url,
         GPUMUX_TRIAL_TOKEN=spec.token,
-        GPUMUX_DEVICE_KIND=spec.device_kind,
         GPUMUX_SPLIT=str(spec.split),
-        CUDA_VISIBLE_DEVICES=spec.visible_device,
     )
-    if spec.memory_limit_mb is not None:
-        env["GPUMUX_MEMORY_LIMIT_MB"] = str(spec.memory_limit_mb)
-    if spec.device_memory_mb is not None:
-        env["GPUMUX_DEVICE_MEMORY_MB"] = str(spec.device_memory_mb)
-    if spec.cpu_threads is not None:
-        env["GPUMUX_CPU_THREADS"] = str(spec.cpu_threads)
-        env.update(dict.fromkeys(THREAD_VARIABLES, str(spec.cpu_threads)))
+    env.update(spec.device_env)
     return env

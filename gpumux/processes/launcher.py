@@ -249,6 +249,7 @@ def supervisor_spec(
         "argv": list(spec.argv),
         "cwd": spec.workdir,
         "env": trial_env(spec),
+        "cpu_affinity": None if spec.cpu_affinity is None else list(spec.cpu_affinity),
         "user": dict(user) if user is not None else None,
         "log_path": str(spec.log_path),
         "log_max_bytes": options.log_max_bytes,

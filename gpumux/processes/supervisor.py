@@ -237,6 +237,7 @@ class Supervisor:
             os.dup2(output, 2)
             os.closerange(3, errors)
             os.closerange(errors + 1, os.sysconf("SC_OPEN_MAX"))
+            _pin(spec.get("cpu_affinity"))
             user = spec.get("user")
             if user is not None and os.geteuid() == 0:
                 os.setgroups(user["groups"])
@@ -419,3 +420,17 @@ def main(argv: list[str]) -> int:
         print("usage: supervisor.py RUN_DIR (started by the gpumux daemon)", file=sys.stderr)
         return 2
     return Supervisor(argv[1]).run()
+
+
+def _pin(cores: list[int] | None) -> None:
+    """In the trial child, on its log: pin it to `cores` (GPUMUX_CPU_AFFINITY), or say why it
+    runs on every core instead; a core it may not have costs the pinning, not the trial."""
+    if not cores:
+        return
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as error:
+        line = f"gpumux: WARNING: cannot pin the trial to cores {cores} ({error}): not pinned\n"
+    else:
+        line = f"gpumux: pinned to cores {','.join(map(str, cores))}\n"
+    os.write(1, line.encode())

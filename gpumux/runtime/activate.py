@@ -1,7 +1,9 @@
 """Trial start-up, run by the bootstrap sitecustomize before the user's script.
 
 It sets JAX's environment and hooks the frameworks; each framework's own set-up waits for the
-script to import it, so a trial that never imports TensorFlow pays nothing for it.
+script to import it, so a trial that never imports TensorFlow pays nothing for it. PyTorch's
+hook also counts the script's optimizer steps (torch_steps), its throughput where it reports
+no samples.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def activate() -> None:
 
     def on_torch(torch: ModuleType) -> None:
         frameworks.cap_torch(torch, trial)
+        _count_torch_steps(torch)
 
     importhook.install({"tensorflow": on_tensorflow, "keras": _on_keras, "torch": on_torch})
 
@@ -36,3 +39,10 @@ def _on_keras(keras: ModuleType) -> None:
     from gpumux.runtime import keras_fit
 
     keras_fit.instrument(keras)
+
+
+def _count_torch_steps(torch: ModuleType) -> None:
+    # Imported here, as Keras's hook is: the reporter's modules cost a trial without PyTorch.
+    from gpumux.runtime import torch_steps
+
+    torch_steps.count_steps(torch)

@@ -1,7 +1,8 @@
 """This trial's slice of its device, applied to TensorFlow, PyTorch and JAX.
 
-On a GPU the slice is a memory limit; on the CPU device it is a thread count. Each function here
-runs right after its framework is imported (see importhook), and says on stderr what it applied.
+On a GPU the slice is a memory limit and a share of the host's cores as threads; on the CPU device
+it is a thread count. Each function here runs right after its framework is imported (see
+importhook), and says on stderr what it applied.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def memory_fraction(trial: TrialContext) -> float | None:
 
 
 def cap_tensorflow(tf: ModuleType, trial: TrialContext) -> None:
-    """Give TensorFlow this trial's slice: a logical GPU with a memory limit, or CPU threads."""
+    """Give TensorFlow this trial's slice: a logical GPU with a memory limit, and CPU threads."""
     if trial.device_kind == "gpu":
+        if trial.cpu_threads is not None:
+            _set_tensorflow_threads(tf, trial, where="the host's cores")
         _cap_tensorflow_gpu(tf, trial)
     else:
         _cap_tensorflow_cpu(tf, trial)
@@ -79,10 +82,14 @@ def _ignore_memory_growth(tf: ModuleType, limit: int) -> None:
 
 
 def _cap_tensorflow_cpu(tf: ModuleType, trial: TrialContext) -> None:
-    threads = trial.cpu_threads
-    if threads is None:
+    if trial.cpu_threads is None:
         say("tensorflow: CPU device without GPUMUX_CPU_THREADS; thread counts left as they are")
         return
+    _set_tensorflow_threads(tf, trial, where="CPU device")
+
+
+def _set_tensorflow_threads(tf: ModuleType, trial: TrialContext, *, where: str) -> None:
+    threads = trial.cpu_threads
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -90,7 +97,7 @@ def _cap_tensorflow_cpu(tf: ModuleType, trial: TrialContext) -> None:
         _warn_too_late(f"its limit of {threads} thread(s)", err)
         return
     say(
-        f"tensorflow: CPU device, {threads} intra-op and {threads} inter-op thread(s)"
+        f"tensorflow: {where}, {threads} intra-op and {threads} inter-op thread(s)"
         f"{trial.split_note}, applied before TensorFlow initialised"
     )
 
@@ -105,7 +112,10 @@ def _warn_too_late(what: str, err: RuntimeError) -> None:
 
 
 def cap_torch(torch: ModuleType, trial: TrialContext) -> None:
-    """Give PyTorch this trial's slice: a CUDA memory fraction, or CPU threads."""
+    """Give PyTorch this trial's slice: a CUDA memory fraction, and CPU threads."""
+    if trial.device_kind == "gpu" and trial.cpu_threads is not None:
+        torch.set_num_threads(trial.cpu_threads)
+        say(f"torch: the host's cores, {trial.cpu_threads} thread(s){trial.split_note}")
     if trial.device_kind != "gpu":
         threads = trial.cpu_threads
         if threads is None:

@@ -146,6 +146,9 @@ class Reporter:
         self._pid = os.getpid()
         self._warned: set[str] = set()
         self._retry_at = 0.0
+        # Whether the script's reports carried samples: they are then its throughput, and the
+        # optimizer steps the runtime counts (torch_steps) are no longer sent.
+        self.reports_samples = False
 
     def submit(
         self,
@@ -155,8 +158,10 @@ class Reporter:
         samples: float | None,
         seconds: float | None,
         metrics: Mapping[str, object],
+        steps: float | None = None,
     ) -> None:
-        """Queue one report: metrics at `step`, samples processed in the interval of `seconds`."""
+        """Queue one report: metrics at `step`, samples (or optimizer steps) processed in the
+        interval of `seconds`."""
         numbers, left_out = report_metrics(metrics)
         if left_out is not None:
             self._warn_once("metrics", f"WARNING: {left_out}")
@@ -167,6 +172,8 @@ class Reporter:
                 f"WARNING: samples must be a finite number from 0 to {MAX_SAMPLES:g}: "
                 "reports go without them",
             )
+        if sent_samples is not None:
+            self.reports_samples = True
         body = {
             "trial_id": self.trial_id,
             "attempt": self.attempt,
@@ -177,6 +184,9 @@ class Reporter:
             "seconds": _bounded(seconds, MAX_REPORT_SECONDS),
             "metrics": numbers,
         }
+        sent_steps = _bounded(steps, MAX_SAMPLES)
+        if sent_steps is not None:
+            body["steps"] = sent_steps
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:
@@ -314,11 +324,14 @@ def submit(
     samples: float | None,
     seconds: float | None,
     metrics: Mapping[str, object],
+    steps: float | None = None,
 ) -> None:
     """Queue one report for the daemon; a no-op outside gpumux."""
     reporter = current()
     if reporter is not None:
-        reporter.submit(kind=kind, step=step, samples=samples, seconds=seconds, metrics=metrics)
+        reporter.submit(
+            kind=kind, step=step, samples=samples, seconds=seconds, metrics=metrics, steps=steps
+        )
 
 
 def _forget_in_child() -> None:

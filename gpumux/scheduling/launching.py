@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from gpumux import accounts, sweepspec
 from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
+from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec
@@ -138,6 +139,12 @@ class Launcher:
             started_at=utcnow(),
         )
         sweep = trial.sweep
+        setup = kind_of(device).trial_setup(
+            device,
+            slot=chosen.slot,
+            cap=TrialCap(memory_limit_mb=chosen.memory_limit_mb, cpu_threads=chosen.cpu_threads),
+            pin=self.settings.cpu_affinity,
+        )
         return LaunchSpec(
             trial_id=trial.id,
             sweep_id=sweep.id,
@@ -150,11 +157,9 @@ class Launcher:
             token=token,
             log_path=log_path,
             device_kind=device.kind,
-            visible_device=kind_of(device).cuda_visible_devices(device),
-            device_memory_mb=device.memory_total_mb,
             split=chosen.split,
-            memory_limit_mb=chosen.memory_limit_mb,
-            cpu_threads=chosen.cpu_threads,
+            device_env=setup.env,
+            cpu_affinity=setup.cpu_affinity,
             warm=sweep.warm,
         )
 

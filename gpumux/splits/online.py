@@ -5,7 +5,8 @@ for sweeps with `--split auto`. Each tick it reports the workload's trials runni
 under the current N and what shares the device (a trial under N holds 1/N of it, so several
 workloads mix). While the device is full, a phase runs: after a warm-up, each of the workload's
 trials under N gives its samples/s between its reports, and the device's throughput at N is N
-times the median trial's rate (completed trials/s for scripts that report nothing); with the
+times the median trial's rate (optimizer steps/s for PyTorch scripts that report no samples,
+completed trials/s for scripts that report neither; one unit per workload); with the
 most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
 stored as the workload's profile so that the next sweep of the workload starts settled.
 
@@ -35,6 +36,7 @@ from gpumux.storage import reports as report_store
 from gpumux.storage.models import Profile, Sweep, Trial
 from gpumux.throughput import (
     SAMPLES_PER_S,
+    STEPS_PER_S,
     TRIALS_PER_S,
     CurvePoint,
     ThroughputUnit,
@@ -366,8 +368,11 @@ class SplitSearch:
         phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
         done = {t.id for t in ended}
         rates = self._rates(session=session, trials=trials, start=start, end=now)
+        if not rates and self._only_steps(session=session, trials=trials):
+            self.unit = STEPS_PER_S
+            rates = self._rates(session=session, trials=trials, start=start, end=now)
         if (
-            self.unit == SAMPLES_PER_S
+            self.unit != TRIALS_PER_S
             and rates
             and all(t.id in rates or t.id in done for t in phase)
         ):
@@ -388,10 +393,11 @@ class SplitSearch:
         (TensorFlow's import alone takes seconds), and N trials that start together crowd each
         other's start-up as much as their training. N times a life rate counts both.
         """
+        counted = self._counted()
         times = report_store.report_times(
-            session=session, trial_ids=[t.id for t in trials], start=start, end=end
+            session=session, trial_ids=[t.id for t in trials], start=start, end=end, counted=counted
         )
-        totals = report_store.samples_of(session=session, trial_ids=list(times))
+        totals = report_store.samples_of(session=session, trial_ids=list(times), counted=counted)
         started = {t.id: t.started_at for t in trials}
         rates = {}
         for trial_id, reports in times.items():
@@ -407,6 +413,22 @@ class SplitSearch:
             if 0 <= rate <= report_store.MAX_RATE:
                 rates[trial_id] = rate
         return rates
+
+    def _counted(self) -> report_store.Counted:
+        """What the search's unit counts in the reports."""
+        return "steps" if self.unit == STEPS_PER_S else "samples"
+
+    def _only_steps(self, *, session: Session, trials: Sequence[Trial]) -> bool:
+        """Whether the workload, not measured yet, reported optimizer steps and no samples:
+        then it is measured in steps/s from now on. Samples win: a script that reports them
+        is measured in samples/s, whatever the runtime counted besides."""
+        if self.unit != SAMPLES_PER_S or self.curve:
+            return False
+        ids = [t.id for t in trials]
+        if any(report_store.samples_of(session=session, trial_ids=ids).values()):
+            return False
+        steps = report_store.samples_of(session=session, trial_ids=ids, counted="steps")
+        return any(steps.values())
 
     def _ours(self, trial: Trial) -> bool:
         """Whether the trial is of this workload in an auto sweep."""
@@ -427,9 +449,12 @@ class SplitSearch:
         ]
         per_trial = statistics.median(durations) if durations else None
         rates = window.rates
-        if self.unit == SAMPLES_PER_S and not rates:
+        if self.unit != TRIALS_PER_S and not rates:
+            ended = [t.id for t in window.ended]
+            if self._only_steps(session=session, trials=window.ended):
+                self.unit = STEPS_PER_S
             totals = report_store.samples_of(
-                session=session, trial_ids=[t.id for t in window.ended]
+                session=session, trial_ids=ended, counted=self._counted()
             )
             if not any(totals.values()) and not self.curve:
                 # A script that reports nothing: count finished trials instead, from now on.
@@ -446,7 +471,7 @@ class SplitSearch:
                 < (rate := totals.get(t.id, 0.0) / (t.ended_at - t.started_at).total_seconds())
                 <= report_store.MAX_RATE
             ]
-        if self.unit == SAMPLES_PER_S and rates:
+        if self.unit != TRIALS_PER_S and rates:
             throughput = self.split * statistics.median(rates)
         elif self.unit == TRIALS_PER_S and per_trial is not None:
             throughput = self.split / per_trial

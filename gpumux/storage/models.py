@@ -204,6 +204,8 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     objective: Mapped[float | None]
     samples_per_s: Mapped[float | None]
+    # Optimizer steps/s, counted by the runtime where the script reports no samples (PyTorch).
+    steps_per_s: Mapped[float | None]
     last_report_at: Mapped[datetime | None]
     # The last step (epoch or iteration) the current attempt reported.
     step: Mapped[int | None]
@@ -234,6 +236,7 @@ class TrialReport(Base):
     samples: Mapped[float | None]
     seconds: Mapped[float | None]
     samples_per_s: Mapped[float | None]
+    steps: Mapped[float | None]
     metrics: Mapped[dict[str, Any]]
 
 

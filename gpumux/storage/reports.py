@@ -6,9 +6,10 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import func, or_, select, union
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 # Samples/s above what one report may hold per second measure nothing (a near-zero interval).
 MAX_RATE = MAX_SAMPLES
+# What a report counts, each in a column of its own: a workload is measured in one of them.
+Counted = Literal["samples", "steps"]
 
 
 class ReportRefused(RuntimeError):
@@ -34,12 +37,13 @@ class TokenMismatch(ReportRefused):
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """One report to record, or `count` consecutive reports of one step merged (their samples
-    summed, each metric's last value)."""
+    and steps summed, each metric's last value)."""
 
     step: int | None
     samples: float | None
     metrics: dict[str, float]
     seconds: float | None = None
+    steps: float | None = None
     count: int = 1
 
 
@@ -62,6 +66,7 @@ def add_report(
         samples=report_in.samples,
         metrics=report_in.metrics,
         seconds=report_in.seconds,
+        steps=report_in.steps,
     )
     return _record(
         session=session, trial=trial, kind=report_in.kind, reports=[report], budget=budget
@@ -101,14 +106,14 @@ def _record(
     dropped = 0
     verdicts = []
     for report in reports:
-        samples, seconds = report.samples, report.seconds
-        rate = samples / seconds if samples is not None and seconds else None
-        if rate is not None and not rate <= MAX_RATE:
-            # Many samples in a tiny interval: no rate is better than an absurd or infinite one.
-            rate = None
-        # The trial's row follows every report, stored or not: its last step, objective, rate.
+        samples, seconds, steps = report.samples, report.seconds, report.steps
+        rate = _rate(samples, seconds)
+        steps_rate = _rate(steps, seconds)
+        # The trial's row follows every report, stored or not: its last step, objective, rates.
         if rate is not None:
             trial.samples_per_s = rate
+        if steps_rate is not None:
+            trial.steps_per_s = steps_rate
         if report.step is not None:
             trial.step = report.step
         if metric is not None and metric in report.metrics:
@@ -131,6 +136,7 @@ def _record(
                 samples=samples,
                 seconds=seconds,
                 samples_per_s=rate,
+                steps=steps,
                 metrics=report.metrics,
                 at=now,
             )
@@ -145,9 +151,12 @@ def _record(
         else:
             dropped += report.count
         if latest is not None:
-            # The samples count wherever they land, and the latest row says when they came.
+            # The samples and steps count wherever they land, and the latest row says when
+            # they came.
             if samples is not None:
                 latest.samples = (latest.samples or 0.0) + samples
+            if steps is not None:
+                latest.steps = (latest.steps or 0.0) + steps
             if latest.samples is not None and latest.seconds:
                 merged = latest.samples / latest.seconds
                 latest.samples_per_s = merged if merged <= MAX_RATE else None
@@ -170,6 +179,13 @@ def _record(
                 trial.reports_dropped,
             )
     return verdicts
+
+
+def _rate(count: float | None, seconds: float | None) -> float | None:
+    """`count` per second; None without both, or for an absurd or infinite rate (many in a tiny
+    interval): no rate is better than that."""
+    rate = count / seconds if count is not None and seconds else None
+    return rate if rate is not None and rate <= MAX_RATE else None
 
 
 def _stored(session: Session, trial_id: int, attempt: int) -> Seed:
@@ -217,17 +233,23 @@ def trials_at_split(
 
 
 def report_times(
-    *, session: Session, trial_ids: Collection[int], start: datetime, end: datetime
+    *,
+    session: Session,
+    trial_ids: Collection[int],
+    start: datetime,
+    end: datetime,
+    counted: Counted = "samples",
 ) -> dict[int, list[tuple[datetime, float]]]:
-    """When each trial's current attempt reported samples in the window (start, end], and how
-    many, in order."""
+    """When each trial's current attempt reported samples (or steps) in the window (start, end],
+    and how many, in order."""
+    column = _column(counted)
     rows = session.execute(
-        select(TrialReport.trial_id, TrialReport.at, TrialReport.samples)
+        select(TrialReport.trial_id, TrialReport.at, column)
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(
             TrialReport.trial_id.in_(trial_ids),
             TrialReport.attempt == Trial.attempt,
-            TrialReport.samples.is_not(None),
+            column.is_not(None),
             TrialReport.at > start,
             TrialReport.at <= end,
         )
@@ -239,12 +261,18 @@ def report_times(
     return times
 
 
-def samples_of(*, session: Session, trial_ids: Collection[int]) -> dict[int, float]:
-    """The samples each trial's current attempt reported in all."""
+def samples_of(
+    *, session: Session, trial_ids: Collection[int], counted: Counted = "samples"
+) -> dict[int, float]:
+    """The samples (or steps) each trial's current attempt reported in all."""
     rows = session.execute(
-        select(TrialReport.trial_id, func.sum(TrialReport.samples))
+        select(TrialReport.trial_id, func.sum(_column(counted)))
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
         .group_by(TrialReport.trial_id)
     )
     return {trial_id: float(total or 0.0) for trial_id, total in rows}
+
+
+def _column(counted: Counted) -> InstrumentedAttribute[float | None]:
+    return TrialReport.steps if counted == "steps" else TrialReport.samples

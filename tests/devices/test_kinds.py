@@ -11,11 +11,17 @@ from typing import Any, ClassVar
 import pytest
 
 from gpumux.devices.kinds import KINDS, kind_of
-from gpumux.devices.kinds.base import DeviceKind, PackingRules, ResidentMemory, TrialCap
+from gpumux.devices.kinds.base import (
+    DeviceKind,
+    PackingRules,
+    ResidentMemory,
+    TrialCap,
+    TrialSetup,
+)
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.kinds.gpu import GpuKind
 from gpumux.devices.resident import resident_mb
-from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess, core_blocks
 from gpumux.scheduling.placement import (
     PackingPolicy,
     PendingTrial,
@@ -100,6 +106,81 @@ def test_a_gpu_cuts_equal_slices_of_what_others_leave() -> None:
     thin = kind.cap(gpu(), split=1000, room_mb=room, held_mb=0, overhead_mb=0, rules=POLICY)
     assert thin is None, "a slice under the smallest one"
     assert not kind.usable(gpu(memory_total_mb=None)) and not kind.usable(gpu(error="lost"))
+
+
+THREADS = ("GPUMUX_CPU_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def host_gpus(cores: int, gpus: int) -> list[DeviceSnapshot]:
+    """The GPUs of a host with `cores` cores as the probe gives them: each its block of cores."""
+    return [
+        gpu(key=f"GPU-{i}", uuid=f"GPU-{i}", index=i, cpu_count=len(block), cpu_cores=block)
+        for i, block in enumerate(core_blocks(range(cores), gpus))
+    ]
+
+
+def gpu_trials(device: DeviceSnapshot, split: int, *, pin: bool) -> list[TrialSetup]:
+    """What the `split` trials that fill the idle GPU start with, slot by slot."""
+    kind = GpuKind()
+    room = kind.room_mb(device, reserve_mb=512, our_pids=(), our_caps=[], overhead_mb=1024)
+    setups = []
+    for slot in range(split):
+        cap = kind.cap(device, split=split, room_mb=room, held_mb=0, overhead_mb=1024, rules=POLICY)
+        assert cap is not None
+        setups.append(kind.trial_setup(device, slot=slot, cap=cap, pin=pin))
+    return setups
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16, 64])
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+@pytest.mark.parametrize("split", [1, 3, 13, 34])
+def test_a_gpu_trial_gets_its_share_of_the_hosts_cores_as_threads(
+    cores: int, gpus: int, split: int
+) -> None:
+    for device in host_gpus(cores, gpus):
+        per_gpu = cores // gpus or cores
+        threads = max(1, per_gpu // split)
+        for setup in gpu_trials(device, split, pin=False):
+            env = setup.env
+            assert {name: env[name] for name in THREADS} == dict.fromkeys(THREADS, str(threads))
+            assert env["CUDA_VISIBLE_DEVICES"] == device.uuid and env["GPUMUX_DEVICE_KIND"] == "gpu"
+            assert int(env["GPUMUX_MEMORY_LIMIT_MB"]) > 0
+            assert env["GPUMUX_DEVICE_MEMORY_MB"] == str(H100_MB)
+            assert "GPUMUX_CPU_CORES" not in env and setup.cpu_affinity is None
+        if split <= per_gpu and gpus <= cores:
+            # The threads of every trial on the host add up to its cores at most.
+            assert gpus * split * threads <= cores
+
+
+@pytest.mark.parametrize(
+    ("cores", "gpus", "split"), [(16, 1, 4), (16, 2, 3), (64, 8, 8), (2, 1, 2)]
+)
+def test_pinned_trials_get_disjoint_blocks_of_their_gpus_cores(
+    cores: int, gpus: int, split: int
+) -> None:
+    pinned: list[tuple[int, ...]] = []
+    for device in host_gpus(cores, gpus):
+        assert device.cpu_cores is not None
+        for setup in gpu_trials(device, split, pin=True):
+            assert setup.cpu_affinity is not None
+            assert set(setup.cpu_affinity) <= set(device.cpu_cores)
+            assert len(setup.cpu_affinity) == int(setup.env["GPUMUX_CPU_THREADS"])
+            assert setup.env["GPUMUX_CPU_CORES"] == ",".join(map(str, setup.cpu_affinity))
+            pinned.append(setup.cpu_affinity)
+    every = [core for block in pinned for core in block]
+    assert len(every) == len(set(every)), pinned
+
+
+def test_more_pinned_trials_than_cores_share_them_round_the_blocks() -> None:
+    (device,) = host_gpus(4, 1)
+    affinity = [setup.cpu_affinity for setup in gpu_trials(device, 6, pin=True)]
+    assert affinity == [(0,), (1,), (2,), (3,), (0,), (1,)]
+
+
+def test_a_gpu_whose_cores_are_unknown_leaves_the_threads_alone() -> None:
+    (setup,) = gpu_trials(gpu(cpu_count=None, cpu_cores=None), 1, pin=True)
+    assert not set(THREADS) & set(setup.env) and setup.cpu_affinity is None
+    assert setup.env["GPUMUX_MEMORY_LIMIT_MB"]
 
 
 def test_a_gpu_says_which_split_fits_when_one_never_does() -> None:
@@ -266,6 +347,11 @@ def test_a_third_kind_is_one_class_that_placement_takes(monkeypatch: pytest.Monk
         "tiny rack has no room for one bay"
     )
     assert kind_of(rack).cuda_visible_devices(rack) == "rack-0"
+    # Its trials' environment comes from the interface, its device and its cap in it.
+    cap = TrialCap(memory_limit_mb=1000, cpu_threads=1)
+    env = kind_of(rack).trial_setup(rack, slot=1, cap=cap, pin=False).env
+    assert (env["GPUMUX_DEVICE_KIND"], env["CUDA_VISIBLE_DEVICES"]) == ("rack", "rack-0")
+    assert (env["GPUMUX_MEMORY_LIMIT_MB"], env["OMP_NUM_THREADS"]) == ("1000", "1")
 
 
 STEPS = (1, 2, 3, 5, 8, 13, 21, 34)

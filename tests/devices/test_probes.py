@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -103,9 +104,38 @@ def test_two_gpus_fields() -> None:
     )
     assert first.utilization_pct == 37
     assert first.processes == (GpuProcess(pid=31001, used_memory_mb=4096),)
-    assert first.cpu_count is None and first.error is None
+    assert first.error is None
     assert second.key == nvml.gpus[1].uuid != first.key
     assert (second.index, second.memory_used_mb, second.processes) == (1, 522, ())
+    # Each GPU's trials share half of the cores this process may use (all when it has one).
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    blocks = (cores[:half], cores[half : 2 * half]) if half else (cores, cores)
+    assert [list(gpu.cpu_cores or ()) for gpu in (first, second)] == list(blocks)
+    assert [gpu.cpu_count for gpu in (first, second)] == [len(block) for block in blocks]
+
+
+@pytest.mark.parametrize(
+    ("cores", "gpus", "blocks"),
+    [
+        (range(16), 1, [tuple(range(16))]),
+        (range(16), 2, [tuple(range(8)), tuple(range(8, 16))]),
+        # A core left over stays unused: no GPU's trials get more than another's.
+        (range(16), 3, [(0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14)]),
+        ((9, 3, 5, 7), 2, [(3, 5), (7, 9)]),
+        # Fewer cores than GPUs: every GPU's trials share them all.
+        ((4,), 2, [(4,), (4,)]),
+    ],
+)
+def test_each_gpu_gets_an_equal_block_of_the_hosts_cores(
+    cores: range | tuple[int, ...], gpus: int, blocks: list[tuple[int, ...]]
+) -> None:
+    nvml = scripted_nvml("two_gpus")
+    nvml.gpus[:] = [*nvml.gpus, *nvml.gpus][:gpus]
+    snapshots = NvmlProbe(nvml, cores=list(cores)).snapshot()
+    assert [(gpu.cpu_cores, gpu.cpu_count) for gpu in snapshots] == [
+        (block, len(block)) for block in blocks
+    ]
 
 
 def test_nvml_starts_lazily_once_and_shuts_down_once() -> None:

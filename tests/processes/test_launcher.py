@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import cpu_trial_env
 
 from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec, trial_env
@@ -34,11 +35,8 @@ def launch_spec(tmp_path: Path, argv: list[str], **fields: object) -> LaunchSpec
         token="secret",
         log_path=tmp_path / "logs" / "trial.log",
         device_kind="cpu",
-        visible_device="",
-        device_memory_mb=None,
         split=2,
-        memory_limit_mb=None,
-        cpu_threads=1,
+        device_env=cpu_trial_env(1),
     )
     values.update(fields)
     return LaunchSpec(**values)  # type: ignore[arg-type]

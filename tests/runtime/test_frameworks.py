@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -46,6 +47,10 @@ class RecordingTfConfig:
         self.error = error
         self.calls: list[tuple[str, Any, Any]] = []
         self.experimental = SimpleNamespace(set_memory_growth=self.set_memory_growth)
+        self.threading = SimpleNamespace(
+            set_intra_op_parallelism_threads=lambda n: self.calls.append(("intra", n, None)),
+            set_inter_op_parallelism_threads=lambda n: self.calls.append(("inter", n, None)),
+        )
 
     def list_physical_devices(self, device_type: str) -> list[Any]:
         return [GPU] if device_type == "GPU" else []
@@ -84,6 +89,24 @@ def test_tensorflow_gpu_gets_one_logical_device_with_the_memory_limit(
     assert capsys.readouterr().err == (
         "gpumux: tensorflow: GPU:0 capped at 4096 MB (split 4), "
         "applied before TensorFlow initialised\n"
+    )
+
+
+def test_tensorflow_on_a_gpu_gets_threads_for_its_share_of_the_hosts_cores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = RecordingTfConfig()
+
+    frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial(cpu_threads=3))
+
+    assert config.calls == [
+        ("intra", 3, None),
+        ("inter", 3, None),
+        ("set_logical_device_configuration", GPU, [("LogicalDeviceConfiguration", 4096)]),
+    ]
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "gpumux: tensorflow: the host's cores, 3 intra-op and 3 inter-op thread(s) (split 4), "
+        "applied before TensorFlow initialised"
     )
 
 
@@ -192,6 +215,21 @@ def test_torch_on_the_cpu_device_gets_its_threads(tmp_path: Path) -> None:
         "gpumux: torch: CPU device, 1 thread(s) (split 2)",
         "script: torch threads 1",
     ]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_torch_on_a_gpu_gets_threads_for_its_share_of_the_hosts_cores(tmp_path: Path) -> None:
+    # More than torch would take by itself: the count seen must be gpumux's.
+    threads = (os.cpu_count() or 1) + 1
+    script = "import torch; print(f'script: torch threads {torch.get_num_threads()}')"
+    env = trial_env(None, GPUMUX_DEVICE_KIND="gpu", GPUMUX_CPU_THREADS=str(threads))
+
+    result = run_python(["-c", script], env, tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    assert f"gpumux: torch: the host's cores, {threads} thread(s) (split 2)" in lines
+    assert lines[-1] == f"script: torch threads {threads}"
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)

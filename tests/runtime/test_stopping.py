@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import cpu_trial_env
 
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import SupervisedTrial, SupervisorOptions
@@ -37,11 +38,8 @@ def supervised(tmp_path: Path, *args: str) -> SupervisedTrial:
         token="secret",
         log_path=tmp_path / "trial.log",
         device_kind="cpu",
-        visible_device="",
-        device_memory_mb=None,
         split=1,
-        memory_limit_mb=None,
-        cpu_threads=1,
+        device_env=cpu_trial_env(1),
     )
     return SupervisedTrial.spawn(spec, run_dir=tmp_path / "run", options=OPTIONS)
 

@@ -17,7 +17,9 @@ from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
 from gpumux import sweepspec
 from gpumux.config import Settings
+from gpumux.devices.kinds.base import pinned_cores
 from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
+from gpumux.devices.snapshot import core_blocks
 from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
@@ -338,6 +340,40 @@ def test_on_gpus_each_trial_gets_its_gpu_and_a_slice_that_respects_foreign_memor
         cap = room // 2 - settings.overhead_mb
         assert trial.memory_limit_mb == cap and env["GPUMUX_MEMORY_LIMIT_MB"] == str(cap)
         assert env["GPUMUX_DEVICE_MEMORY_MB"] == str(H100_MB)
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_a_gpu_trial_gets_threads_for_its_share_of_the_hosts_cores(
+    settings: Settings, sessions: Sessions, tmp_path: Path, pin: bool
+) -> None:
+    nvml = scripted_nvml("two_gpus")
+    pinned = settings.model_copy(update={"cpu_affinity": pin})
+    harness = Harness(pinned, sessions, tmp_path, probe=NvmlProbe(nvml))
+    sweep_id = harness.submit(
+        "x=1,2,3,4", command=[sys.executable, str(FIXTURES / "echo_env.py")], split=2
+    )
+    asyncio.run(harness.scheduler.run_until_idle())
+    # The daemon's cores, in one block per GPU; 1/N of its GPU's block for each trial.
+    cores = sorted(os.sched_getaffinity(0))
+    blocks = dict(zip((gpu.uuid for gpu in nvml.gpus), core_blocks(cores, 2), strict=True))
+    for trial in harness.trials(sweep_id):
+        assert trial.status == TrialStatus.succeeded and trial.log_path is not None
+        assert trial.device is not None and trial.slot is not None
+        log = Path(trial.log_path).read_text()
+        record = json.loads(log.splitlines()[-1])
+        block = blocks[trial.device]
+        threads = max(1, len(block) // 2)
+        assert trial.cpu_threads == threads
+        for name in ("GPUMUX_CPU_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            assert record["env"][name] == str(threads), (name, record)
+        assert record["env"]["OPENBLAS_NUM_THREADS"] == str(threads)
+        if pin:
+            expected = pinned_cores(block, slot=trial.slot, threads=threads)
+            assert record["affinity"] == list(expected)
+            assert record["env"]["GPUMUX_CPU_CORES"] == ",".join(map(str, expected))
+            assert f"gpumux: pinned to cores {','.join(map(str, expected))}" in log
+        else:
+            assert record["affinity"] == cores and "GPUMUX_CPU_CORES" not in record["env"]
 
 
 def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(

@@ -227,6 +227,43 @@ def test_a_long_trial_is_measured_once_it_reported_twice_after_the_warm_up(
     assert search.split == 2
 
 
+def steps_report(trial: Trial, at: datetime, steps: float) -> TrialReport:
+    """What the runtime's optimizer-step counter sends: steps, no samples."""
+    return TrialReport(
+        trial_id=trial.id, attempt=1, kind="steps", at=at, steps=steps, seconds=1.0, metrics={}
+    )
+
+
+@pytest.mark.parametrize("samples_at", [(), (6, 9, 12), (12,)])
+def test_optimizer_steps_are_the_unit_of_a_workload_that_reports_no_samples(
+    sessions: Sessions, trial_id: int, samples_at: tuple[int, ...]
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
+        trial = running_trial(start - timedelta(seconds=1), 1)
+        session.add(trial)
+        session.flush()
+        for second in (6, 9, 12):
+            session.add(steps_report(trial, start + timedelta(seconds=second), 40.0))
+        for second in samples_at:
+            session.add(report(trial, start + timedelta(seconds=second), 1000.0))
+        session.flush()
+        end = start + TIMING.warmup + TIMING.window
+        search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
+    # Over its life, from a second before the phase to its last report.
+    if not samples_at:
+        assert search.unit == "steps/s"
+        assert [p.throughput for p in search.curve] == [pytest.approx(120.0 / 13)]
+    elif len(samples_at) > 1:
+        assert search.unit == "samples/s"
+        assert [p.throughput for p in search.curve] == [pytest.approx(3000.0 / 13)]
+    else:
+        # Samples win, even when too rare for a rate yet: the window waits for them.
+        assert search.unit == "samples/s" and search.curve == []
+
+
 def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     sessions: Sessions, trial_id: int
 ) -> None:

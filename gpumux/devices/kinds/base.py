@@ -1,5 +1,6 @@
-"""The device-kind interface: what a device offers, how a trial is capped on it, how its memory
-is accounted. Pure: placement calls it, so it reads nothing from the host itself."""
+"""The device-kind interface: what a device offers, how a trial is capped on it, what it starts
+with (its environment, its cores), how its memory is accounted. Pure: placement calls it, so it
+reads nothing from the host itself."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from gpumux.devices.snapshot import DeviceSnapshot
 
 # The resident memory of some processes together, in MiB; None when none could be read.
 ResidentMemory = Callable[[Collection[int]], int | None]
+# The thread pools a trial's share of the cores sizes, read when their library loads: OpenMP
+# (PyTorch's intra-op pool, most BLAS builds), MKL and OpenBLAS.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class PackingRules(Protocol):
@@ -36,6 +40,31 @@ class TrialCap:
 
     memory_limit_mb: int | None
     cpu_threads: int | None
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What a trial on a device starts with: the device's part of its environment (the trial
+    contract's device variables), and the cores it is pinned to (None: not pinned)."""
+
+    env: Mapping[str, str]
+    cpu_affinity: tuple[int, ...] | None
+
+
+def cpu_share(device: DeviceSnapshot, split: int) -> int | None:
+    """A trial's threads at `split`: its 1/N of the device's cores, one at least; None when the
+    device's cores are unknown."""
+    if device.cpu_count is None:
+        return None
+    return max(1, device.cpu_count // split)
+
+
+def pinned_cores(cores: Sequence[int], *, slot: int, threads: int) -> tuple[int, ...]:
+    """Slot `slot`'s block of `threads` neighbouring cores: disjoint from the other slots' while
+    trials of one split fill the device and fit its cores; past them, the blocks wrap round."""
+    blocks = max(1, len(cores) // threads)
+    start = (slot % blocks) * threads
+    return tuple(cores[start : start + threads])
 
 
 @dataclass(frozen=True)
@@ -125,6 +154,29 @@ class DeviceKind(ABC):
     @abstractmethod
     def cuda_visible_devices(self, device: DeviceSnapshot) -> str:
         """CUDA_VISIBLE_DEVICES for a trial on the device."""
+
+    def trial_setup(
+        self, device: DeviceSnapshot, *, slot: int, cap: TrialCap, pin: bool
+    ) -> TrialSetup:
+        """What a trial in `slot` with `cap` starts with: its device, memory and threads in its
+        environment, and with `pin` its own block of the device's cores (a kind that needs more,
+        MPS's thread percentage, adds it here)."""
+        env = {
+            "GPUMUX_DEVICE_KIND": self.name,
+            "CUDA_VISIBLE_DEVICES": self.cuda_visible_devices(device),
+        }
+        if device.memory_total_mb is not None:
+            env["GPUMUX_DEVICE_MEMORY_MB"] = str(device.memory_total_mb)
+        if cap.memory_limit_mb is not None:
+            env["GPUMUX_MEMORY_LIMIT_MB"] = str(cap.memory_limit_mb)
+        affinity = None
+        if cap.cpu_threads is not None:
+            env["GPUMUX_CPU_THREADS"] = str(cap.cpu_threads)
+            env.update(dict.fromkeys(THREAD_VARIABLES, str(cap.cpu_threads)))
+            if pin and device.cpu_cores:
+                affinity = pinned_cores(device.cpu_cores, slot=slot, threads=cap.cpu_threads)
+                env["GPUMUX_CPU_CORES"] = ",".join(map(str, affinity))
+        return TrialSetup(env=env, cpu_affinity=affinity)
 
     @abstractmethod
     def overhead_beyond_cap(

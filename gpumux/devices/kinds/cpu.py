@@ -11,6 +11,7 @@ from gpumux.devices.kinds.base import (
     PackingRules,
     ResidentMemory,
     TrialCap,
+    cpu_share,
 )
 from gpumux.devices.snapshot import DeviceSnapshot
 
@@ -82,7 +83,7 @@ class CpuKind(DeviceKind):
         rules: PackingRules,
     ) -> TrialCap | None:
         """An equal share of the cores, at least one thread."""
-        return TrialCap(memory_limit_mb=None, cpu_threads=max(1, (device.cpu_count or 1) // split))
+        return TrialCap(memory_limit_mb=None, cpu_threads=cpu_share(device, split) or 1)
 
     def never_fits(
         self, device: DeviceSnapshot, *, split: int, overhead_mb: int, rules: PackingRules

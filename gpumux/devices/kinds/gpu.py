@@ -1,4 +1,5 @@
-"""A whole GPU, shared by giving each trial a logical-device memory slice of it."""
+"""A whole GPU, shared by giving each trial a logical-device memory slice of it, and a share of
+the host's cores."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gpumux.devices.kinds.base import (
     PackingRules,
     ResidentMemory,
     TrialCap,
+    cpu_share,
 )
 from gpumux.devices.snapshot import DeviceSnapshot
 
@@ -34,7 +36,10 @@ def foreign_memory_mb(
 
 
 class GpuKind(DeviceKind):
-    """A GPU NVML reports: trials get equal memory slices of what others leave free."""
+    """A GPU NVML reports: trials get equal memory slices of what others leave free, and threads
+    for an equal share of the GPU's block of the host's cores (a process that feeds a GPU runs
+    its input pipeline, its kernel launches and its BLAS on the CPU: N trials each with all of
+    the host's threads oversubscribe it N times)."""
 
     name: ClassVar[str] = "gpu"
     lists_processes: ClassVar[bool] = True
@@ -102,11 +107,12 @@ class GpuKind(DeviceKind):
         overhead_mb: int,
         rules: PackingRules,
     ) -> TrialCap | None:
-        """An equal slice of the room, less the overhead, if it is large enough and still free."""
+        """An equal slice of the room, less the overhead, if it is large enough and still free;
+        1/N of the GPU's cores as threads, as 1/N of its memory."""
         memory = room_mb // split - overhead_mb
         if memory < rules.min_memory_mb or memory + overhead_mb > room_mb - held_mb:
             return None
-        return TrialCap(memory_limit_mb=memory, cpu_threads=None)
+        return TrialCap(memory_limit_mb=memory, cpu_threads=cpu_share(device, split))
 
     def never_fits(
         self, device: DeviceSnapshot, *, split: int, overhead_mb: int, rules: PackingRules
