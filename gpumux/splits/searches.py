@@ -21,6 +21,7 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
+from gpumux.status import SweepStatus
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
 
@@ -152,7 +153,10 @@ class Searches:
                 log.exception("device %s: the split search of %s failed", device, fingerprint)
                 search.phase_start = search.filling_since = None
                 continue
-            if (search.decision, len(search.curve), search.ceiling) != before:
+            over = not on.splits[here] and not queued[fingerprint]
+            if over and self._sweep_over(session, search) and search.sweep_ended():
+                changed.append(search)
+            elif (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)
         return changed
 
@@ -186,6 +190,12 @@ class Searches:
             held=held,
             mix=mix,
         )
+
+    @staticmethod
+    def _sweep_over(session: Session, search: SplitSearch) -> bool:
+        """Whether the last sweep the search measured for has ended (none: nothing to end)."""
+        sweep = None if search.sweep_id is None else session.get(Sweep, search.sweep_id)
+        return sweep is not None and sweep.status in (SweepStatus.finished, SweepStatus.cancelled)
 
     def share(self, model: str, sweep: Sweep) -> Fraction:
         """The share of a device of this model that a trial of the sweep would take there."""
