@@ -4,6 +4,7 @@ the devices: the ceiling each searches under, and the memory the trials they mea
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class Searches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
+        # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
+        self.host_cores = settings.host_cores or len(os.sched_getaffinity(0))
 
     def __iter__(self) -> Iterator[SplitSearch]:
         return iter(self._searches.values())
@@ -85,7 +88,8 @@ class Searches:
                 param_tokens=sweep.param_tokens,
                 ceiling=ceiling,
                 timing=self.timing,
-                guess=kind.first_split(device, ceiling, steps=SEQUENCE),
+                guess=kind.first_split(device, ceiling, steps=SEQUENCE, cores=self.host_cores),
+                cores=kind.work_cores(device),
             )
             self._searches[key].node_id = self.node_id
         return self._searches[key]

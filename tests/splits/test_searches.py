@@ -174,14 +174,18 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = Searches(settings.model_copy(update={"host_cores": 64}))
+    few_cores = Searches(settings.model_copy(update={"host_cores": 4}))
     twins = [device("GPU-a", "NVIDIA H200", "gpu"), device("GPU-b", "NVIDIA H200", "gpu")]
     with sessions.read() as session:
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-    # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that.
+        on_few = few_cores.tuned_splits(session=session, sweep=sweep, devices=twins)
+    # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that,
+    # on a host of 64 cores; on one of 4, a trial per core.
     assert splits == {"GPU-a": 13, "GPU-b": 13}
+    assert on_few == {"GPU-a": 4, "GPU-b": 4}
     (search,) = searches
     assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
 
