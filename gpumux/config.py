@@ -12,6 +12,9 @@ from urllib.parse import quote, unquote
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpumux.devices.simulated.model import ModelError
+from gpumux.devices.simulated.state import load_model, shipped_models
+
 DEFAULT_PORT = 7683
 SOCKET_NAME = "gpumux.sock"
 DATABASE_NAME = "gpumux.db"
@@ -168,6 +171,21 @@ class Settings(BaseSettings):
         description="largest request body the API reads; a larger one is refused (413) unread",
     )
 
+    simulated_gpu: str | None = Field(
+        default=None,
+        description="serve one simulated GPU instead of the host's devices, for development "
+        "and benchmarks: a model file (JSON) or a shipped model's name ("
+        + ", ".join(shipped_models())
+        + "); its trials must be python -m gpumux.devices.simulated.trial",
+    )
+    simulated_time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="real seconds per simulated second on the simulated GPU (0.25: four times "
+        "faster; the split search's own timers are not scaled)",
+    )
+
     node_name: str = Field(
         default_factory=socket.gethostname,
         min_length=1,
@@ -195,6 +213,16 @@ class Settings(BaseSettings):
                     "in tensorflow,numpy"
                 )
         return text
+
+    @field_validator("simulated_gpu")
+    @classmethod
+    def _simulated_model_loads(cls, model: str | None) -> str | None:
+        if model is not None:
+            try:
+                load_model(model)
+            except ModelError as error:
+                raise ValueError(f"simulated_gpu: {error}") from None
+        return model
 
     @field_validator("shares")
     @classmethod

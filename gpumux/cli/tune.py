@@ -283,8 +283,14 @@ def tune(
     )
     if png is not None:
         _check_png(png)
-    chosen = choose_gpu(gpu, visible=visible_gpus(state.settings.gpus, os.environ))
-    if gpu is not None and chosen is None:
+    if state.settings.simulated_gpu is not None:
+        # Its daemon serves the simulated GPU alone, whatever GPUs the host has.
+        chosen = None
+        if gpu is not None:
+            state.note(f"GPUMUX_SIMULATED_GPU is set: --gpu {gpu} ignored")
+    else:
+        chosen = choose_gpu(gpu, visible=visible_gpus(state.settings.gpus, os.environ))
+    if gpu is not None and chosen is None and state.settings.simulated_gpu is None:
         state.note(f"no GPU on this host: --gpu {gpu} ignored; measuring on the CPU")
     home = Path(tempfile.mkdtemp(prefix="gpumux-tune-"))
     try:

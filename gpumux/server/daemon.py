@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from gpumux import accounts, tokenfile
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
+from gpumux.devices.simulated.nvml import open_simulated
 from gpumux.devices.snapshot import visible_gpus
 from gpumux.lockfile import (
     DaemonError,
@@ -183,12 +184,22 @@ class Daemon:
             # Only TCP clients of this user need it; the daemon serves on without.
             log.warning("daemon: no token for %s in %s: %s", account.name, path, error)
 
+    def _devices(self) -> DeviceProbe:
+        """The simulated GPU when one is asked for, else what the host offers."""
+        if self.settings.simulated_gpu is not None:
+            return open_simulated(
+                self.settings.simulated_gpu,
+                home=self.settings.home,
+                time_scale=self.settings.simulated_time_scale,
+            )
+        return make_probe(visible=visible_gpus(self.settings.gpus, os.environ))
+
     async def serve(self) -> None:
         """Run the API and the scheduler until a stop is requested, then stop in order."""
         assert self.sessions is not None and self._sockets, "start() first"
         self._loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
-        probe = self._probe or make_probe(visible=visible_gpus(self.settings.gpus, os.environ))
+        probe = self._probe or self._devices()
         metrics = Metrics()
         spawner = start_spawner(self.settings)
         self.scheduler = Scheduler(

@@ -267,3 +267,17 @@ def test_rounds_without_samples_are_compared_in_trials_per_second() -> None:
     assert cells[""] == ["", "best", "", "failed"]
     without_baseline = results_table([two, three], unit=TRIALS_PER_S, best=2)
     assert list(without_baseline.columns[4].cells) == ["-", "-"]
+
+
+def test_tune_measures_the_simulated_gpu_when_one_is_set(tmp_path: Path) -> None:
+    env = tune_env(tmp_path)
+    env.update(GPUMUX_SIMULATED_GPU="a100-compute-bound", GPUMUX_SIMULATED_TIME_SCALE="0.05")
+    trial = [sys.executable, "-m", "gpumux.devices.simulated.trial", "--epochs=2"]
+    # --gpu names no GPU of the simulated daemon: it is ignored, not looked up on the host.
+    result = tune("--splits", "1,3", "--gpu", "0", "--", *trial, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "GPUMUX_SIMULATED_GPU is set: --gpu 0 ignored" in result.stderr
+    assert "on NVIDIA A100-SXM4-40GB (simulated, time x0.05)" in result.stderr
+    # Every epoch of every trial reported its samples (2 of 2,000 each, the model's epoch).
+    assert re.search(r"^N=1: 1/1 succeeded, .* 4,000 samples reported", result.stdout, re.M)
+    assert re.search(r"^N=3: 3/3 succeeded, .* 12,000 samples reported", result.stdout, re.M)

@@ -1,0 +1,117 @@
+"""Simulated trials on the simulated H200, through a real daemon: their rates are the model's,
+NVML shows their memory, and a trial beyond its slice is recorded as out of memory."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpumux.client import Client
+from gpumux.config import Settings
+from gpumux.devices.simulated.state import load_model
+from gpumux.devices.simulated.trial import TICK_S
+from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.server.daemon import embedded
+
+MODEL = "h200-torch-mlp"
+SCALE = 0.1
+# Past the N where one trial alone is as fast as a few (the H200 scales linearly to 3).
+SPLIT = 8
+TRIAL = [sys.executable, "-m", "gpumux.devices.simulated.trial"]
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    settings = Settings(
+        home=tmp_path / "home",
+        simulated_gpu=MODEL,
+        simulated_time_scale=SCALE,
+        poll_interval=0.2,
+        kill_grace=2.0,
+    )
+    with embedded(settings) as daemon, Client(daemon.url) as client:
+        yield client
+
+
+def run(client: Client, *, trials: int, split: int, args: list[str]) -> SweepDetail:
+    created = client.create_sweep(
+        SweepCreate(
+            params=[],
+            command=[*TRIAL, *args],
+            workdir=str(Path.cwd()),
+            env=dict(os.environ),
+            trials=trials,
+            split=split,
+        )
+    )
+    deadline = time.monotonic() + 120
+    while (sweep := client.get_sweep(created.id)).status != "finished":
+        assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
+        time.sleep(0.1)
+    return sweep
+
+
+def test_simulated_trials_compute_at_the_models_rate_and_show_its_memory(
+    client: Client,
+) -> None:
+    model = load_model(MODEL)
+    # Epochs of about 2 real seconds at N=8, so that one tick is a small part of one, and
+    # longer than the trials take to start one after the other.
+    epoch = 10 * model.epoch_samples
+    created = client.create_sweep(
+        SweepCreate(
+            params=[],
+            command=[*TRIAL, "--epochs=3", f"--epoch-samples={epoch}"],
+            workdir=str(Path.cwd()),
+            env=dict(os.environ),
+            trials=SPLIT,
+            split=SPLIT,
+        )
+    )
+    deadline = time.monotonic() + 120
+    seen_memory = 0
+    while (sweep := client.get_sweep(created.id)).status != "finished":
+        assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
+        (device,) = client.devices()
+        seen_memory = max(seen_memory, device.memory_used_mb or 0)
+        time.sleep(0.1)
+    trials = client.all_trials(created.id)
+    assert [t.status for t in trials] == ["succeeded"] * SPLIT
+    # NVML showed the trials' per-process memory, as a real GPU shows its processes'.
+    assert seen_memory == SPLIT * model.per_process_mb
+    # In their middle epoch all of them compute, but for a trial that started or ended a
+    # little apart from the others (two fewer at most), give or take what one tick of the
+    # trial's clock is of the epoch.
+    rates = [model.per_trial(n) for n in (SPLIT - 2, SPLIT)]
+    for trial in trials:
+        reports = client.all_reports(trial.id)
+        assert [r.step for r in reports] == [0, 1, 2]
+        assert sum(r.samples or 0 for r in reports) == 3 * epoch
+        for middle in reports[1:-1]:
+            assert middle.samples_per_s is not None and middle.seconds is not None
+            slack = TICK_S / middle.seconds
+            simulated = middle.samples_per_s * SCALE
+            assert min(rates) * (1 - slack) <= simulated <= max(rates) * (1 + slack), (
+                trial.id,
+                middle,
+            )
+
+
+def test_a_trial_beyond_its_slice_runs_out_of_memory(client: Client) -> None:
+    model = load_model(MODEL)
+    # At N=3 a slice is about a third of the card: a trial holding half of it does not fit.
+    sweep = run(
+        client, trials=1, split=3, args=["--epochs=1", f"--memory-mb={model.memory_mb // 2}"]
+    )
+    (trial,) = client.all_trials(sweep.id)
+    assert trial.status == "failed"
+    assert trial.error is not None
+    assert "out of device memory at N=3" in trial.error
+    assert "torch.OutOfMemoryError: CUDA out of memory" in trial.error
+    (device,) = client.devices()
+    assert device.memory_used_mb == 0
