@@ -80,6 +80,8 @@ class Mix:
     # Whether another workload's trial waits for more than the share left: it may hold the
     # device reserved (placement's rule for a trial that fits nowhere), not memory.
     reserved: bool = False
+    # Whether `queued` counts every trial of the workload that waits (the line was read whole).
+    counted: bool = True
 
     @property
     def full(self) -> bool:
@@ -258,6 +260,9 @@ class SplitSearch:
                 waiting=queued > 0,
                 fitting=queued > 0,
             )
+        if mix.counted and self._cannot_fill(left=running + mix.stale + queued):
+            log.info("device %s: %s", self.device_key, self.decision.reason)
+            return
         if mix.stale or not mix.full:
             self._filling(session=session, now=now, queued=queued, mix=mix)
         else:
@@ -309,6 +314,33 @@ class SplitSearch:
             self.unit,
             self.decision.reason,
         )
+
+    def _cannot_fill(self, *, left: int) -> bool:
+        """Whether the sweep's trials left here (running and queued) cannot fill the N the
+        search climbs to next: it then settles on the best it measured, saying so, rather than
+        end unsettled (on a big GPU a first sweep has a few waves: the N above the last is
+        rarely reachable)."""
+        measured = max((point.split for point in self.curve), default=self.split)
+        if left >= self.split or self.split <= measured:
+            return False
+        decision = tuner.next_split(
+            self.curve,
+            ceiling=measured,
+            threshold=self.timing.threshold,
+            oom_at=self.oom_at,
+            start=self.start,
+        )
+        if not decision.settled:
+            return False
+        self.phase_start = self.filling_since = None
+        self.decision = replace(
+            decision,
+            reason=(
+                f"{left} trial(s) of the sweep left cannot fill N={self.split}: using "
+                f"N={decision.split}, the best of {len(self.curve)} point(s) measured"
+            ),
+        )
+        return True
 
     def _reject(self, why: str, conflicts: Sequence[int]) -> None:
         """A point that cannot be: neither it nor the points it conflicts with are kept; the

@@ -133,6 +133,7 @@ class Searches:
                     for sweep in waiting
                     if workload[sweep.id] != fingerprint
                 ),
+                counted=len(waiting) < MAX_SPLIT,
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:

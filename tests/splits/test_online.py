@@ -501,3 +501,25 @@ def test_a_sweep_that_ends_before_its_search_settled_leaves_a_profile_that_says_
         search.save(session=session)
     again = search_of(sessions)
     assert again.split == 2 and [p.split for p in again.curve] == [1]
+
+
+def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 190.0)
+    assert search.split == 3 and not search.decision.settled
+
+    with sessions.write.begin() as session:
+        # Enough trials left to fill N=3: the search waits for its phase.
+        search.observe(session=session, now=now, running=0, queued=3, sweep_id=1)
+        assert not search.decision.settled
+        search.observe(session=session, now=now, running=0, queued=2, sweep_id=1)
+
+    assert search.decision == Decision(
+        split=2,
+        settled=True,
+        reason="2 trial(s) of the sweep left cannot fill N=3: using N=2, the best of 2 point(s) "
+        "measured",
+    )
