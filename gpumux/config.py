@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     tune_warmup: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
     tune_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
     tune_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
+    host_cores: int | None = Field(
+        default=None, ge=1, description="cores the split search's first N counts (default: usable)"
+    )
     cpu_trial_mb: int = Field(
         default=1024, ge=1, description="memory a trial needs on the CPU device (bounds N)"
     )

@@ -28,18 +28,23 @@ def throughput_unit(text: str) -> ThroughputUnit:
 @dataclass(frozen=True)
 class CurvePoint:
     """N trials at once on a device: their aggregate throughput in the curve's unit, and the
-    median seconds and the most memory (MiB) one of them took, when measured."""
+    median seconds and the most memory (MiB) one of them took, when measured; how sure it is:
+    the trials it was measured on, and the spread of their rates ((max - min) / median)."""
 
     split: int
     throughput: float
     seconds_per_trial: float | None = None
     memory_per_trial_mb: float | None = None
+    trials: int | None = None
+    spread: float | None = None
 
     def to_json(self) -> dict[str, int | float | None]:
-        """The point as a JSON object, numbers as floats but for the split."""
+        """The point as a JSON object, numbers as floats but for the split and the trials; how
+        sure it is only where measured (a point of a profile from before reads the same)."""
         return {
-            name: value if name == "split" or value is None else float(value)
+            name: value if name in ("split", "trials") or value is None else float(value)
             for name, value in asdict(self).items()
+            if value is not None or name not in ("trials", "spread")
         }
 
     @classmethod
@@ -57,9 +62,14 @@ class CurvePoint:
         if isinstance(split, bool) or not isinstance(split, int) or split < 1:
             raise ValueError(f"a curve point's split must be an integer of 1 or more: {split!r}")
         _check("throughput", data["throughput"], above_zero=False)
-        for name in ("seconds_per_trial", "memory_per_trial_mb"):
+        for name in ("seconds_per_trial", "memory_per_trial_mb", "spread"):
             if data.get(name) is not None:
                 _check(name, data[name], above_zero=name == "seconds_per_trial")
+        trials = data.get("trials")
+        if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int)):
+            raise ValueError(f"a curve point's trials must be an integer: {trials!r}")
+        if trials is not None and trials < 1:
+            raise ValueError(f"a curve point's trials must be 1 or more: {trials!r}")
         return cls(**data)
 
 

@@ -51,6 +51,24 @@ def test_json_numbers_are_floats_but_for_the_split() -> None:
     assert [CurvePoint.from_json(point.to_json()) for point in POINTS] == POINTS
 
 
+def test_a_point_says_how_sure_it_is_where_measured() -> None:
+    sure = CurvePoint(split=4, throughput=400.0, trials=4, spread=0.1)
+
+    assert sure.to_json() == {
+        "split": 4,
+        "throughput": 400.0,
+        "seconds_per_trial": None,
+        "memory_per_trial_mb": None,
+        "trials": 4,
+        "spread": 0.1,
+    }
+    assert CurvePoint.from_json(sure.to_json()) == sure
+    with pytest.raises(ValueError, match="trials must be 1 or more"):
+        CurvePoint.from_json({"split": 1, "throughput": 1.0, "trials": 0})
+    with pytest.raises(ValueError, match="spread must be a finite number"):
+        CurvePoint.from_json({"split": 1, "throughput": 1.0, "spread": "wide"})
+
+
 def test_units_are_named_or_refused() -> None:
     assert [throughput_unit(unit) for unit in THROUGHPUT_UNITS] == [
         "samples/s",

@@ -11,20 +11,27 @@ device's guess); s = 1 is the search from scratch.
   candidate. The start is s, or the largest candidate when s is above the effective ceiling.
 - Ascent: walking the points from the start by increasing N, the first is the leader; a later
   point becomes the leader when it gains at least `threshold` over the leader, otherwise it is a
-  miss. Until two misses in a row (the knee), measure the next candidate above the largest
-  measured N.
+  miss. Until the knee, measure the next candidate above the largest measured N. The knee is two
+  misses in a row, or one at N >= `LARGE` (the median of that many trials' rates is one steady
+  reading, and each point there costs a wave of long trials).
 - Refinement up: when the leader's next measured N above (or else the OOM) is a candidate more
-  than 1 away, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
+  than 1 away, and it measured at least as much as the leader (the peak may lie between) or ran
+  out of memory, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
   again towards the same upper bound; one that misses ends the search (a bisection of the gap).
 - Descent (start above 1, the ascent settled on the start): walking down from the start, a lower
-  N takes the lead when the leader does not gain `threshold` over it, as fewer trials at the same
-  throughput are preferred (without a knee, at the ceiling, when it measured at least as much).
+  N takes the lead when the best measured so far (the start or a lower leader) does not gain
+  `threshold` over it, as fewer trials at the same throughput are preferred (without a knee, at
+  the ceiling, when it measured at least as much). Compared with the best, not with the last N
+  that took the lead, a slow slope of small losses never drifts below the threshold of the best:
+  a plateau settles on its smallest N within the threshold of the best.
   Until a lower N falls short, measure the candidate just below the lowest measured N.
 - Refinement down: when the N that fell short is a candidate more than 1 below the leader,
   measure the midpoint; one that takes the lead is refined again, one that falls short ends it.
 - Settle on the leader: after the ascent, the smallest N that made the last gain of at least
   `threshold` (at the ceiling or an OOM with a single miss, the higher measured of the leader
   and that miss); after a descent, the lowest N that took the lead.
+- A point that cannot be beside the others (`implausible`: each trial faster at a larger N, or
+  more than the cores that do the work allow) is never stored: the caller measures again.
 - At most len(candidates) + 2 ceil(log2(largest candidate gap)) + 1 measurements under a
   ceiling, out-of-memory trials included (`max_measurements`); from N = 1, one bisection only.
 """
@@ -45,6 +52,14 @@ SEQUENCE = (1, 2, 3, 5, 8, 13, 21, 34)
 DEFAULT_THRESHOLD = 0.05
 # Misses in a row that end the ascent: one noisy dip alone does not.
 PATIENCE = 2
+# From this N a single miss ends the ascent: its point is the median of at least this many
+# trials' rates, and waiting for a second miss would cost another wave of the sweep's longest
+# trials (on a big GPU, most of a first sweep).
+LARGE = 8
+# How much more one trial may do at N than at a smaller N (per trial) before the point is one
+# that cannot be: more trials sharing a device never make each faster. The slack covers noise
+# and what overlapping start-ups gain.
+SLACK = 1.25
 
 COST_HINTS = (
     "batch",
@@ -168,12 +183,18 @@ def _refine_up(
     points: Sequence[CurvePoint], leader: int, *, candidates: Sequence[int], oom_at: int | None
 ) -> Decision | None:
     """The midpoint between the leader and the N above it that missed or ran out of memory."""
-    above = next((point.split for point in points if point.split > leader), None)
+    best = max(point.throughput for point in points if point.split == leader)
+    higher = next((point for point in points if point.split > leader), None)
+    above = None if higher is None else higher.split
     if above is None and oom_at is not None:
         above = oom_at
     # The ascent measures candidates only, so a measured non-candidate just above the leader is a
     # midpoint that missed: the bisection is over. Towards an OOM it goes on until the gap closes.
     if above is None or above - leader <= 1 or not (above in candidates or above == oom_at):
+        return None
+    if higher is not None and higher.throughput < best and leader in candidates:
+        # A step above measured less: the curve is past its peak, nothing between is worth a
+        # wave (a leading midpoint still bisects: the peak may be just above it).
         return None
     split = (leader + above) // 2
     what = "which ran out of memory" if above == oom_at else "measured"
@@ -192,7 +213,7 @@ def _walk(points: Sequence[CurvePoint], *, threshold: float) -> _Walk:
             leader, misses = point, []
         else:
             misses.append(point)
-        if len(misses) >= PATIENCE:
+        if len(misses) >= PATIENCE or (misses and point.split >= LARGE):
             return _Walk(leader=leader, misses=tuple(misses), knee=True)
     return _Walk(leader=leader, misses=tuple(misses), knee=False)
 
@@ -206,15 +227,16 @@ def _descend(
     ascent: Decision,
 ) -> Decision:
     """Below a start the ascent settled on: the next N down, a midpoint, or the lowest leader."""
-    start = leader = walk.leader
+    start = leader = best = walk.leader
     # After a knee the curve is flat here, so a lower N within `threshold` does as well. Without
     # one (the ceiling, an OOM) it may still be rising, as the ascent's settling assumes: a lower
     # N must measure at least as much.
     margin = threshold if walk.knee else 0.0
     short = None
     for point in lower:
-        if _does_as_well(point, leader, margin=margin):
+        if _does_as_well(point, best, margin=margin):
             leader = point
+            best = max(best, point, key=lambda p: p.throughput)
         else:
             short = point
             break
@@ -281,6 +303,38 @@ def _gain(point: CurvePoint, leader: CurvePoint) -> float:
     if leader.throughput <= 0:
         return float("inf")
     return point.throughput / leader.throughput - 1
+
+
+def implausible(
+    curve: Sequence[CurvePoint], point: CurvePoint, *, cores: int | None = None
+) -> tuple[str, list[int]] | None:
+    """Why `point` cannot be beside the curve's points, and the N it conflicts with; None: it can.
+
+    N trials sharing a device never make each trial faster: the throughput at N is at most
+    N / M times that at a smaller M (`SLACK` more). Where the device is the host's `cores` (the
+    CPU), trials beyond the cores share them: at most min(N, cores) / min(M, cores) times. Which
+    of two such points is wrong cannot be told (a loaded host slows the one, a window of reports
+    read together speeds the other), so both are measured again.
+    """
+    conflicts = []
+    why = ""
+    for other in curve:
+        if other.split == point.split or other.throughput <= 0 or point.throughput <= 0:
+            continue
+        low, high = sorted((other, point), key=lambda p: p.split)
+        ratio = high.split / low.split
+        what = f"{high.split / low.split:.3g}x the trials"
+        if cores is not None:
+            ratio = min(high.split, cores) / min(low.split, cores)
+            what = f"{what} on {cores} core{'s' if cores > 1 else ''}"
+        if high.throughput > low.throughput * ratio * SLACK:
+            conflicts.append(other.split)
+            times = high.throughput / low.throughput
+            why = (
+                f"N={high.split} at {high.throughput:.4g} is {times:.3g}x"
+                f" N={low.split} at {low.throughput:.4g} with {what}"
+            )
+    return (why, conflicts) if conflicts else None
 
 
 def cost_parameters(names: Iterable[str]) -> list[str]:

@@ -10,6 +10,13 @@ completed trials/s for scripts that report neither; one unit per workload); with
 most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
 stored as the workload's profile so that the next sweep of the workload starts settled.
 
+A point that cannot be beside the others (tuner.implausible: each trial faster at a larger N, or
+more than the cores that do the work allow) is not stored: it and the points it conflicts with are
+measured again; after `MAX_REJECTED` such points the search stops for the sweep, unsettled and
+saying why. Each point keeps the trials it was measured on and the spread of their rates, and a
+sweep that ends before its search settled leaves a profile that says so, which the next sweep of
+the workload goes on from.
+
 A new search starts from the best prior there is: the workload's own profile (settled: its N;
 else its curve), else the newest settled profile of the same command with other cost parameters
 on the device model (its N), else the device kind's guess. A profile also keeps the N that ran
@@ -45,6 +52,10 @@ from gpumux.throughput import (
 
 log = logging.getLogger(__name__)
 
+# Points that could not be, after which a search stops for its sweep: the host disturbs every
+# window (other work, a loaded machine), and measuring on would only wander.
+MAX_REJECTED = 3
+
 # What TensorFlow, PyTorch, JAX and CUDA print when a process runs out of device memory.
 OUT_OF_MEMORY = re.compile(
     r"ResourceExhaustedError|OOM when allocating|CUDA out of memory|out of memory|"
@@ -71,6 +82,8 @@ class Mix:
     # Whether another workload's trial waits for more than the share left: it may hold the
     # device reserved (placement's rule for a trial that fits nowhere), not memory.
     reserved: bool = False
+    # Whether `queued` counts every trial of the workload that waits (the line was read whole).
+    counted: bool = True
 
     @property
     def full(self) -> bool:
@@ -126,6 +139,16 @@ class SplitSearch:
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
     # The node whose device this is, on a database several nodes share (None: the only one).
     node_id: int | None = None
+    # The cores that do the trials' work where the device is the host's CPU (None: a GPU).
+    cores: int | None = None
+    # Points that could not be, and why the search stopped for this sweep (None: it goes on).
+    rejected: int = 0
+    halted: str | None = None
+    # Whether the profile says already that the sweep ended before the search settled.
+    ended: bool = False
+    # Whether another workload shared the device during the phase: its N is then this
+    # workload's share, not the processes on the device, and no bound of N trials applies.
+    mixed: bool = False
 
     @property
     def split(self) -> int:
@@ -143,6 +166,7 @@ class SplitSearch:
         ceiling: int,
         timing: Timing,
         guess: FirstSplit | None = None,
+        cores: int | None = None,
     ) -> SplitSearch:
         """A search for this workload, from the best prior: its stored profile, a similar
         workload's, else `guess` (the device kind's; none: from N=1)."""
@@ -156,6 +180,7 @@ class SplitSearch:
             cost_tokens=[t for t in param_tokens if t.partition("=")[0] in cost],
             ceiling=ceiling,
             timing=timing,
+            cores=cores,
         )
         profile = profile_store.get_profile(
             session=session, device_name=device_name, fingerprint=search.fingerprint
@@ -227,7 +252,7 @@ class SplitSearch:
         """After a tick's placements: the workload's trials running on the device under the
         current N and queued, the memory (MiB) each running one holds where measured, and what
         shares the device (None: the workload has it to itself)."""
-        if self.decision.settled:
+        if self.decision.settled or self.halted is not None:
             return
         self.sweep_id = sweep_id
         if mix is None:
@@ -237,6 +262,9 @@ class SplitSearch:
                 waiting=queued > 0,
                 fitting=queued > 0,
             )
+        if mix.counted and self._cannot_fill(left=running + mix.stale + queued):
+            log.info("device %s: %s", self.device_key, self.decision.reason)
+            return
         if mix.stale or not mix.full:
             self._filling(session=session, now=now, queued=queued, mix=mix)
         else:
@@ -252,10 +280,13 @@ class SplitSearch:
             # sweep's tail leaves it): per-trial rates would not be those of a full device.
             self.phase_start = None
             return
+        alone = mix.shares == Fraction(running, self.split)
         if self.phase_start is None:
             self.phase_start = now
             self.peak_mb = max(held, default=None)
+            self.mixed = not alone
             return
+        self.mixed = self.mixed or not alone
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
@@ -269,6 +300,11 @@ class SplitSearch:
         point = self._measure(session=session, window=window)
         if point is None:
             return
+        found = None if self.mixed else tuner.implausible(self.curve, point, cores=self.cores)
+        if found is not None:
+            self._reject(*found)
+            return
+        self.ended = False
         self.curve = [p for p in self.curve if p.split != point.split] + [point]
         self.decision = self._decide()
         self.phase_start = None
@@ -280,6 +316,73 @@ class SplitSearch:
             self.unit,
             self.decision.reason,
         )
+
+    def _cannot_fill(self, *, left: int) -> bool:
+        """Whether the sweep's trials left here (running and queued) cannot fill the N the
+        search climbs to next: it then settles on the best it measured, saying so, rather than
+        end unsettled (on a big GPU a first sweep has a few waves: the N above the last is
+        rarely reachable)."""
+        measured = max((point.split for point in self.curve), default=self.split)
+        if left >= self.split or self.split <= measured:
+            return False
+        decision = tuner.next_split(
+            self.curve,
+            ceiling=measured,
+            threshold=self.timing.threshold,
+            oom_at=self.oom_at,
+            start=self.start,
+        )
+        if not decision.settled:
+            return False
+        self.phase_start = self.filling_since = None
+        self.decision = replace(
+            decision,
+            reason=(
+                f"{left} trial(s) of the sweep left cannot fill N={self.split}: using "
+                f"N={decision.split}, the best of {len(self.curve)} point(s) measured"
+            ),
+        )
+        return True
+
+    def _reject(self, why: str, conflicts: Sequence[int]) -> None:
+        """A point that cannot be: neither it nor the points it conflicts with are kept; the
+        search measures again, or stops for this sweep after `MAX_REJECTED` of them."""
+        self.rejected += 1
+        self.curve = [p for p in self.curve if p.split not in conflicts]
+        self.phase_start = None
+        self.decision = self._decide()
+        if self.rejected >= MAX_REJECTED:
+            self.halted = (
+                f"unsettled: {self.rejected} points could not be (the last: {why}); "
+                f"the next sweep measures again"
+            )
+            self.decision = replace(self.decision, reason=self.halted)
+        log.warning(
+            "device %s: %s, which cannot be: measured again; %s",
+            self.device_key,
+            why,
+            self.decision.reason,
+        )
+
+    def sweep_ended(self) -> bool:
+        """The workload has nothing running or queued here and its sweep is over: an unsettled
+        search says so in its profile (True: the profile needs saving), and the next sweep of
+        the workload goes on from its curve, measuring again what could not be."""
+        if self.decision.settled or self.ended:
+            return False
+        self.ended = True
+        self.rejected = 0
+        self.halted = None
+        self.phase_start = self.filling_since = None
+        decision = self._decide()
+        self.decision = replace(
+            decision,
+            reason=(
+                f"unsettled: the sweep ended after {len(self.curve)} point(s), the next sweep "
+                f"goes on from them; {decision.reason}"
+            ),
+        )
+        return True
 
     def _filling(self, *, session: Session, now: datetime, queued: int, mix: Mix) -> None:
         """The workload's trial waits and its share is free, no other trial may hold the device
@@ -473,8 +576,10 @@ class SplitSearch:
             ]
         if self.unit != TRIALS_PER_S and rates:
             throughput = self.split * statistics.median(rates)
+            spread = _spread(rates)
         elif self.unit == TRIALS_PER_S and per_trial is not None:
             throughput = self.split / per_trial
+            spread = _spread(durations)
         else:
             # Nothing in range was reported (absurd sizes stored before they were bounded):
             # such a window tells nothing; the phase starts again.
@@ -486,6 +591,8 @@ class SplitSearch:
             throughput=throughput,
             seconds_per_trial=per_trial,
             memory_per_trial_mb=self.peak_mb,
+            trials=len(rates) if self.unit == SAMPLES_PER_S else len(durations),
+            spread=spread,
         )
 
     def _hit_ceiling(self, *, session: Session, fits: int) -> None:
@@ -503,6 +610,12 @@ class SplitSearch:
         self.decision = self._decide()
         self.filling_since = None
         log.warning("device %s: %s; %s", self.device_key, why, self.decision.reason)
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    """How far apart the trials' figures of one point lie, relative to their median."""
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else None
 
 
 def sweep_fingerprint(sweep: Sweep) -> str:

@@ -4,6 +4,7 @@ the devices: the ceiling each searches under, and the memory the trials they mea
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
+from gpumux.status import SweepStatus
 from gpumux.storage import store
 from gpumux.storage.models import Sweep, Trial
 
@@ -52,6 +54,8 @@ class Searches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
+        # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
+        self.host_cores = settings.host_cores or len(os.sched_getaffinity(0))
 
     def __iter__(self) -> Iterator[SplitSearch]:
         return iter(self._searches.values())
@@ -84,7 +88,8 @@ class Searches:
                 param_tokens=sweep.param_tokens,
                 ceiling=ceiling,
                 timing=self.timing,
-                guess=kind.first_split(device, ceiling, steps=SEQUENCE),
+                guess=kind.first_split(device, ceiling, steps=SEQUENCE, cores=self.host_cores),
+                cores=kind.work_cores(device),
             )
             self._searches[key].node_id = self.node_id
         return self._searches[key]
@@ -128,6 +133,7 @@ class Searches:
                     for sweep in waiting
                     if workload[sweep.id] != fingerprint
                 ),
+                counted=len(waiting) < MAX_SPLIT,
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
@@ -152,7 +158,10 @@ class Searches:
                 log.exception("device %s: the split search of %s failed", device, fingerprint)
                 search.phase_start = search.filling_since = None
                 continue
-            if (search.decision, len(search.curve), search.ceiling) != before:
+            over = not on.splits[here] and not queued[fingerprint]
+            if over and self._sweep_over(session, search) and search.sweep_ended():
+                changed.append(search)
+            elif (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)
         return changed
 
@@ -186,6 +195,12 @@ class Searches:
             held=held,
             mix=mix,
         )
+
+    @staticmethod
+    def _sweep_over(session: Session, search: SplitSearch) -> bool:
+        """Whether the last sweep the search measured for has ended (none: nothing to end)."""
+        sweep = None if search.sweep_id is None else session.get(Sweep, search.sweep_id)
+        return sweep is not None and sweep.status in (SweepStatus.finished, SweepStatus.cancelled)
 
     def share(self, model: str, sweep: Sweep) -> Fraction:
         """The share of a device of this model that a trial of the sweep would take there."""

@@ -359,13 +359,23 @@ STEPS = (1, 2, 3, 5, 8, 13, 21, 34)
 
 def test_a_gpu_search_starts_at_a_quarter_of_what_the_smallest_slices_allow() -> None:
     kind = GpuKind()
-    assert kind.first_split(gpu(), 62, steps=STEPS).split == 13
-    assert kind.first_split(gpu(), 12, steps=STEPS).split == 3
-    assert kind.first_split(gpu(), 3, steps=STEPS).split == 1, "a small card starts alone"
+    assert kind.first_split(gpu(), 62, steps=STEPS, cores=64).split == 13
+    assert kind.first_split(gpu(), 12, steps=STEPS, cores=64).split == 3
+    assert kind.first_split(gpu(), 3, steps=STEPS, cores=64).split == 1, "a small card starts alone"
+
+
+def test_a_gpu_search_starts_at_no_more_trials_than_the_host_has_cores() -> None:
+    kind = GpuKind()
+    # The H200 measured: its ceiling allowed 13 at a quarter, its host had 16 cores.
+    big = kind.first_split(gpu(), 400, steps=STEPS, cores=16)
+    small_host = kind.first_split(gpu(), 62, steps=STEPS, cores=2)
+
+    assert (big.split, big.why) == (16, "the host's 16 cores")
+    assert small_host.split == 2
 
 
 def test_a_cpu_search_starts_at_its_cores_and_only_a_gpu_ceiling_is_worth_keeping() -> None:
     kind = CpuKind()
-    assert kind.first_split(cpu(cpu_count=6), 12, steps=STEPS).split == 6
-    assert kind.first_split(cpu(cpu_count=6), 4, steps=STEPS).split == 4, "under the ceiling"
+    assert kind.first_split(cpu(cpu_count=6), 12, steps=STEPS, cores=6).split == 6
+    assert kind.first_split(cpu(cpu_count=6), 4, steps=STEPS, cores=6).split == 4, "the ceiling"
     assert not CpuKind.stable_ceiling and GpuKind.stable_ceiling

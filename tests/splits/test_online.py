@@ -467,3 +467,96 @@ def test_out_of_memory_and_a_lowered_ceiling_are_stored_for_the_next_sweep(
 
     assert (again.oom_at, again.ceiling) == (5, 6)
     assert again.split == 4, again.decision.reason
+
+
+def test_a_point_that_cannot_be_is_measured_again_never_stored(
+    sessions: Sessions, trial_id: int
+) -> None:
+    # As on a loaded 2-core machine: N=1 slowed by other work, then N=2 at 14x it.
+    search = search_of(sessions)
+    search.cores = 2
+    now = run_phase(sessions, search, trial_id, utcnow(), 3941.0)
+    assert search.split == 2
+    now = run_phase(sessions, search, trial_id, now, 54867.0)
+
+    assert search.curve == [], "neither point of the pair is kept"
+    assert search.split == 1 and search.rejected == 1
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+        assert profile.curve == [] and not profile.settled
+    # Measured again, the two agree: the search goes on from them.
+    now = run_phase(sessions, search, trial_id, now, 4000.0)
+    now = run_phase(sessions, search, trial_id, now, 7600.0)
+    assert [p.split for p in search.curve] == [1, 2] and search.split == 3
+
+
+def test_a_search_whose_points_keep_conflicting_stops_for_the_sweep_and_says_why(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    search.cores = 2
+    now = utcnow()
+    for _ in range(3):
+        now = run_phase(sessions, search, trial_id, now, 1000.0)
+        now = run_phase(sessions, search, trial_id, now, 10000.0)
+
+    assert search.halted is not None and not search.decision.settled
+    assert search.decision.reason.startswith("unsettled: 3 points could not be")
+    split = search.split
+    run_phase(sessions, search, trial_id, now, 50.0)
+    assert search.split == split and search.curve == [], "a stopped search measures nothing"
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+        assert not profile.settled and profile.reason == search.decision.reason
+
+
+def test_each_point_says_how_sure_it_is(sessions: Sessions, trial_id: int) -> None:
+    search = search_of(sessions)
+    run_phase(sessions, search, trial_id, utcnow(), 100.0)
+
+    (point,) = search.curve
+    assert point.trials == 1 and point.spread == 0.0
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+        assert profile.curve[0]["trials"] == 1 and profile.curve[0]["spread"] == 0.0
+
+
+def test_a_sweep_that_ends_before_its_search_settled_leaves_a_profile_that_says_so(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    assert not search.decision.settled and search.split == 2
+
+    assert search.sweep_ended()
+    assert not search.sweep_ended(), "said once"
+    assert search.decision.reason == (
+        "unsettled: the sweep ended after 1 point(s), the next sweep goes on from them; "
+        "measuring N=2"
+    )
+    with sessions.write.begin() as session:
+        search.save(session=session)
+    again = search_of(sessions)
+    assert again.split == 2 and [p.split for p in again.curve] == [1]
+
+
+def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 190.0)
+    assert search.split == 3 and not search.decision.settled
+
+    with sessions.write.begin() as session:
+        # Enough trials left to fill N=3: the search waits for its phase.
+        search.observe(session=session, now=now, running=0, queued=3, sweep_id=1)
+        assert not search.decision.settled
+        search.observe(session=session, now=now, running=0, queued=2, sweep_id=1)
+
+    assert search.decision == Decision(
+        split=2,
+        settled=True,
+        reason="2 trial(s) of the sweep left cannot fill N=3: using N=2, the best of 2 point(s) "
+        "measured",
+    )

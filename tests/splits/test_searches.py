@@ -24,7 +24,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
-from gpumux.status import TrialStatus
+from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
@@ -174,14 +174,18 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = Searches(settings.model_copy(update={"host_cores": 64}))
+    few_cores = Searches(settings.model_copy(update={"host_cores": 4}))
     twins = [device("GPU-a", "NVIDIA H200", "gpu"), device("GPU-b", "NVIDIA H200", "gpu")]
     with sessions.read() as session:
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-    # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that.
+        on_few = few_cores.tuned_splits(session=session, sweep=sweep, devices=twins)
+    # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that,
+    # on a host of 64 cores; on one of 4, a trial per core.
     assert splits == {"GPU-a": 13, "GPU-b": 13}
+    assert on_few == {"GPU-a": 4, "GPU-b": 4}
     (search,) = searches
     assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
 
@@ -337,3 +341,35 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
     later = now + timedelta(seconds=settings.tune_warmup + settings.tune_window)
     with sessions.read() as session, pytest.raises(OperationalError, match="trial_reports"):
         observe(searches, session, now=later, devices=[cpu], group_of={})
+
+
+def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    cpu = device()
+    search = search_for(searches, sessions, auto_id, cpu)
+    search.sweep_id = auto_id
+    with sessions.read() as session:
+        queued = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    with sessions.write.begin() as session:
+        for trial in store.list_trials(session=session, sweep_id=auto_id)[0]:
+            store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled)
+        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        # An adaptive sweep between two asks: nothing runs or waits, yet it goes on.
+        sweep.status = SweepStatus.running
+    with sessions.read() as session:
+        between = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    with sessions.write.begin() as session:
+        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        sweep.status = SweepStatus.cancelled
+    with sessions.read() as session:
+        ended = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+
+    assert queued == between == [], "its trials wait, or its sweep goes on: nothing to say yet"
+    assert ended == [search] and again == []
+    assert search.decision.reason.startswith("unsettled: the sweep ended after 0 point(s)")

@@ -111,11 +111,17 @@ class DeviceKind(ABC):
         """The largest N the split search should try on the device, at least 1."""
 
     def first_split(
-        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int], cores: int
     ) -> FirstSplit:
-        """The kind's guess at the best N, at most `ceiling` (`steps`: the N a search climbs by);
-        a kind without one starts from a single trial."""
+        """The kind's guess at the best N, at most `ceiling` (`steps`: the N a search climbs by;
+        `cores`: the host's, which the trials run on); a kind without one starts from a single
+        trial."""
         return FirstSplit(split=1, why=f"no guess for a {self.name} device")
+
+    def work_cores(self, device: DeviceSnapshot) -> int | None:
+        """The cores that do the trials' work on this device, which bound what N trials can do
+        together; None where the device itself does it (a GPU)."""
+        return None
 
     @abstractmethod
     def room_mb(

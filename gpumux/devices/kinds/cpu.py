@@ -53,12 +53,16 @@ class CpuKind(DeviceKind):
         return max(1, room // cpu_trial_mb)
 
     def first_split(
-        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int], cores: int
     ) -> FirstSplit:
         """One trial per core: each trial's threads get a core of their own."""
         cores = device.cpu_count or 1
         split = max(1, min(cores, ceiling))
         return FirstSplit(split=split, why=f"the device's {cores} core{'s' if cores > 1 else ''}")
+
+    def work_cores(self, device: DeviceSnapshot) -> int | None:
+        """The device's cores: its trials compute on them."""
+        return device.cpu_count or 1
 
     def room_mb(
         self,

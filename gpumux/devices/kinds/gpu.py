@@ -70,16 +70,21 @@ class GpuKind(DeviceKind):
         return max(1, room // (min_memory_mb + overhead_mb))
 
     def first_split(
-        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int]
+        self, device: DeviceSnapshot, ceiling: int, *, steps: Sequence[int], cores: int
     ) -> FirstSplit:
-        """The largest step within a quarter of the memory ceiling.
+        """A quarter of the memory ceiling, and no more trials than the host has cores.
 
         The ceiling gives each trial the smallest slice allowed (`min_memory_mb`), which few
         real trainings fit in: starting there (N=34 on an 80 GB card) would run a wave of
         trials out of memory before the search backs off. A quarter of it leaves each trial
-        four times that slice, and the search climbs from there when memory allows.
+        four times that slice. Each trial of a launch-bound network keeps a core busy
+        dispatching kernels (on one H200 the knee came near its host's 16 cores): more trials
+        than cores wait for one. The search climbs from there when both allow.
         """
-        split = max((step for step in steps if 1 <= step <= max(1, ceiling // 4)), default=1)
+        memory = max(1, ceiling // 4)
+        if cores <= memory:
+            return FirstSplit(split=max(1, cores), why=f"the host's {cores} cores")
+        split = max((step for step in steps if 1 <= step <= memory), default=1)
         return FirstSplit(
             split=split, why=f"a quarter of the N whose smallest slices fit on {device.name}"
         )
