@@ -64,10 +64,13 @@ def free_port() -> int:
 
 
 def scaled_settings(model: str, scale: float) -> dict[str, str]:
-    """The daemon's environment: the simulated GPU, and the search's timers at its scale."""
+    """The daemon's environment: the simulated GPU on the measured host's cores (the split
+    search's first N and its plausibility checks count them), and the search's timers at its
+    scale."""
     defaults = Settings()
     return {
         "GPUMUX_SIMULATED_GPU": model,
+        "GPUMUX_HOST_CORES": str(load_model(model).cores),
         "GPUMUX_SIMULATED_TIME_SCALE": str(scale),
         "GPUMUX_TUNE_WARMUP": str(defaults.tune_warmup * scale),
         "GPUMUX_TUNE_WINDOW": str(defaults.tune_window * scale),
