@@ -243,6 +243,19 @@ def served(app: FastAPI, headers: Mapping[str, str] | None = None) -> Iterator[h
         sock.close()
 
 
+# What a terminal's Ctrl-C and hang-up send. A run in the background (nohup, or `&` in a script)
+# inherits them ignored and passes that on to everything it starts; gpumux keeps it so (nohup's
+# point), so a test that sends one starts its subject as a terminal would, with the defaults.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+def terminal_signals() -> None:
+    """For Popen's preexec_fn: the child takes Ctrl-C and hang-up as a terminal's process does,
+    however the tests were started (only signal calls run between fork and exec)."""
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def problem(response: httpx.Response, status_code: int) -> Problem:
     """The response's Problem body, once its status is checked."""
     assert response.status_code == status_code, response.text
