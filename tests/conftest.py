@@ -9,8 +9,11 @@ migrations themselves (tests/storage/test_migrations.py) migrate their own datab
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +40,66 @@ def _no_gpumux_settings_of_the_developer(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in list(os.environ):
         if name.startswith("GPUMUX_") and name not in FOR_THE_TESTS:
             monkeypatch.delenv(name)
+
+
+# Marks every process a test starts (through the environment it inherits, which the trials of
+# its sweeps get too); not GPUMUX_*: the CLI tests pass no GPUMUX_* variable of their own on.
+TEST_MARK = "PYTEST_GPUMUX_TEST"
+# How long what a test started may take to end on its own once the test is over.
+LEFTOVER_GRACE_S = 5.0
+_marks = itertools.count()
+
+
+def pids() -> set[int]:
+    """The pids of the processes now running."""
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+
+
+def marked(mark: str, among: set[int]) -> list[int]:
+    """Those of `among` whose environment carries TEST_MARK=`mark` (an exited one is not)."""
+    needle = f"{TEST_MARK}={mark}".encode()
+    found = []
+    for pid in among:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if needle in environ.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After each test, whatever it started and left running (a `gpumux sweep`, a supervisor, a
+    trial; a failed test's above all) is killed, and the test errors saying so.
+
+    Set up before the test's own fixtures and torn down after them: what they stop is not
+    left over. A module's or the session's fixtures start theirs before the mark is set. Only
+    processes that started during the test are read: one running before cannot carry its mark.
+    """
+    mark = f"{os.getpid()}.{next(_marks)}"
+    before = pids()
+    monkeypatch.setenv(TEST_MARK, mark)
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := marked(mark, pids() - before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not left:
+        return
+    shown = {pid: kill_process(pid) for pid in left}
+    pytest.fail(f"processes left running, now killed: {shown}", pytrace=False)
+
+
+def kill_process(pid: int) -> str:
+    """SIGKILL `pid`; its command line, as it was."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            shown = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        return "(gone)"
+    return shown
 
 
 def pytest_configure(config: pytest.Config) -> None:
