@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import httpx
@@ -75,8 +75,9 @@ def _no_process_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     trial; a failed test's above all) is killed, and the test errors saying so.
 
     Set up before the test's own fixtures and torn down after them: what they stop is not
-    left over. A module's or the session's fixtures start theirs before the mark is set. Only
-    processes that started during the test are read: one running before cannot carry its mark.
+    left over. What a module's or the session's fixtures start is theirs, unmarked (see
+    WiderFixturesUnmarked). Only processes that started during the test are read: one running
+    before cannot carry its mark.
     """
     mark = f"{os.getpid()}.{next(_marks)}"
     before = pids()
@@ -91,6 +92,28 @@ def _no_process_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     pytest.fail(f"processes left running, now killed: {shown}", pytrace=False)
 
 
+class WiderFixturesUnmarked:
+    """A fixture wider than a test (the PostgreSQL cluster, a module's `gpumux serve`) starts
+    its processes without the mark of the test that happens to set it up: they outlive it.
+
+    A plugin of the whole run, not this conftest's hook: pytest asks only the session's plugins
+    about session-scoped fixtures, and a conftest's hooks reach only the tests below it.
+    """
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[object]
+    ) -> Generator[None, object, object]:
+        if fixturedef.scope == "function":
+            return (yield)
+        mark = os.environ.pop(TEST_MARK, None)
+        try:
+            return (yield)
+        finally:
+            if mark is not None:
+                os.environ[TEST_MARK] = mark
+
+
 def kill_process(pid: int) -> str:
     """SIGKILL `pid`; its command line, as it was."""
     try:
@@ -103,6 +126,7 @@ def kill_process(pid: int) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(WiderFixturesUnmarked())
     config.addinivalue_line(
         "markers",
         f"{SQLITE_ONLY}(reason): a test of SQLite itself (query plans, pragmas, its file and "
