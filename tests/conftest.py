@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, served
+from builders import TEST_MARK, bearer, served
 from postgres import SQLITE_ONLY, Cluster, on_both_backends, throwaway_cluster
 
 from gpumux.config import Settings
@@ -42,9 +42,6 @@ def _no_gpumux_settings_of_the_developer(monkeypatch: pytest.MonkeyPatch) -> Non
             monkeypatch.delenv(name)
 
 
-# Marks every process a test starts (through the environment it inherits, which the trials of
-# its sweeps get too); not GPUMUX_*: the CLI tests pass no GPUMUX_* variable of their own on.
-TEST_MARK = "PYTEST_GPUMUX_TEST"
 # How long what a test started may take to end on its own once the test is over.
 LEFTOVER_GRACE_S = 5.0
 _marks = itertools.count()
