@@ -259,6 +259,31 @@ def served(app: FastAPI, headers: Mapping[str, str] | None = None) -> Iterator[h
         sock.close()
 
 
+# Marks every process a test starts (through the environment it inherits, which the trials of
+# its sweeps get too), so that conftest finds what a test left running; not GPUMUX_*: the CLI
+# tests pass no GPUMUX_* variable of their own on.
+TEST_MARK = "PYTEST_GPUMUX_TEST"
+
+
+def unmarked_environment() -> dict[str, str]:
+    """This process's environment without TEST_MARK: for a process that outlives the test that
+    starts it (a PostgreSQL server a test resumes belongs to its cluster)."""
+    return {name: value for name, value in os.environ.items() if name != TEST_MARK}
+
+
+# What a terminal's Ctrl-C and hang-up send. A run in the background (nohup, or `&` in a script)
+# inherits them ignored and passes that on to everything it starts; gpumux keeps it so (nohup's
+# point), so a test that sends one starts its subject as a terminal would, with the defaults.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+def terminal_signals() -> None:
+    """For Popen's preexec_fn: the child takes Ctrl-C and hang-up as a terminal's process does,
+    however the tests were started (only signal calls run between fork and exec)."""
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def problem(response: httpx.Response, status_code: int) -> Problem:
     """The response's Problem body, once its status is checked."""
     assert response.status_code == status_code, response.text

@@ -1,19 +1,31 @@
 """Shared fixtures: a migrated SQLite file per test, settings pointing into tmp_path, and a
-throwaway PostgreSQL cluster for the tests that need one."""
+throwaway PostgreSQL cluster for the tests that need one.
+
+Each backend migrates once per run, as a daemon migrates at start (make_engine, then upgrade),
+into a template that each test's database copies: a file copy or CREATE DATABASE ... TEMPLATE
+takes milliseconds where migrating a fresh database takes a fifth of a second. The tests of the
+migrations themselves (tests/storage/test_migrations.py) migrate their own databases.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+import shutil
+import signal
+import time
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, served
+from builders import TEST_MARK, bearer, served
 from postgres import SQLITE_ONLY, Cluster, on_both_backends, throwaway_cluster
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
+from gpumux.storage.dialects import dialect_for
+from gpumux.storage.dialects.sqlite import SqliteDialect
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 
@@ -38,7 +50,88 @@ def _gpus_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
+# How long what a test started may take to end on its own once the test is over.
+LEFTOVER_GRACE_S = 5.0
+_marks = itertools.count()
+
+
+def pids() -> set[int]:
+    """The pids of the processes now running."""
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+
+
+def marked(mark: str, among: set[int]) -> list[int]:
+    """Those of `among` whose environment carries TEST_MARK=`mark` (an exited one is not)."""
+    needle = f"{TEST_MARK}={mark}".encode()
+    found = []
+    for pid in among:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if needle in environ.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After each test, whatever it started and left running (a `gpumux sweep`, a supervisor, a
+    trial; a failed test's above all) is killed, and the test errors saying so.
+
+    Set up before the test's own fixtures and torn down after them: what they stop is not
+    left over. What a module's or the session's fixtures start is theirs, unmarked (see
+    WiderFixturesUnmarked). Only processes that started during the test are read: one running
+    before cannot carry its mark.
+    """
+    mark = f"{os.getpid()}.{next(_marks)}"
+    before = pids()
+    monkeypatch.setenv(TEST_MARK, mark)
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := marked(mark, pids() - before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not left:
+        return
+    shown = {pid: kill_process(pid) for pid in left}
+    pytest.fail(f"processes left running, now killed: {shown}", pytrace=False)
+
+
+class WiderFixturesUnmarked:
+    """A fixture wider than a test (the PostgreSQL cluster, a module's `gpumux serve`) starts
+    its processes without the mark of the test that happens to set it up: they outlive it.
+
+    A plugin of the whole run, not this conftest's hook: pytest asks only the session's plugins
+    about session-scoped fixtures, and a conftest's hooks reach only the tests below it.
+    """
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[object]
+    ) -> Generator[None, object, object]:
+        if fixturedef.scope == "function":
+            return (yield)
+        mark = os.environ.pop(TEST_MARK, None)
+        try:
+            return (yield)
+        finally:
+            if mark is not None:
+                os.environ[TEST_MARK] = mark
+
+
+def kill_process(pid: int) -> str:
+    """SIGKILL `pid`; its command line, as it was."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            shown = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        return "(gone)"
+    return shown
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(WiderFixturesUnmarked())
     config.addinivalue_line(
         "markers",
         f"{SQLITE_ONLY}(reason): a test of SQLite itself (query plans, pragmas, its file and "
@@ -68,11 +161,28 @@ def settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Se
     return Settings(home=home, kill_grace=2.0, poll_interval=0.2)
 
 
+@pytest.fixture(scope="session")
+def sqlite_migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite file migrated to head once per run, that each test's database copies."""
+    path = tmp_path_factory.mktemp("template") / "gpumux.db"
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    engine.dispose()
+    # The last connection closed checkpoints the WAL into the file and removes it: the file
+    # alone is the whole database.
+    assert not path.with_name(f"{path.name}-wal").exists()
+    return path
+
+
 @pytest.fixture
-def sessions(settings: Settings) -> Iterator[Sessions]:
-    """Sessions over a freshly migrated database file."""
+def sessions(settings: Settings, request: pytest.FixtureRequest) -> Iterator[Sessions]:
+    """Sessions over a database of its own at head (a copy of the migrated template)."""
     settings.home.mkdir(parents=True, exist_ok=True)
+    dialect = dialect_for(settings.database_url)
+    if isinstance(dialect, SqliteDialect):
+        shutil.copyfile(request.getfixturevalue("sqlite_migrated_template"), dialect.file)
     engine = make_engine(settings.database_url)
+    # At head already: this checks the copy as a daemon checks its database at start.
     upgrade(engine)
     yield make_sessions(engine)
     engine.dispose()

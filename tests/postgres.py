@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from builders import unmarked_environment
 from psycopg import sql
 
 SERVER_ROOTS = (Path("/usr/lib/postgresql"),)
@@ -129,7 +130,10 @@ class Cluster:
         command = [str(part) for part in argv]
         if os.geteuid() == 0:
             command = ["runuser", "-u", SUPERUSER, "--", *command]
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        # The server is the cluster's, not the test's that starts or resumes it.
+        subprocess.run(
+            command, check=True, capture_output=True, text=True, env=unmarked_environment()
+        )
 
     def start(self) -> None:
         """initdb, then postgres on the Unix socket; returns once it accepts connections."""

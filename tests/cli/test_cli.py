@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from builders import daemon_token
+from builders import daemon_token, terminal_signals
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
@@ -69,6 +69,7 @@ def start_gpumux(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=terminal_signals,
     )
 
 

@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from builders import terminal_signals
 from rich.console import Console, RenderableType
 from test_cli import (
     DEADLINE_S,
@@ -324,6 +325,7 @@ def test_ctrl_c_leaves_the_live_view_with_exit_status_0(server: Server) -> None:
         stdin=terminal,
         stdout=terminal,
         stderr=terminal,
+        preexec_fn=terminal_signals,
     )
     os.close(terminal)
     try:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from builders import terminal_signals
 from scripted_nvml import H100_NAME, scripted_nvml
 
 from gpumux.cli.rounds import (
@@ -146,6 +147,7 @@ def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=terminal_signals,
     )
     deadline = time.monotonic() + DEADLINE_S
     while not (started.exists() and started.read_text()):

@@ -18,6 +18,9 @@ from gpumux.processes import procfs, rundir, supervisor
 from gpumux.processes.launcher import SUPERVISOR_PATH, supervisor_command
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
+# The node lease the tests write, renewed every 0.1 s as the daemon's heartbeat does: long
+# enough that a test process held off the CPU for a second on a loaded host still renews in time.
+LEASE_S = 2.0
 
 
 def start(
@@ -196,7 +199,7 @@ def test_a_trial_whose_node_lease_lapses_is_killed_with_its_group(tmp_path: Path
     lease = tmp_path / "node.lease"
 
     def renew() -> None:
-        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        rundir.write_lease(lease, until=rundir.boottime() + LEASE_S)
 
     renew()
     pidfile = tmp_path / "pids"
@@ -204,8 +207,8 @@ def test_a_trial_whose_node_lease_lapses_is_killed_with_its_group(tmp_path: Path
     process, run_dir = start(
         tmp_path, argv, kill_grace=600, heartbeat_interval=600, lease_file=str(lease)
     )
-    # The daemon's heartbeat, every 0.1 s: the trial starts and runs on past several leases.
-    renewed_until = time.monotonic() + 2.0
+    # The daemon's heartbeat, every 0.1 s: the trial starts and runs on past two lease ends.
+    renewed_until = time.monotonic() + 2.5 * LEASE_S
     while not pidfile.exists() or time.monotonic() < renewed_until:
         renew()
         assert process.poll() is None, "the supervisor ended while its lease was renewed"
@@ -374,14 +377,14 @@ def test_a_trial_whose_node_lease_lapsed_before_the_go_never_starts(tmp_path: Pa
 def test_a_lapsed_lease_keeps_the_stop_gpumux_recorded_before(tmp_path: Path) -> None:
     # A pruned or cancelled trial in its grace period stays pruned or cancelled.
     lease = tmp_path / "node.lease"
-    rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+    rundir.write_lease(lease, until=rundir.boottime() + LEASE_S)
     pidfile = tmp_path / "pids"
     argv = [sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile), "--ignore-term"]
     process, run_dir = start(
         tmp_path, argv, kill_grace=600, heartbeat_interval=600, lease_file=str(lease)
     )
     while not pidfile.exists():
-        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        rundir.write_lease(lease, until=rundir.boottime() + LEASE_S)
         assert process.poll() is None, "the supervisor ended while its lease was renewed"
         time.sleep(0.1)
     rundir.record_stop(run_dir, "prune")
