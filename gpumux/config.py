@@ -173,9 +173,9 @@ class Settings(BaseSettings):
         default=20.0,
         gt=0,
         allow_inf_nan=False,
-        description="report rows a trial may add per second, sustained (printed or posted); "
-        "over it a report of the step its latest row holds updates that row, any other is "
-        "dropped and counted",
+        description="report rows a trial may add per second, sustained (printed or posted), "
+        "beyond a row per new step; over it a report of the step its latest row holds updates "
+        "that row, any other is dropped and counted",
     )
     report_burst: int = Field(
         default=200, ge=1, description="report rows a trial may add at once before the rate applies"

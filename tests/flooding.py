@@ -13,8 +13,9 @@ import httpx
 
 FLOOD = Path(__file__).parent / "fixtures" / "flood.py"
 # Lines over few steps (coalesced to a row per step), then lines of a new step each (dropped
-# past the budget). Enough that the old daemon, which read and stored every line on its event
-# loop, held /health for tens of seconds on this 2-core machine; a few seconds of Python.
+# past the rows an attempt may keep). Enough that the old daemon, which read and stored every
+# line on its event loop, held /health for tens of seconds on this 2-core machine; a few
+# seconds of Python.
 LINES = 200_000
 STEPS = 40
 TAIL = 5_000

@@ -4,9 +4,11 @@ Whatever a trial prints or posts, it adds at most GPUMUX_REPORT_BURST rows at on
 GPUMUX_REPORT_RATE a second, and GPUMUX_REPORT_ROWS per attempt. A report of the step the
 trial's latest row holds updates that row (its metrics' later values, its samples added) when
 it comes within a second of that row or over the budget: a training loop that reports every
-batch under one epoch keeps one row per epoch and second, each step's last value included. Any
-other report over the budget is dropped and counted on the trial; its samples are added to the
-latest row, so the samples the split search sums and the time of the last report stay true.
+batch under one epoch keeps one row per epoch and second, each step's last value included. A
+report of another step takes a row whatever the rate, until the attempt has GPUMUX_REPORT_ROWS
+rows. Any other report over the budget is dropped and counted on the trial; its samples are
+added to the latest row, so the samples the split search sums and the time of the last report
+stay true.
 """
 
 from __future__ import annotations
@@ -64,8 +66,11 @@ class Allowance:
         same = self.has_latest and step == self.latest_step
         if same and now - self.latest_made < COALESCE_S:
             return Verdict.merge
-        if self.rows < self.limit and self.tokens >= 1.0:
-            self.tokens -= 1.0
+        # A step of its own keeps its last value whatever the rate, within the rows per
+        # attempt: a pruner judges each step, and the split search reads the latest.
+        new_step = step is not None and not same
+        if self.rows < self.limit and (self.tokens >= 1.0 or new_step):
+            self.tokens = max(0.0, self.tokens - 1.0)
             self.take(step, now)
             return Verdict.row
         return Verdict.merge if same else Verdict.drop

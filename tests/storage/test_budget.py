@@ -20,16 +20,24 @@ def allowance(*, rate: float = 2.0, burst: int = 3, limit: int = 100) -> Allowan
     return Allowance(rate=rate, burst=burst, limit=limit, tokens=float(burst), at=0.0)
 
 
-def test_new_steps_take_the_burst_then_the_rate_and_the_rest_is_dropped() -> None:
-    budget = allowance(rate=2.0, burst=3)
-    assert [budget.decide(step, 0.0) for step in range(5)] == [Verdict.row] * 3 + [Verdict.drop] * 2
-    # Half a second refills one token at 2 a second.
-    assert budget.decide(5, 0.5) is Verdict.row
-    assert budget.decide(6, 0.5) is Verdict.drop
+def test_a_step_of_its_own_takes_a_row_whatever_the_rate_within_the_total() -> None:
+    budget = allowance(rate=0.001, burst=1, limit=5)
+    assert [budget.decide(step, 0.0) for step in range(8)] == [Verdict.row] * 5 + [Verdict.drop] * 3
+    assert budget.rows == 5
+
+
+def test_a_step_again_a_second_on_takes_a_row_within_the_rate_else_updates_its_row() -> None:
+    budget = allowance(rate=0.5, burst=1)
+    assert budget.decide(0, 0.0) is Verdict.row
+    # 1.5 s at half a token a second: no token yet for another row of step 0.
+    assert budget.decide(0, 1.5) is Verdict.merge
+    assert budget.decide(0, 3.0) is Verdict.row
+    # A report of no step, over the rate, is dropped (its samples kept on the latest row).
+    assert budget.decide(None, 3.0) is Verdict.drop
     # Never more than the burst, however long the pause.
-    assert [budget.decide(step, 100.0) for step in range(7, 12)] == [Verdict.row] * 3 + [
-        Verdict.drop
-    ] * 2
+    assert [budget.decide(None, t) for t in (100.0, 100.0)] == [Verdict.row, Verdict.merge]
+    assert budget.decide(0, 100.0) is Verdict.row
+    assert budget.decide(0, 101.5) is Verdict.merge
 
 
 def test_a_step_reported_again_within_a_second_updates_its_row() -> None:
@@ -41,11 +49,12 @@ def test_a_step_reported_again_within_a_second_updates_its_row() -> None:
 
 
 def test_over_the_budget_the_latest_step_still_updates_its_row_and_others_are_dropped() -> None:
-    budget = allowance(rate=0.001, burst=1)
+    budget = allowance(rate=0.001, burst=1, limit=2)
     assert budget.decide(3, 0.0) is Verdict.row
     assert budget.decide(3, 5.0) is Verdict.merge
-    assert budget.decide(4, 5.0) is Verdict.drop
-    assert budget.decide(3, 9.0) is Verdict.merge
+    assert budget.decide(4, 5.0) is Verdict.row
+    assert budget.decide(5, 5.0) is Verdict.drop
+    assert budget.decide(4, 9.0) is Verdict.merge
     assert budget.decide(None, 9.0) is Verdict.drop
 
 
