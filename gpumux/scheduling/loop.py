@@ -173,6 +173,9 @@ class Scheduler:
         self._attach()
         while not stop.is_set():
             began = time.perf_counter()
+            # Cleared before the tick, not after: a wake while it runs in its thread (an exit,
+            # new work) brings the next tick at once.
+            self._wake.clear()
             try:
                 await self.tick()
                 if self._database_lost:
@@ -202,7 +205,6 @@ class Scheduler:
                 # Ends waiting for their last lines are recorded by the reconcile instead.
                 self._ending.clear()
             self.on_tick(time.perf_counter() - began)
-            self._wake.clear()
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, timeout=self._next_wait(), return_when="FIRST_COMPLETED")
             for waiter in waits:
@@ -212,10 +214,10 @@ class Scheduler:
         """Burst mode: tick until no trial is queued or running (for tests and tools)."""
         self._attach()
         while True:
+            self._wake.clear()
             await self.tick()
             if await self._in_worker(self._idle):
                 return
-            self._wake.clear()
             await self._sleep()
 
     def _idle(self) -> bool:
@@ -423,8 +425,10 @@ class Scheduler:
             await self._in_worker(self._release)
             return
         await self._in_worker(self._stop_all, cold)
-        while await self._in_worker(self._stopping):
+        while True:
             self._wake.clear()
+            if not await self._in_worker(self._stopping):
+                break
             await self._sleep()
 
     def _release(self) -> None:
