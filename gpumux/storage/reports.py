@@ -122,6 +122,12 @@ def _record(
         if verdict is not Verdict.row and latest is None:
             if allowance.latest is not None:
                 latest = session.get(TrialReport, allowance.latest)
+                if latest is not None and (latest.trial_id, latest.attempt) != (
+                    trial.id,
+                    trial.attempt,
+                ):
+                    # Its row was rolled back and SQLite gave the id to another's report.
+                    latest = None
             if latest is None and allowance.has_latest:
                 # Its transaction rolled back: this report starts the attempt's rows again.
                 budget.take(allowance, report.step)
