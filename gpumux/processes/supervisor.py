@@ -50,6 +50,9 @@ DRAIN_SECONDS = 2.0
 WARM_MODULE = "gpumux.runtime.warm"
 # While killed processes of the trial are still exiting, how often to look again.
 END_POLL_SECONDS = 0.05
+# How long killed processes of the trial may take to go before its end is recorded anyway: one
+# stuck in the kernel (a hung network mount, a wedged driver) would hold the slot for good.
+END_WAIT_SECONDS = 60.0
 
 
 def explain_spawn_error(error: OSError | ValueError, argv: list[str], cwd: str, path: str) -> str:
@@ -379,7 +382,15 @@ class Supervisor:
         interval = float(self.spec["heartbeat_interval"])
         beat_at = time.monotonic() + interval
         escaped, refused = signal_trial(self.trial, signal.SIGKILL)
-        while descendants(os.getpid()) - refused - {self.trial}:
+        give_up_at = time.monotonic() + END_WAIT_SECONDS
+        while left := descendants(os.getpid()) - refused - {self.trial}:
+            if time.monotonic() >= give_up_at:
+                log.write(
+                    f"gpumux: pids {sorted(left)} of the trial did not go within "
+                    f"{END_WAIT_SECONDS:.0f} s of SIGKILL (stuck in the kernel?); its end is "
+                    "recorded without them\n".encode()
+                )
+                break
             ready, _, _ = select.select([wake_read], [], [], END_POLL_SECONDS)
             if ready:
                 with contextlib.suppress(BlockingIOError):
