@@ -30,16 +30,11 @@ import argparse
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,20 +42,14 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 from rich.table import Table
+from sweep_makespan import daemon
 
-from gpumux import tokenfile
 from gpumux.config import Settings
 from gpumux.devices.simulated.model import DeviceModel
 from gpumux.devices.simulated.state import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(soft_wrap=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scaled_settings(model: str, scale: float) -> dict[str, str]:
@@ -76,38 +65,6 @@ def scaled_settings(model: str, scale: float) -> dict[str, str]:
         "GPUMUX_TUNE_WINDOW": str(defaults.tune_window * scale),
         "GPUMUX_POLL_INTERVAL": str(defaults.poll_interval * scale),
     }
-
-
-@contextmanager
-def daemon(home: Path, settings: dict[str, str]) -> Iterator[httpx.Client]:
-    """`gpumux serve` on `home` with these settings, and a client of it."""
-    port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
-    env.update(settings)
-    with open(home / "serve.log", "a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--home", str(home)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        client.get("/health").raise_for_status()
-                        break
-                    except httpx.TransportError as error:
-                        if process.poll() is not None or time.monotonic() > deadline:
-                            failed = f"serve did not start; see {home}/serve.log"
-                            raise SystemExit(failed) from error
-                        time.sleep(0.1)
-                client.headers["Authorization"] = f"Bearer {tokenfile.daemon_token(home)}"
-                yield client
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=120)
 
 
 @dataclass(frozen=True)
@@ -197,6 +154,11 @@ def main() -> None:
     parser.add_argument("--splits", help="the fixed N to compare (default: the model's N)")
     args = parser.parse_args()
     model = load_model(args.model)
+    if args.trial_seconds <= model.startup_s:
+        parser.error(
+            f"--trial-seconds must exceed the model's start-up ({model.startup_s:g} s): a trial "
+            "alone is its start-up and then its work"
+        )
     fixed = (
         [int(n) for n in args.splits.split(",")]
         if args.splits

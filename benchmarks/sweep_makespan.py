@@ -50,10 +50,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def daemon(home: Path) -> Iterator[httpx.Client]:
-    """`gpumux serve` on `home`, and a client of it."""
+def daemon(home: Path, settings: dict[str, str] | None = None) -> Iterator[httpx.Client]:
+    """`gpumux serve` on `home` with these GPUMUX_ settings (none of the caller's), and a client
+    of it."""
     port = free_port()
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
+    env.update(settings or {})
     with open(home / "serve.log", "a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpumux", "serve", "--port", str(port), "--home", str(home)],
