@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import daemon_bearer
+from reliability.conftest import free_port
 
 from gpumux.config import Settings
 from gpumux.runtime.torch_steps import REPORT_INTERVAL_S
@@ -24,12 +24,6 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None,
     reason="PyTorch is not installed here (pip install torch); the fixture needs it",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_torch_loop_that_imports_no_gpumux_gives_steps_per_second(tmp_path: Path) -> None:
