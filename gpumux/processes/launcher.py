@@ -190,7 +190,8 @@ class SupervisedTrial:
         return rundir.recorded_end(self.run_dir, self.attempt)
 
     def finish(self) -> TrialEnd | None:
-        """After the supervisor exited: collect it, kill any leftovers, read the trial's end."""
+        """After the supervisor exited: collect it, kill any leftovers, read the trial's end.
+        Its pidfd stays open for its watcher to close (`close`), where it watched it."""
         if self.child:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
@@ -198,7 +199,6 @@ class SupervisedTrial:
         end = self.end()
         if end is None:
             self.kill_leftovers()
-        self.close()
         return end
 
     def note_stop(self, reason: str) -> None:

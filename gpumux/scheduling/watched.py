@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,9 +44,10 @@ class Watched:
     its pidfd); deadlines, grace periods and heartbeats are checked when the loop asks.
 
     The scheduler's tick adds and collects attempts in its own thread; the pidfds are watched
-    by the event loop, which alone registers them: `sync_readers`, on the loop after each of
-    the tick's calls, follows what the tick changed (an fd closed meanwhile is out of the
-    kernel's epoll set already; its stale entry goes before its number is registered again)."""
+    by the event loop, which alone registers them and alone closes them: `sync_readers`, on
+    the loop after each of the tick's calls, follows what the tick changed. An fd closed by the
+    tick's thread could be given to a connection the loop accepts before the sync, whose
+    reader would then land on the stale entry and never be polled."""
 
     def __init__(self, *, kill_grace: float, heartbeat_timeout: float) -> None:
         self.kill_grace = kill_grace
@@ -56,6 +58,9 @@ class Watched:
         # On the loop only: the pidfds it watches, and those whose exit it has seen.
         self._readers: dict[int, SupervisedTrial] = {}
         self._fired: dict[int, SupervisedTrial] = {}
+        # Attempts the tick stopped watching, whose pidfds the loop closes at its next sync.
+        self._retired: list[SupervisedTrial] = []
+        self._retired_lock = threading.Lock()
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
         """Watch supervisors' exits from `loop`, calling `on_exit` when one exits."""
@@ -86,7 +91,16 @@ class Watched:
             if entry.process.exited():
                 ended.append((trial_id, entry, entry.process.finish()))
                 del self._entries[trial_id]
+                self._retire(entry.process)
         return ended
+
+    def _retire(self, process: SupervisedTrial) -> None:
+        """No longer watched: its pidfd is closed by the loop (at once when there is none)."""
+        if self._loop is None or self._loop.is_closed():
+            process.close()
+            return
+        with self._retired_lock:
+            self._retired.append(process)
 
     def new_leaders(self) -> dict[int, tuple[int, int | None]]:
         """Trials whose command started since the last look: their leader pid and start ticks."""
@@ -145,7 +159,7 @@ class Watched:
     def release_all(self) -> None:
         """Stop watching every attempt and leave it to its supervisor (a warm stop)."""
         for _, entry in self.items():
-            entry.process.close()
+            self._retire(entry.process)
         self._entries.clear()
 
     def next_wait(self, now: float) -> float | None:
@@ -198,6 +212,10 @@ class Watched:
                 self._loop.remove_reader(fd)
                 del self._readers[fd]
         self._fired = {fd: p for fd, p in self._fired.items() if wanted.get(fd) is p}
+        with self._retired_lock:
+            retired, self._retired = self._retired, []
+        for process in retired:
+            process.close()
         for fd, process in wanted.items():
             if fd in self._readers or fd in self._fired:
                 continue
