@@ -573,6 +573,8 @@ def test_a_supervisor_killed_with_its_daemon_away_leaves_a_lost_trial_that_is_re
     pidfile = tmp_path / "pids"
     sweep_id = first.submit(command=[sys.executable, str(FIXTURES / "sleeper.py"), str(pidfile)])
     asyncio.run(start_then_leave(first, sweep_id))
+    # Running means its command started; the sleeper records its pids a moment later.
+    wait_for_file(pidfile, "the sleeper's pids")
     (trial,) = first.trials(sweep_id)
     supervisor = supervisor_pid(settings, trial)
     os.kill(supervisor, signal.SIGKILL)
