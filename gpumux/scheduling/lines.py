@@ -104,6 +104,7 @@ class LogReports:
             self._record(found)
         for trial_id in whole:
             self._ended.pop(trial_id, None)
+        self.budget.end(whole)
         return whole
 
     def ended(self, trial_ids: Collection[int]) -> None:

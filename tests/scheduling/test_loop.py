@@ -24,6 +24,7 @@ from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
@@ -720,3 +721,19 @@ def test_a_trial_its_supervisor_stopped_for_a_lapsed_lease_is_requeued_not_faile
     trial = asyncio.run(scenario())
     assert trial.attempt == 2 and trial.failures == 0
     assert trial.status is TrialStatus.cancelled
+
+
+def test_the_report_budget_holds_no_allowance_of_an_ended_trial(harness: Harness) -> None:
+    work = (
+        "import json\n"
+        "for step in range(3):\n"
+        "    print('GPUMUX_REPORT', json.dumps({'step': step, 'loss': 1 / (step + 1)}), flush=True)"
+    )
+    sweep_id = harness.submit("x=1..4", command=[sys.executable, "-c", work], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    trials = harness.trials(sweep_id)
+    assert {t.status for t in trials} == {TrialStatus.succeeded}
+    with harness.sessions.read() as session:
+        counts = [report_store.list_reports(session=session, trial_id=t.id)[1] for t in trials]
+    assert counts == [3] * len(trials)
+    assert len(harness.scheduler.budget) == 0
