@@ -6,7 +6,14 @@ import signal
 import subprocess
 import sys
 
-from gpumux.processes.procfs import group_members, kill_marked, kill_orphans, start_ticks
+from gpumux.processes.procfs import (
+    group_members,
+    held,
+    kill_marked,
+    kill_orphans,
+    send,
+    start_ticks,
+)
 
 
 def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> None:
@@ -44,3 +51,15 @@ def test_processes_carrying_an_attempts_token_are_killed_and_no_others() -> None
         for process in (marked, other):
             process.kill()
             process.wait()
+
+
+def test_a_process_held_before_it_is_reaped_is_never_signalled_under_a_reused_pid() -> None:
+    # A pid read from /proc may name another process by the time it is signalled; a pidfd
+    # names the process it was opened on, so a signal sent through it once that process is
+    # reaped reaches no one, whichever process holds the pid now.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with held(child.pid) as pidfd:
+        assert pidfd is not None
+        assert send(pidfd, signal.SIGKILL)
+        child.wait()
+        assert not send(pidfd, signal.SIGKILL)
