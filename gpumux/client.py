@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
-from gpumux import tokenfile
 from gpumux.config import default_home
+from gpumux.home import tokenfile
 from gpumux.schemas import (
     DevicePublic,
     FieldProblem,

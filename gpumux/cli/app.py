@@ -23,8 +23,8 @@ from gpumux.cli.state import (
 )
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable, InvalidDaemonUrl, InvalidToken
+from gpumux.home.tokenfile import TokenFileError
 from gpumux.sweepspec import SpecError
-from gpumux.tokenfile import TokenFileError
 
 # The daemon answers these for a request it finds malformed: the user's input, so exit 2.
 BAD_INPUT_STATUSES = (400, 422)

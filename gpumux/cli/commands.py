@@ -26,7 +26,7 @@ from gpumux.cli.state import (
 from gpumux.client import Client
 from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
-from gpumux.lockfile import DaemonError
+from gpumux.home.lockfile import DaemonError
 from gpumux.schemas import parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 

@@ -41,11 +41,11 @@ from gpumux.cli.state import (
 )
 from gpumux.cli.sweep import OPTION_NAMES, command_env, require_utf8
 from gpumux.client import Client
-from gpumux.config import SOCKET_NAME
 from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
 from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.fields import MAX_SPLIT
-from gpumux.lockfile import DaemonError
+from gpumux.home.layout import Layout
+from gpumux.home.lockfile import DaemonError
 from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
 from gpumux.splits.curve import SEQUENCE
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
@@ -318,7 +318,7 @@ def _measure(
         home=home,
         db=None,
         database_url="",
-        url=f"unix:{home / SOCKET_NAME}",
+        url=f"unix:{Layout(home).socket}",
         uds=None,
         gpus=gpu,
         tune=False,

@@ -13,6 +13,7 @@ from builders import stored_sweep
 from sqlalchemy import select, update
 
 from gpumux.config import Settings
+from gpumux.home.layout import Layout
 from gpumux.splits.searches import ActiveTrials
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
@@ -191,7 +192,7 @@ def test_leave_waits_for_the_active_trials(db: Sessions, tmp_path: Path) -> None
 def test_home_id_is_made_once(tmp_path: Path) -> None:
     made = membership.home_id(tmp_path)
     assert membership.home_id(tmp_path) == made
-    assert (tmp_path / membership.HOME_ID_NAME).stat().st_mode & 0o777 == 0o600
+    assert Layout(tmp_path).node_id.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_lease_must_outlast_two_heartbeats(tmp_path: Path) -> None:

@@ -123,7 +123,7 @@ def wait_for_file(path: Path, what: str) -> None:
 def supervisor_pid(settings: Settings, trial: Trial) -> int:
     """The pid of the supervisor of the trial's current attempt, as its run directory says."""
     record = json.loads(
-        (settings.runs_dir / f"{trial.id}.{trial.attempt}" / "supervisor.json").read_text()
+        (settings.layout.runs / f"{trial.id}.{trial.attempt}" / "supervisor.json").read_text()
     )
     return int(record["pid"])
 
@@ -416,8 +416,8 @@ def test_a_trial_whose_log_cannot_be_written_fails_and_the_rest_run_on(
     harness: Harness, settings: Settings
 ) -> None:
     blocked = harness.submit("x=1,2", command=["true"], split=2)
-    settings.logs_dir.mkdir(parents=True)
-    (settings.logs_dir / f"sweep-{blocked}").write_text("a file where a directory should be")
+    settings.layout.logs.mkdir(parents=True)
+    (settings.layout.logs / f"sweep-{blocked}").write_text("a file where a directory should be")
     fine = harness.submit("x=1,2", command=["true"], split=2)
     asyncio.run(harness.scheduler.run_until_idle())
     for trial in harness.trials(blocked):
@@ -557,7 +557,7 @@ def test_a_trial_that_ends_while_no_daemon_runs_is_recorded_with_its_exit_status
     sweep_id = first.submit(command=exit_after_flag(flag, 0))
     asyncio.run(start_then_leave(first, sweep_id))
     (trial,) = first.trials(sweep_id)
-    run_dir = settings.runs_dir / f"{trial.id}.1"
+    run_dir = settings.layout.runs / f"{trial.id}.1"
     flag.touch()
     wait_for_file(run_dir / "exit.json", "the supervisor never recorded the exit")
 
@@ -651,7 +651,7 @@ def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
             session=session, trial=trial, status=TrialStatus.queued, attempt=2, pid=None
         )
     flag.touch()
-    run_dir = settings.runs_dir / "1.1"
+    run_dir = settings.layout.runs / "1.1"
     wait_for_file(run_dir / "exit.json", "attempt 1 never ended")
 
     second = Harness(settings, sessions, tmp_path)
@@ -682,7 +682,7 @@ def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
         await first.scheduler.drain(stop_trials=False)
 
     asyncio.run(stop_then_leave())
-    run_dir = settings.runs_dir / "1.1"
+    run_dir = settings.layout.runs / "1.1"
     wait_for_file(run_dir / "exit.json", "the supervisor did not kill the trial")
 
     second = Harness(settings, sessions, tmp_path)
@@ -707,7 +707,7 @@ def test_a_trial_its_supervisor_stopped_for_a_lapsed_lease_is_requeued_not_faile
         task = asyncio.create_task(harness.scheduler.run(stop))
         await until(pidfile.exists, "the trial to start")
         (first,) = harness.trials(sweep_id)
-        run_dir = settings.runs_dir / f"{first.id}.{first.attempt}"
+        run_dir = settings.layout.runs / f"{first.id}.{first.attempt}"
         # What the supervisor's fence does: record why, then kill the group at once.
         (run_dir / rundir.STOP_REASON).write_text(rundir.LEASE_LAPSED)
         os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)

@@ -30,7 +30,7 @@ from reliability.conftest import DaemonProcess
 
 import gpumux
 from gpumux.accounts import UnknownUser, UserAccount
-from gpumux.tokenfile import daemon_token
+from gpumux.home.tokenfile import daemon_token
 
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")
 FIXED_SEED = 14
