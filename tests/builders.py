@@ -30,7 +30,7 @@ from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep
+from gpumux.storage.models import Sweep, token_hash
 
 
 def ample_budget() -> ReportBudget:
@@ -185,7 +185,7 @@ def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int
         session=session,
         trial=trial,
         status=TrialStatus.starting,
-        token_hash=store.token_hash("secret"),
+        token_hash=token_hash("secret"),
         **fields,
     )
     store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)

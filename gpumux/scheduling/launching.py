@@ -25,7 +25,7 @@ from gpumux.scheduling.watched import Running
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial, utcnow
+from gpumux.storage.models import Sweep, Trial, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Launcher:
             split=chosen.split,
             memory_limit_mb=chosen.memory_limit_mb,
             cpu_threads=chosen.cpu_threads,
-            token_hash=store.token_hash(token),
+            token_hash=token_hash(token),
             log_path=str(log_path),
             log_scanned=0,
             step=None,

@@ -25,7 +25,7 @@ from gpumux.home.layout import Layout
 from gpumux.status import ACTIVE_TRIAL_STATUSES, NodeState
 from gpumux.storage import store
 from gpumux.storage.dialects import dialect_for
-from gpumux.storage.models import Node, Trial, UtcDateTime
+from gpumux.storage.models import Node, Trial, UtcDateTime, token_hash
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def join(
         "home_id": home,
         "state": NodeState.active,
         "url": url,
-        "token_hash": store.token_hash(secret),
+        "token_hash": token_hash(secret),
         "pid": pid,
         "devices": list(devices),
         "started_at": now,

@@ -3,6 +3,7 @@ the node daemons that share the database."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -29,6 +30,12 @@ from gpumux.status import NodeState, ObjectiveMode, SearchMethod, SweepStatus, T
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+def token_hash(token: str) -> str:
+    """The stored form of a secret (an API token, a trial's report token, a node's secret):
+    the rows keep only this."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class UtcDateTime(TypeDecorator[datetime]):

@@ -15,8 +15,7 @@ from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES
 from gpumux.storage.budget import ReportBudget, Seed, Verdict
-from gpumux.storage.models import Trial, TrialReport, utcnow
-from gpumux.storage.store import token_hash
+from gpumux.storage.models import Trial, TrialReport, token_hash, utcnow
 
 log = logging.getLogger(__name__)
 

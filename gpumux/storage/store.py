@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -30,11 +29,6 @@ log = logging.getLogger(__name__)
 
 class IllegalTransition(RuntimeError):
     """A trial status change that the lifecycle does not allow."""
-
-
-def token_hash(token: str) -> str:
-    """The stored form of a trial's report token."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def get_or_create_owner(*, session: Session, name: str, uid: int | None = None) -> Owner:

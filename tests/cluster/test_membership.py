@@ -19,7 +19,7 @@ from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
 from gpumux.storage import reports as report_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Node, Trial
+from gpumux.storage.models import Node, Trial, token_hash
 from gpumux.storage.nodes import NodeIdentity
 
 LEASE_S = 30.0
@@ -83,7 +83,7 @@ def test_join_registers_the_node_with_a_hashed_secret_and_a_lease(db: Sessions) 
     node = join(db, devices=[{"key": "cpu", "kind": "cpu", "name": "CPU", "memory_mb": 1}])
     stored = row(db, node)
     assert (node.name, node.incarnation, stored.state) == ("gpu1", 1, NodeState.active)
-    assert stored.token_hash == store.token_hash(node.secret) != node.secret
+    assert stored.token_hash == token_hash(node.secret) != node.secret
     assert stored.devices == [{"key": "cpu", "kind": "cpu", "name": "CPU", "memory_mb": 1}]
     assert stored.lease_until - stored.heartbeat_at == timedelta(seconds=LEASE_S)
 

@@ -28,7 +28,7 @@ from gpumux.storage import store, tokens
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
-from gpumux.storage.models import Base
+from gpumux.storage.models import Base, token_hash
 
 EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
 HEAD = "0011"
@@ -186,7 +186,7 @@ def populate(connection: Connection, revision: str) -> None:
         token = {
             "id": 1,
             "owner_id": 1,
-            "token_hash": store.token_hash(TOKEN),
+            "token_hash": token_hash(TOKEN),
             "created_at": stored(QUEUED_AT),
             "last_used_at": None,
             "revoked_at": None,

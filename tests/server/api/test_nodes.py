@@ -20,7 +20,7 @@ from gpumux.server.api import create_app
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Node, utcnow
+from gpumux.storage.models import Node, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 H100 = {"key": "gpu:0", "kind": "gpu", "name": "NVIDIA H100", "memory_mb": 81_559}
@@ -36,7 +36,7 @@ def stored_node(sessions: Sessions, name: str, **fields: Any) -> NodeIdentity:
             name=name,
             home_id=f"home-{name}",
             pid=4242,
-            token_hash=store.token_hash(secret),
+            token_hash=token_hash(secret),
             devices=[H100],
             **fields,
         )
