@@ -12,7 +12,7 @@ from typing import Any
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.kinds import KINDS
-from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
@@ -305,11 +305,11 @@ def elsewhere(
     for node in others:
         snapshots = []
         for entry in node.devices:
-            snapshot = summary_snapshot(entry)
-            if snapshot is None:
+            summary = DeviceSummary.read(entry)
+            if summary is None or summary.kind not in KINDS:
                 unjudged.append(f"node {node.name} lists a device gpumux cannot judge: {entry!r}")
             else:
-                snapshots.append(snapshot)
+                snapshots.append(summary.snapshot())
         reason = placement.never_fits(trial, snapshots, configured)
         if reason is None and snapshots:
             return Elsewhere(fits=True, why=f"node {node.name}'s devices may fit them")
@@ -318,28 +318,3 @@ def elsewhere(
     if unjudged:
         return Elsewhere(fits=None, why="; ".join(unjudged))
     return Elsewhere(fits=False, why="; ".join(reasons))
-
-
-def summary_snapshot(entry: Any) -> DeviceSnapshot | None:
-    """A device as a node row describes it ({key, kind, name, memory_mb}): what its kind needs
-    to judge a split on it idle; None for an entry not of that shape or of a kind unknown here."""
-    if not isinstance(entry, dict):
-        return None
-    key, kind, name, memory = (entry.get(field) for field in ("key", "kind", "name", "memory_mb"))
-    if not (isinstance(key, str) and isinstance(kind, str) and isinstance(name, str)):
-        return None
-    if kind not in KINDS or not (memory is None or type(memory) is int):
-        return None
-    return DeviceSnapshot(
-        key=key,
-        kind=kind,
-        index=0,
-        name=name,
-        uuid=None,
-        memory_total_mb=memory,
-        memory_used_mb=None,
-        memory_free_mb=None,
-        utilization_pct=None,
-        processes=None,
-        cpu_count=None,
-    )
