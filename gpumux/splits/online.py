@@ -613,7 +613,7 @@ class SplitSearch:
             throughput=throughput,
             seconds_per_trial=per_trial,
             memory_per_trial_mb=self.peak_mb,
-            trials=len(rates) if self.unit == SAMPLES_PER_S else len(durations),
+            trials=len(rates) if self.unit != TRIALS_PER_S else len(durations),
             spread=spread,
         )
 
