@@ -158,6 +158,36 @@ def test_tensorflow_without_a_visible_gpu_warns(capsys: pytest.CaptureFixture[st
     )
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed here"
+)
+def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemon(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    # CUDA_VISIBLE_DEVICES names no GPU this process may see: a CUDA build of TensorFlow
+    # sees none either, as its CPU build never does.
+    env = trial_env(
+        report_server.url,
+        GPUMUX_DEVICE_KIND="gpu",
+        GPUMUX_MEMORY_LIMIT_MB="4096",
+        GPUMUX_DEVICE_MEMORY_MB="143771",
+        CUDA_VISIBLE_DEVICES="GPU-00000000-0000-0000-0000-000000000000",
+    )
+    script = "import tensorflow as tf; print('script: done', flush=True)"
+
+    result = run_python(["-c", script], env, tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert (
+        "gpumux: WARNING: TensorFlow sees no GPU, though gpumux placed this trial on one: it "
+        "trains on the CPU, its 4096 MB slice is not applied, and its throughput is left out of "
+        f"the GPU's split search. To use the GPU, install {frameworks.NO_GPU_FIX['tensorflow']}"
+    ) in gpumux_lines(result.stdout)
+    device_reports = [r for r in report_server.reports if r["kind"] == "device"]
+    assert [r["no_gpu"] for r in device_reports] == ["tensorflow"]
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
 def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
     report_server: ReportServer, tmp_path: Path
