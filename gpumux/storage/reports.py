@@ -223,7 +223,7 @@ def no_gpu_counts(*, session: Session, sweep_id: int) -> dict[str, int]:
         .where(Trial.sweep_id == sweep_id, Trial.no_gpu.is_not(None))
         .group_by(Trial.no_gpu)
     )
-    return {framework: count for framework, count in rows}
+    return {framework: count for framework, count in rows if framework is not None}
 
 
 def list_reports(
