@@ -231,6 +231,18 @@ class SweepCreate(BaseModel):
         return self
 
 
+# The frameworks whose runtime hook reports that it sees no GPU (gpumux.runtime.frameworks).
+NoGpuFramework = Literal["tensorflow", "torch"]
+
+
+class NoGpuPublic(BaseModel):
+    """A framework that saw no GPU in a sweep's trials placed on one, and what to install."""
+
+    framework: NoGpuFramework
+    trials: int = Field(description="the sweep's trials in which it saw no GPU")
+    fix: str = Field(description="what to install for the framework to see the GPU")
+
+
 class TrialPublic(BaseModel):
     """One trial: its parameters, where it ran and how it ended."""
 
@@ -269,6 +281,11 @@ class TrialPublic(BaseModel):
         default=0,
         description="reports over the trial's budget (GPUMUX_REPORT_RATE, _BURST, _ROWS), not "
         "stored; their samples still count",
+    )
+    no_gpu: NoGpuFramework | None = Field(
+        default=None,
+        description="the framework that saw no GPU on the GPU gpumux placed the trial on (a "
+        "CPU-only build): the trial trained on the CPU, and the split search left it out",
     )
 
 
@@ -313,6 +330,11 @@ class SweepDetail(SweepPublic):
         default_factory=list,
         description="for --split auto: the split search's curve of this workload per device model",
     )
+    no_gpu: list[NoGpuPublic] = Field(
+        default_factory=list,
+        description="frameworks that saw no GPU in trials gpumux placed on one: they trained "
+        "on the CPU",
+    )
 
 
 class SweepsPublic(BaseModel):
@@ -320,7 +342,7 @@ class SweepsPublic(BaseModel):
     count: int
 
 
-ReportKind = Literal["batch", "epoch", "manual", "line", "steps"]
+ReportKind = Literal["batch", "epoch", "manual", "line", "steps", "device"]
 
 
 class ReportIn(BaseModel):
@@ -331,7 +353,7 @@ class ReportIn(BaseModel):
     kind: ReportKind = Field(
         description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
         "line (a GPUMUX_REPORT line the trial printed), steps (PyTorch's optimizer steps, "
-        "counted by the runtime)"
+        "counted by the runtime), device (what the trial's framework sees of its device)"
     )
     step: int | None = Field(
         default=None,
@@ -359,6 +381,10 @@ class ReportIn(BaseModel):
         le=MAX_SAMPLES,
         allow_inf_nan=False,
         description="optimizer steps taken since the previous report, counted by the runtime",
+    )
+    no_gpu: NoGpuFramework | None = Field(
+        default=None,
+        description="the framework that sees no GPU, though gpumux placed the trial on one",
     )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,

@@ -177,11 +177,32 @@ def follow(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     return _follow_lines(client, sweep_id, console)
 
 
+def no_gpu_warnings(sweep: SweepDetail, warned: set[str]) -> list[str]:
+    """A line for each framework that saw no GPU in the sweep's trials on a GPU, the first time
+    it is seen (added to `warned`): they train on the CPU, and what to install."""
+    lines = []
+    for seen in sweep.no_gpu:
+        if seen.framework in warned:
+            continue
+        warned.add(seen.framework)
+        lines.append(
+            f"WARNING: {seen.framework} sees no GPU in trial(s) gpumux placed on a GPU: they "
+            f"train on the CPU, and the split search leaves them out. To use the GPU, install "
+            f"{seen.fix}"
+        )
+    return lines
+
+
 def _follow_live(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     sweep, trials = poll(client, sweep_id)
     now = datetime.now(UTC)
+    warned: set[str] = set()
     with Live(live_view(sweep, trials, now), console=console, transient=True) as live:
-        while not sweep_ended(sweep):
+        while True:
+            for warning in no_gpu_warnings(sweep, warned):
+                live.console.print(warning, soft_wrap=True)
+            if sweep_ended(sweep):
+                break
             time.sleep(POLL_S)
             sweep, trials = poll(client, sweep_id)
             live.update(live_view(sweep, trials, datetime.now(UTC)))
@@ -192,10 +213,13 @@ def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetai
     seen: dict[int, TrialStatus] = {}
     searches: dict[int, str | None] = {}
     best_shown: tuple[int, float | None] | None = None
+    warned: set[str] = set()
     done = 0
     while True:
         sweep, trials = poll(client, sweep_id)
         eta = eta_seconds(sweep, trials, datetime.now(UTC))
+        for warning in no_gpu_warnings(sweep, warned):
+            console.print(warning, soft_wrap=True)
         for profile in sweep.profiles:
             # Each decision of the split search, once: N measured, next N, or settled.
             if searches.get(profile.id, "") != profile.reason:

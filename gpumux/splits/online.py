@@ -10,6 +10,9 @@ completed trials/s for scripts that report neither; one unit per workload); with
 most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
 stored as the workload's profile so that the next sweep of the workload starts settled.
 
+A workload whose framework sees no GPU on a GPU (a CPU-only build: its trials train on the host's
+CPU) is not measured: the search stops for its sweep, saying why.
+
 A point that cannot be beside the others (tuner.implausible: each trial faster at a larger N, or
 more than the cores that do the work allow) is not stored: it and the points it conflicts with are
 measured again; after `MAX_REJECTED` such points the search stops for the sweep, unsettled and
@@ -364,6 +367,18 @@ class SplitSearch:
             self.decision.reason,
         )
 
+    def _halt_without_gpu(self, trial: Trial) -> None:
+        """The workload's framework sees no GPU (a CPU-only build): its trials train on the
+        host's CPU, and their rates say nothing of the GPU. The search stops for the sweep at the
+        N it had; the next sweep of the workload measures again."""
+        self.phase_start = None
+        self.halted = (
+            f"unsettled: {trial.no_gpu} sees no GPU in trial {trial.id} (it trains on the CPU); "
+            f"its throughput is not this GPU's, so N stays {self.split}"
+        )
+        self.decision = replace(self.decision, reason=self.halted)
+        log.warning("device %s: %s", self.device_key, self.halted)
+
     def sweep_ended(self) -> bool:
         """The workload has nothing running or queued here and its sweep is over: an unsettled
         search says so in its profile (True: the profile needs saving), and the next sweep of
@@ -371,6 +386,9 @@ class SplitSearch:
         if self.decision.settled or self.ended:
             return False
         self.ended = True
+        # Why the search stopped, if it did, stays in the profile: a curve without points
+        # says nothing by itself.
+        why = "" if self.halted is None else f" ({self.halted.removeprefix('unsettled: ')})"
         self.rejected = 0
         self.halted = None
         self.phase_start = self.filling_since = None
@@ -378,8 +396,8 @@ class SplitSearch:
         self.decision = replace(
             decision,
             reason=(
-                f"unsettled: the sweep ended after {len(self.curve)} point(s), the next sweep "
-                f"goes on from them; {decision.reason}"
+                f"unsettled: the sweep ended after {len(self.curve)} point(s){why}, the next "
+                f"sweep goes on from them; {decision.reason}"
             ),
         )
         return True
@@ -467,6 +485,10 @@ class SplitSearch:
             )
             if self._ours(trial)
         ]
+        unseen = next((t for t in trials if t.no_gpu is not None), None)
+        if unseen is not None:
+            self._halt_without_gpu(unseen)
+            return None
         ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
         phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
         done = {t.id for t in ended}
@@ -591,7 +613,7 @@ class SplitSearch:
             throughput=throughput,
             seconds_per_trial=per_trial,
             memory_per_trial_mb=self.peak_mb,
-            trials=len(rates) if self.unit == SAMPLES_PER_S else len(durations),
+            trials=len(rates) if self.unit != TRIALS_PER_S else len(durations),
             spread=spread,
         )
 

@@ -220,6 +220,8 @@ class Trial(Base):
     log_scanned: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
     # Reports over the trial's budget (GPUMUX_REPORT_*), not stored: their samples still count.
     reports_dropped: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
+    # The framework that saw no GPU on the GPU the trial was placed on: its rates are the CPU's.
+    no_gpu: Mapped[str | None] = mapped_column(String(16))
     # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
     optuna_attrs: Mapped[dict[str, Any] | None]
 

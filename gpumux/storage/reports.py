@@ -60,6 +60,15 @@ def add_report(
         )
     if trial.status not in ACTIVE_TRIAL_STATUSES:
         raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
+    if report_in.no_gpu is not None and trial.no_gpu is None:
+        trial.no_gpu = report_in.no_gpu
+        log.warning(
+            "trial %s: %s sees no GPU on %s, where it was placed: it trains on the CPU, and the "
+            "split search leaves it out",
+            trial.id,
+            report_in.no_gpu,
+            trial.device,
+        )
     report = Incoming(
         step=report_in.step,
         samples=report_in.samples,
@@ -204,6 +213,16 @@ def _stored(session: Session, trial_id: int, attempt: int) -> Seed:
         .limit(1)
     ).first()
     return (rows, None, None) if latest is None else (rows, latest[0], latest[1])
+
+
+def no_gpu_counts(*, session: Session, sweep_id: int) -> dict[str, int]:
+    """How many of the sweep's trials saw no GPU where they were placed, by framework."""
+    rows = session.execute(
+        select(Trial.no_gpu, func.count())
+        .where(Trial.sweep_id == sweep_id, Trial.no_gpu.is_not(None))
+        .group_by(Trial.no_gpu)
+    )
+    return {framework: count for framework, count in rows if framework is not None}
 
 
 def list_reports(

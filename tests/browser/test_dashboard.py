@@ -232,3 +232,32 @@ def test_another_users_sweeps_in_the_mix_show_their_share_and_not_whose(
         expect(page.locator("tr[data-sweep-id]")).to_have_count(0)
     finally:
         flag.touch()
+
+
+def test_a_framework_that_sees_no_gpu_is_shown_on_the_sweep_and_the_trial(
+    page: Page, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    torch = pytest.importorskip("torch", reason="the trial is a PyTorch loop")
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+        pytest.skip("needs a PyTorch built without CUDA: a CUDA build may see a GPU")
+    simulated = {"GPUMUX_SIMULATED_GPU": "h200-torch-mlp", "GPUMUX_TUNE": "0"}
+    with daemon(tmp_path / "home", simulated) as served:
+        sweep_id = submit(
+            served,
+            tmp_path,
+            [sys.executable, str(FIXTURES / "torch_loop.py"), "{steps}"],
+            params=["steps=10,20"],
+            split=2,
+        )
+        page.goto(served.page(f"#/sweeps/{sweep_id}"))
+        expect(page.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+        expect(page.locator(".warning.no-gpu")).to_contain_text(
+            "torch sees no GPU in 2 trial(s) gpumux placed on a GPU"
+        )
+        page.locator("table.trials tbody tr a").first.click()
+        expect(page.locator(".trial-status")).to_have_text("succeeded")
+        expect(page.locator(".warning.no-gpu")).to_contain_text(
+            "torch sees no GPU, though gpumux placed this trial on GPU-"
+        )

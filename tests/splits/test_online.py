@@ -256,12 +256,46 @@ def test_optimizer_steps_are_the_unit_of_a_workload_that_reports_no_samples(
     if not samples_at:
         assert search.unit == "steps/s"
         assert [p.throughput for p in search.curve] == [pytest.approx(120.0 / 13)]
+        # Measured on the running trial's rate: its point counts that trial, and is stored.
+        assert [p.trials for p in search.curve] == [1]
+        with sessions.write.begin() as session:
+            search.save(session=session)
     elif len(samples_at) > 1:
         assert search.unit == "samples/s"
         assert [p.throughput for p in search.curve] == [pytest.approx(3000.0 / 13)]
     else:
         # Samples win, even when too rare for a rate yet: the window waits for them.
         assert search.unit == "samples/s" and search.curve == []
+
+
+def test_a_workload_whose_framework_sees_no_gpu_is_not_measured_and_says_why(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
+        trial = running_trial(start - timedelta(seconds=1), 1)
+        trial.no_gpu = "tensorflow"
+        session.add(trial)
+        session.flush()
+        for second in (6, 9, 12):
+            session.add(report(trial, start + timedelta(seconds=second), 1000.0))
+        session.flush()
+        end = start + TIMING.warmup + TIMING.window
+        search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
+        # Halted: later windows measure nothing either.
+        search.observe(
+            session=session, now=end + TIMING.window * 2, running=1, queued=5, sweep_id=1
+        )
+    assert search.curve == [] and not search.decision.settled and search.split == 1
+    assert search.decision.reason == (
+        f"unsettled: tensorflow sees no GPU in trial {trial.id} (it trains on the CPU); its "
+        "throughput is not this GPU's, so N stays 1"
+    )
+    assert search.sweep_ended()
+    # The profile the sweep leaves says why it has no point.
+    assert "(tensorflow sees no GPU in trial" in search.decision.reason
 
 
 def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(

@@ -30,8 +30,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base, token_hash
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
-HEAD = "0011"
+EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011"]
+HEAD = "0012"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -318,6 +318,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [(r.step, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
         # 0011: reports and trials from before it counted no optimizer steps.
         assert [r.steps for r in reports] == [None, None] and succeeded.steps_per_s is None
+        # 0012: trials from before it saw a GPU, as far as anyone knew.
+        assert [t.no_gpu for t in trials] == [None, None]
         assert store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]

@@ -11,7 +11,9 @@ from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
 from gpumux.fields import MAX_USER_CHARS
+from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas import (
+    NoGpuPublic,
     ProfilePublic,
     SweepCreate,
     SweepDetail,
@@ -35,6 +37,7 @@ from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.models import Sweep
 
@@ -81,10 +84,18 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
         profiles = profile_store.workload_profiles(
             session=session, fingerprint=sweep_fingerprint(sweep)
         )
+    no_gpu = report_store.no_gpu_counts(session=session, sweep_id=sweep.id)
     return SweepDetail(
         **sweep_public(sweep, counts).model_dump(),
         best=TrialPublic.model_validate(best) if best else None,
         profiles=[ProfilePublic.model_validate(profile) for profile in profiles],
+        no_gpu=[
+            NoGpuPublic.model_validate(
+                {"framework": framework, "trials": trials, "fix": NO_GPU_FIX[framework]}
+            )
+            for framework, trials in sorted(no_gpu.items())
+            if framework in NO_GPU_FIX
+        ],
     )
 
 

@@ -177,6 +177,17 @@ export function profileBlock(profile, withWorkload) {
   );
 }
 
+// Frameworks that saw no GPU in trials placed on one: they trained on the CPU.
+function noGpuWarnings(sweep) {
+  return sweep.no_gpu.map((seen) =>
+    h(
+      "div",
+      { class: "warning no-gpu" },
+      `${seen.framework} sees no GPU in ${seen.trials} trial(s) gpumux placed on a GPU: they train on the CPU, and the split search leaves them out. To use the GPU, install ${seen.fix}`,
+    ),
+  );
+}
+
 function splitSearch(sweep) {
   if (sweep.split !== "auto") {
     return h("div", { class: "muted" }, `the split is fixed at ${sweep.split} trials per device: no search`);
@@ -313,6 +324,7 @@ export function sweepView(id) {
     replace(root, 
       h("div", { class: "crumbs" }, link("#/", "Overview"), "/ ", `sweep ${sweep.id}`),
       h("h1", null, `Sweep ${sweep.id}`, sweep.name ? h("span", { class: "muted" }, sweep.name) : null, badge(sweep.status, "sweep-status")),
+      noGpuWarnings(sweep),
       h(
         "div",
         { class: "columns" },

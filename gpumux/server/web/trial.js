@@ -76,6 +76,9 @@ export function trialView(id) {
     replace(head, 
       h("div", { class: "crumbs" }, link("#/", "Overview"), "/ ", link(sweepHref(trial.sweep_id), `sweep ${trial.sweep_id}`), "/ ", `trial ${trial.id}`),
       h("h1", null, `Trial ${trial.id}`, h("span", { class: "muted" }, `#${trial.number} of sweep ${trial.sweep_id}`), badge(trial.status, "trial-status")),
+      trial.no_gpu
+        ? h("div", { class: "warning no-gpu" }, `${trial.no_gpu} sees no GPU, though gpumux placed this trial on ${trial.device}: it trains on the CPU, and the split search leaves it out`)
+        : null,
       h(
         "div",
         { class: "columns" },
