@@ -3,14 +3,16 @@
 On a GPU the slice is a memory limit and a share of the host's cores as threads; on the CPU device
 it is a thread count. Each function here runs right after its framework is imported (see
 importhook), and says on stderr what it applied. A framework that sees no GPU where gpumux placed
-the trial on one (a CPU-only build) trains on the host's CPU: that is said loudly, and reported
-to the daemon, which leaves the trial's throughput out of the GPU's split search.
+the trial on one (a CPU-only build) trains on the host's CPU: once it trains (not when it is only
+imported: a JAX script may use tensorflow-cpu for its data), that is said loudly and reported to
+the daemon, which leaves the trial's throughput out of the GPU's split search.
 """
 
 from __future__ import annotations
 
 import math
 
+from gpumux.runtime import context
 from gpumux.runtime.context import TrialContext, say
 
 TYPE_CHECKING = False
@@ -25,6 +27,10 @@ NO_GPU_FIX = {
     "torch": "a CUDA build of PyTorch: pip install torch from PyPI on Linux, or see "
     "https://pytorch.org/get-started/locally/",
 }
+
+# The frameworks imported in this process that see no GPU on its trial's GPU, each with the name
+# it is shown by: said and reported when one trains (`training_with`).
+_SEES_NO_GPU: dict[str, str] = {}
 
 TOO_LATE_FIX = (
     "make sure nothing runs a TensorFlow operation before `import tensorflow` returns "
@@ -50,9 +56,18 @@ def cap_tensorflow(tf: ModuleType, trial: TrialContext) -> None:
         if gpus:
             _cap_tensorflow_gpu(tf, gpus[0], trial)
         else:
-            report_no_gpu("tensorflow", "TensorFlow", trial)
+            _SEES_NO_GPU["tensorflow"] = "TensorFlow"
     else:
         _cap_tensorflow_cpu(tf, trial)
+
+
+def training_with(framework: str) -> None:
+    """`framework` ("tensorflow", "torch") trains in this process: if it sees no GPU on the
+    trial's GPU, say so and tell the daemon (once)."""
+    shown = _SEES_NO_GPU.pop(framework, None)
+    trial = context.current()
+    if shown is not None and trial is not None:
+        report_no_gpu(framework, shown, trial)
 
 
 def report_no_gpu(framework: str, shown: str, trial: TrialContext) -> None:
@@ -74,7 +89,8 @@ def report_no_gpu(framework: str, shown: str, trial: TrialContext) -> None:
 
 
 def check_torch_sees_gpu(torch: ModuleType, trial: TrialContext) -> None:
-    """Report a PyTorch built without CUDA (or ROCm) on a GPU: it can never see the GPU.
+    """Note a PyTorch built without CUDA (or ROCm) on a GPU: it can never see the GPU (said
+    at its first optimizer step).
 
     Only the build is looked at: asking CUDA for its devices here would initialise it in every
     trial, breaking CUDA in children forked before their first use.
@@ -83,7 +99,7 @@ def check_torch_sees_gpu(torch: ModuleType, trial: TrialContext) -> None:
         return
     version = getattr(torch, "version", None)
     if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
-        report_no_gpu("torch", f"PyTorch {getattr(torch, '__version__', '')}".strip(), trial)
+        _SEES_NO_GPU["torch"] = f"PyTorch {getattr(torch, '__version__', '')}".strip()
 
 
 def _cap_tensorflow_gpu(tf: ModuleType, gpu: object, trial: TrialContext) -> None:

@@ -144,13 +144,22 @@ def test_tensorflow_gpu_initialised_too_early_says_so(capsys: pytest.CaptureFixt
     assert err.count("\n") == 1
 
 
-def test_tensorflow_without_a_visible_gpu_warns(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorflow_without_a_visible_gpu_warns_once_it_trains(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frameworks, "_SEES_NO_GPU", {})
+    monkeypatch.setattr(frameworks.context, "current", gpu_trial)
     config = RecordingTfConfig()
     config.list_physical_devices = lambda device_type: []  # type: ignore[method-assign]
 
     frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial())
+    # Imported only (tf.data beside JAX, say): nothing to say yet; another framework training
+    # says nothing of TensorFlow.
+    frameworks.training_with("torch")
+    assert (config.calls, capsys.readouterr().err) == ([], "")
 
-    assert config.calls == []
+    frameworks.training_with("tensorflow")
+    frameworks.training_with("tensorflow")
     assert capsys.readouterr().err == (
         "gpumux: WARNING: TensorFlow sees no GPU, though gpumux placed this trial on one: it "
         "trains on the CPU, its 4096 MB slice is not applied, and its throughput is left out of "
@@ -174,9 +183,20 @@ def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemo
         GPUMUX_DEVICE_MEMORY_MB="143771",
         CUDA_VISIBLE_DEVICES="GPU-00000000-0000-0000-0000-000000000000",
     )
-    script = "import tensorflow as tf; print('script: done', flush=True)"
+    imported = "import tensorflow as tf; print('script: done', flush=True)"
+    trained = (
+        "import keras, numpy as np\n"
+        "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer='sgd', loss='mse')\n"
+        "model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, verbose=0)\n"
+    )
 
-    result = run_python(["-c", script], env, tmp_path)
+    quiet = run_python(["-c", imported], env, tmp_path)
+    assert quiet.returncode == 0, quiet.stdout
+    assert "sees no GPU" not in quiet.stdout
+    assert [r for r in report_server.reports if r["kind"] == "device"] == []
+
+    result = run_python(["-c", trained], env, tmp_path)
 
     assert result.returncode == 0, result.stdout
     assert (
@@ -194,8 +214,18 @@ def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
 ) -> None:
     import torch
 
-    script = "import torch; print('script: done')"
     env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu")
+    quiet = run_python(["-c", "import torch; print('script: done')"], env, tmp_path)
+    assert quiet.returncode == 0, quiet.stdout
+    assert "sees no GPU" not in quiet.stdout
+    assert [r for r in report_server.reports if r["kind"] == "device"] == []
+    script = (
+        "import torch\n"
+        "weight = torch.nn.Parameter(torch.zeros(1))\n"
+        "optimizer = torch.optim.SGD([weight], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    optimizer.zero_grad(); (weight - 1).pow(2).sum().backward(); optimizer.step()\n"
+    )
 
     result = run_python(["-c", script], env, tmp_path)
 
