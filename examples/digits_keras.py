@@ -6,7 +6,7 @@ Run it alone, or sweep it (gpumux measures fit() itself; the script knows nothin
 
 On an NVIDIA GPU host where TensorFlow is its CPU build (what gpumux's `.[tf]` installs on x86_64)
 and a PyTorch that sees the GPU is installed, Keras runs on PyTorch, which uses the GPU;
-KERAS_BACKEND, when set, decides instead.
+KERAS_BACKEND, or a backend other than Keras's default in keras.json, decides instead.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -44,12 +45,25 @@ def _installed(distribution: str) -> bool:
     return True
 
 
+def _keras_config(environ: MutableMapping[str, str]) -> dict[str, object]:
+    """The user's keras.json ($KERAS_HOME, else ~/.keras), where Keras reads its backend."""
+    home = Path(environ.get("KERAS_HOME") or Path.home() / ".keras")
+    try:
+        config = json.loads((home / "keras.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def choose_keras_backend(
     environ: MutableMapping[str, str], nvidia_driver: Path = NVIDIA_DRIVER
 ) -> str | None:
     """Set KERAS_BACKEND=torch where only PyTorch can use this host's GPU: the driver is loaded,
     TensorFlow is its CPU build alone, and PyTorch sees a GPU. None: Keras's default stays."""
     if "KERAS_BACKEND" in environ or not nvidia_driver.exists():
+        return None
+    if _keras_config(environ).get("backend", "tensorflow") != "tensorflow":
+        # Chosen by the user: Keras writes "tensorflow" there itself on its first import.
         return None
     if not _installed("tensorflow-cpu") or _installed("tensorflow"):
         return None

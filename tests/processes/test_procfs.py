@@ -63,3 +63,42 @@ def test_a_process_held_before_it_is_reaped_is_never_signalled_under_a_reused_pi
         assert send(pidfd, signal.SIGKILL)
         child.wait()
         assert not send(pidfd, signal.SIGKILL)
+
+
+def test_a_trial_of_more_processes_than_the_supervisor_may_hold_open_is_signalled_whole() -> None:
+    # Run as a supervisor would be: its children are the trial's processes, each in a group of
+    # its own (escaped), more of them than the file descriptors it may open.
+    code = """
+import os, resource, signal
+from gpumux.processes.reaping import HELD_AT_ONCE, signal_trial
+count = HELD_AT_ONCE + 100
+resource.setrlimit(resource.RLIMIT_NOFILE, (HELD_AT_ONCE + 50, HELD_AT_ONCE + 50))
+children = []
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1), os.dup2(devnull, 2)
+        os.setpgid(0, 0)
+        signal.pause()
+        os._exit(0)
+    children.append(pid)
+try:
+    escaped, refused = signal_trial(children[0], signal.SIGTERM)
+finally:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+ends = [os.waitpid(pid, 0)[1] for pid in children]
+killed = sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGTERM for s in ends)
+print(count, len(escaped), len(refused), killed)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    count, escaped, refused, killed = map(int, done.stdout.split())
+    assert (refused, killed) == (0, count)
+    assert escaped >= count - 1

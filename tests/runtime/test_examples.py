@@ -147,10 +147,19 @@ def test_digits_keras_runs_keras_on_a_pytorch_that_sees_the_gpu_where_tensorflow
     torch.__spec__ = importlib.machinery.ModuleSpec("torch", None)
     torch.cuda = SimpleNamespace(is_available=lambda: True)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
-    environ: dict[str, str] = {}
+    home = {"KERAS_HOME": str(tmp_path)}
+    environ = dict(home)
 
     assert digits.choose_keras_backend(environ, tmp_path) == "torch"
-    assert environ == {"KERAS_BACKEND": "torch"}
+    assert environ == {**home, "KERAS_BACKEND": "torch"}
+
+    # Keras's own default in keras.json (it writes one at its first import) is no choice;
+    # another backend there is the user's.
+    (tmp_path / "keras.json").write_text('{"backend": "tensorflow", "floatx": "float32"}')
+    assert digits.choose_keras_backend(dict(home), tmp_path) == "torch"
+    (tmp_path / "keras.json").write_text('{"backend": "jax"}')
+    assert digits.choose_keras_backend(dict(home), tmp_path) is None
+    (tmp_path / "keras.json").unlink()
 
     torch.cuda = SimpleNamespace(is_available=lambda: False)  # type: ignore[attr-defined]
-    assert digits.choose_keras_backend({}, tmp_path) is None
+    assert digits.choose_keras_backend(dict(home), tmp_path) is None
