@@ -50,19 +50,20 @@ def short_float(value: float, digits: int) -> str:
     return format_value(value) if float(shown) == value else shown
 
 
-def digits_to_tell_apart(values: Iterable[float]) -> int:
-    """The fewest significant digits, SHORT_DIGITS or more, that keep distinct values distinct."""
-    distinct = {value for value in values if math.isfinite(value)}
+def digits_to_tell_apart(value: float, others: Iterable[float]) -> int:
+    """The fewest significant digits, SHORT_DIGITS or more, that tell `value` from `others`."""
+    rest = {other for other in others if other != value and math.isfinite(other)}
     for digits in range(SHORT_DIGITS, EXACT_DIGITS):
-        if len({f"{value:.{digits}g}" for value in distinct}) == len(distinct):
+        shown = f"{value:.{digits}g}"
+        if all(f"{other:.{digits}g}" != shown for other in rest):
             return digits
     return EXACT_DIGITS
 
 
 class ShortValues:
-    """How the parameter values shown together print: each float parameter with the fewest
-    significant digits (SHORT_DIGITS or more) that tell its values apart; ints, strings and
-    floats that are short already exactly as the command got them."""
+    """How the parameter values shown together print: each float with the fewest significant
+    digits (SHORT_DIGITS or more) that tell it from the other values of its parameter; ints,
+    strings and floats that are short already exactly as the command got them."""
 
     def __init__(self, params: Iterable[Mapping[str, Any]] = ()) -> None:
         floats: dict[str, set[float]] = {}
@@ -70,7 +71,11 @@ class ShortValues:
             for name, value in one.items():
                 if isinstance(value, float):
                     floats.setdefault(name, set()).add(value)
-        self.digits = {name: digits_to_tell_apart(values) for name, values in floats.items()}
+        self.digits = {
+            (name, value): digits_to_tell_apart(value, values)
+            for name, values in floats.items()
+            for value in values
+        }
 
     @classmethod
     def of(cls, trials: Iterable[TrialPublic]) -> ShortValues:
@@ -80,7 +85,7 @@ class ShortValues:
     def value(self, name: str, value: Any) -> str:
         """One parameter's value, control characters escaped."""
         if isinstance(value, float):
-            return short_float(value, self.digits.get(name, SHORT_DIGITS))
+            return short_float(value, self.digits.get((name, value), SHORT_DIGITS))
         return visible(format_value(value))
 
     def params(self, params: Mapping[str, Any]) -> str:

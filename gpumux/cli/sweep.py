@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from gpumux import sweepfile, sweepspec
-from gpumux.cli import follow, render
+from gpumux.cli import follow, glance, render
 from gpumux.cli.connect import Connection, daemon_for_sweep, find_daemon, wait_until_idle
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
@@ -190,7 +190,7 @@ def final_report(console: Console, sweep: SweepDetail, trials: list[TrialPublic]
     if len(ranked) > FINAL_TABLE_ROWS:
         rest = len(ranked) - FINAL_TABLE_ROWS
         console.print(f"... {rest} more trials: gpumux show {sweep.id} --all")
-    best = render.best_text(sweep.best, sweep.objective)
+    best = render.best_text(sweep.best, sweep.objective, glance.ShortValues.of(trials))
     if best is not None:
         console.print(best)
     if sweep.status == SweepStatus.cancelled:
