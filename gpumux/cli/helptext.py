@@ -43,7 +43,14 @@ def plain_labels(params: Iterable[object]) -> Iterator[None]:
 
 
 class PlainCommand(TyperCommand):
-    """A command whose help names values by their metavars (see the module)."""
+    """A command whose help names values by their metavars (see the module); an argument given
+    none is named by its name in capitals ("USER", not "user" or "{user}")."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperArgument) and param.metavar is None:
+                param.metavar = (param.name or "").upper()
 
     # Any: typer's context and formatter classes are click's, or its own copy of click's.
     def format_help(self, ctx: Any, formatter: Any) -> None:
