@@ -25,6 +25,8 @@ ASCII_LEVELS = "_.,-=+*#"
 # falls from 2.4 to 0.03 would leave every good trial on the bottom line otherwise.
 LOG_SPREAD = 10.0
 MIN_COLUMNS = 8
+# Columns of curve at most, wider terminals or not: a glance, not a plot.
+MAX_COLUMNS = 40
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,11 @@ class LearningChart:
         lasts = [render.number(curve.values[max(curve.values)], digits=4) for curve in self.curves]
         label_w, last_w = max(map(len, labels)), max(map(len, lasts))
         fixed = label_w + 1 + 1 + last_w + max(len(marker), len(" pruned"))
-        room = max(MIN_COLUMNS, options.max_width - fixed)
+        room = max(MIN_COLUMNS, min(MAX_COLUMNS, options.max_width - fixed))
+        # Several steps to a column when they outnumber the room; a step several columns wide
+        # when they are few, so that a short curve still reads as a curve.
         per_column = math.ceil(steps / room)
+        repeat = max(1, room // steps)
         columns = math.ceil(steps / per_column)
         better = "lower" if self.mode == "min" else "higher"
         how = "log scale" if scale.log else "linear scale"
@@ -133,7 +138,7 @@ class LearningChart:
                 # The last value the trial reported among the steps this column covers.
                 covered = range(column * per_column, min(steps, (column + 1) * per_column))
                 found = [curve.values[step] for step in covered if step in curve.values]
-                cells.append(levels[scale.level(found[-1])] if found else " ")
+                cells.append((levels[scale.level(found[-1])] if found else " ") * repeat)
             line.append("".join(cells), style="" if best else "cyan")
             line.append(f" {last:>{last_w}}")
             if best:
@@ -141,8 +146,8 @@ class LearningChart:
             elif pruned:
                 line.append(" pruned", style=render.STATUS_STYLES["pruned"])
             yield line
-        end = str(steps)
-        ticks = "1" + end.rjust(columns - 1) if steps > 1 and columns > len(end) else f"1-{end}"
+        end, width = str(steps), columns * repeat
+        ticks = "1" + end.rjust(width - 1) if steps > 1 and width > len(end) else f"1-{end}"
         each = f", {per_column} to a column" if per_column > 1 else ""
         yield Text(f"{'':>{label_w}} {ticks} step{each}", style="dim")
 
