@@ -82,13 +82,19 @@ def curve_table(points: Iterable[CurvePoint], *, unit: str, best_split: int | No
     return table
 
 
+def eighths(value: float, top: float, cells: int) -> int:
+    """How many eighths of a character cell `value` fills when `top` fills `cells` cells (at
+    least one): the resolution of the block characters both charts draw with."""
+    return max(1, round(value / top * cells * 8))
+
+
 def _bar(value: float | None, top: float, width: int, ascii_only: bool) -> str:
     """A left-aligned bar `width` cells wide at full scale (`top`), padded to `width`."""
     if value is None or top <= 0 or value <= 0:
         return " " * width
     if ascii_only:
         return ("#" * max(1, round(value / top * width))).ljust(width)
-    full, part = divmod(max(1, round(value / top * width * 8)), 8)
+    full, part = divmod(eighths(value, top, width), 8)
     return (FULL_BLOCK * full + (BLOCKS[part] if part else "")).ljust(width)
 
 

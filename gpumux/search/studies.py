@@ -28,7 +28,13 @@ from sqlalchemy.orm import Session
 from gpumux import sweepspec
 from gpumux.search import methods
 from gpumux.search.space import constants_of, distributions_of
-from gpumux.status import ACTIVE_TRIAL_STATUSES, ObjectiveMode, SearchMethod, TrialStatus
+from gpumux.status import (
+    ACTIVE_TRIAL_STATUSES,
+    ObjectiveMode,
+    PruneNote,
+    SearchMethod,
+    TrialStatus,
+)
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
 log = logging.getLogger(__name__)
@@ -159,9 +165,10 @@ class Studies:
             step = self._first_pruned_step(study, trial, values)
             if step is not None:
                 study.decided.add(trial.id)
-                note = (
-                    f"pruned at step {step} by the {sweep.prune} pruner "
-                    f"({study.metric} {values[step]:.6g})"
+                note = str(
+                    PruneNote(
+                        step=step, pruner=str(sweep.prune), metric=study.metric, value=values[step]
+                    )
                 )
                 log.info("sweep %s: trial %s %s", sweep.id, trial.id, note)
                 stopping.append(Pruned(trial.id, step, note))

@@ -256,7 +256,8 @@ class Daemon:
         if heartbeat is not None:
             heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
         leaving = self._leave_when_idle()
-        log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
+        # Debug: `gpumux serve` has printed where it serves already, once the sockets were bound.
+        log.debug("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
             await self._until_stopped(scheduler, scheduler_task, stop_scheduling)
         finally:

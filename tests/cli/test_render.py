@@ -97,7 +97,8 @@ def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> No
     header = [cell.strip() for cell in lines[1].split("┃")[1:-1]]
     assert header[:4] == ["trial", "lr", "status", "step"]
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if "│" in line]
-    assert [row[2:4] for row in rows] == [["pruned", "4"], ["succeeded", "20"]]
+    # Counted from 1, as the user counts epochs: the API's step 20 is the 21st.
+    assert [row[2:4] for row in rows] == [["pruned", "5"], ["succeeded", "21"]]
     no_steps = lines_of(
         render.trials_table([a_trial(1, TrialStatus.succeeded, None)], objective=None)
     )
