@@ -88,7 +88,7 @@ def add_line_reports(
     attempt, within its budget.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
-    no interval, so it sets no samples/s; its samples still count in the split search's windows.
+    no interval: the reader gives each report the seconds its samples took.
     """
     return _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
 
