@@ -10,43 +10,59 @@ from typing import Annotated
 import typer
 from rich.console import RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from gpumux.cli import plot
 from gpumux.cli.connect import connect
-from gpumux.cli.render import NONE, local_time
+from gpumux.cli.render import NONE, local_time, visible
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
 from gpumux.client import Client
 from gpumux.fields import MAX_ID
 from gpumux.schemas import ProfilePublic
+from gpumux.throughput import SWEEP_ENDED
 
 PAGE = 500
 
 
 def profiles_table(profiles: Sequence[ProfilePublic]) -> Table:
-    """One row per profile: device model, workload, best N and how far the search got."""
+    """One row per profile: device model, best N or how far the search got, and the workload:
+    its command, the directory it runs in and its cost parameters, each on a line of its own."""
     table = Table(header_style="bold")
     table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("device")
-    table.add_column("command", overflow="fold")
-    table.add_column("cost params", overflow="fold")
-    table.add_column("unit", no_wrap=True)
-    table.add_column("best N", justify="right", no_wrap=True)
-    table.add_column("settled", no_wrap=True)
-    table.add_column("points", justify="right", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
+    table.add_column("device", min_width=8)
+    table.add_column("best N", no_wrap=True)
+    table.add_column("unit")
+    table.add_column("updated")
+    table.add_column("workload", overflow="fold", min_width=16)
     for profile in profiles:
+        workload = Text(visible(shlex.join(profile.command)))
+        if profile.workdir is not None:
+            workload.append(f"\nin {visible(profile.workdir)}", style="dim")
+        if profile.param_tokens:
+            workload.append(f"\ncost: {visible(' '.join(profile.param_tokens))}", style="dim")
         table.add_row(
             str(profile.id),
-            profile.device_name,
-            shlex.join(profile.command),
-            " ".join(profile.param_tokens) or NONE,
+            visible(profile.device_name),
+            _best(profile, short=True),
             profile.unit,
-            NONE if profile.best_split is None else str(profile.best_split),
-            "yes" if profile.settled else "no",
-            str(len(profile.curve)),
             local_time(profile.updated_at, year=False),
+            workload,
         )
     return table
+
+
+def _best(profile: ProfilePublic, *, short: bool = False) -> str:
+    """The best N, or where the search stands: settled, unsettled since its sweep ended, or
+    searching while its sweep runs."""
+    if profile.settled:
+        best = NONE if profile.best_split is None else str(profile.best_split)
+        return best if short else f"{best} (settled)"
+    if (profile.reason or "").startswith(SWEEP_ENDED):
+        if short:
+            return "unsettled"
+        measured = ", ".join(str(point.split) for point in plot.by_split(profile.curve))
+        return f"measured N={measured or NONE}; {SWEEP_ENDED}"
+    return "searching" if short else f"{NONE} (still searching)"
 
 
 def profile_summary(profile: ProfilePublic) -> Table:
@@ -54,17 +70,16 @@ def profile_summary(profile: ProfilePublic) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    best = NONE if profile.best_split is None else str(profile.best_split)
-    state = "settled" if profile.settled else "still searching"
     rows = [
         ("profile", str(profile.id)),
-        ("device", profile.device_name),
-        ("command", shlex.join(profile.command)),
-        ("cost params", " ".join(profile.param_tokens) or NONE),
+        ("device", visible(profile.device_name)),
+        ("command", visible(shlex.join(profile.command))),
+        ("directory", visible(profile.workdir or NONE)),
+        ("cost params", visible(" ".join(profile.param_tokens)) or NONE),
         ("fingerprint", profile.fingerprint),
-        ("best N", f"{best} ({state})"),
+        ("best N", _best(profile)),
         ("limits", _limits(profile)),
-        ("tuner", profile.reason or NONE),
+        ("tuner", visible(profile.reason or NONE)),
         ("last sweep", NONE if profile.sweep_id is None else str(profile.sweep_id)),
         ("updated", local_time(profile.updated_at)),
     ]
@@ -100,9 +115,12 @@ def write_profile_png(profile: ProfilePublic, path: Path) -> Path:
     """The profile's curve as a PNG at `path`; CliError when it cannot be drawn or written."""
     if not profile.curve:
         raise CliError(f"profile {profile.id} has no measured point to plot yet")
-    title = f"{profile.device_name}: {shlex.join(profile.command)}"
+    lines = [profile.device_name, shlex.join(profile.command)]
+    if profile.workdir is not None:
+        lines.append(f"in {profile.workdir}")
     if profile.param_tokens:
-        title += f" ({' '.join(profile.param_tokens)})"
+        lines.append(f"cost: {' '.join(profile.param_tokens)}")
+    title = "\n".join(lines)
     try:
         return plot.write_png(
             profile.curve,
