@@ -17,6 +17,7 @@ from gpumux.cli import follow, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     CliError,
     CliState,
     build_settings,
@@ -37,9 +38,13 @@ POLL_S = 0.5
 # The largest TCP port: bind() overflows past it.
 MAX_PORT = 65535
 
-SweepId = Annotated[
-    int,
-    typer.Argument(help="the sweep's id (gpumux ls)", min=1, max=MAX_ID, show_default=False),
+SweepRef = Annotated[
+    str,
+    typer.Argument(
+        metavar="SWEEP",
+        help="the sweep's id, or its --name (your newest sweep of that name); gpumux ls",
+        show_default=False,
+    ),
 ]
 TrialId = Annotated[
     int,
@@ -48,6 +53,19 @@ TrialId = Annotated[
     ),
 ]
 Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")]
+
+
+def sweep_id_of(client: Client, sweep: str) -> int:
+    """The id SWEEP names: a number is an id, other text the newest sweep of that name."""
+    if sweep.isdecimal() and sweep.isascii():
+        sweep_id = int(sweep)
+        if not 1 <= sweep_id <= MAX_ID:
+            raise CliError(f"sweep id {sweep} is out of range (1 to {MAX_ID})", EXIT_USAGE)
+        return sweep_id
+    found = client.list_sweeps(name=sweep, limit=1).data
+    if not found:
+        raise CliError(f"no sweep named {render.visible(sweep)!r}; gpumux ls lists your sweeps")
+    return found[0].id
 
 
 def serve(
@@ -148,7 +166,7 @@ def ls(
 
 def show(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="follow its progress until it ends first")
     ] = False,
@@ -160,6 +178,7 @@ def show(
     """A sweep's settings, counts by status, best trial, trials, and why trials failed."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         if follow_:
             _follow_or_interrupt(state, client, sweep_id)
         sweep = client.get_sweep(sweep_id)
@@ -199,7 +218,7 @@ def _follow_or_interrupt(state: CliState, client: Client, sweep_id: int) -> None
 
 def cancel(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="ask for the cancel and return at once")
     ] = False,
@@ -208,6 +227,7 @@ def cancel(
     """Cancel a sweep: drop its queued trials, stop its running ones, and wait for that."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.cancel_sweep(sweep_id)
         if follow.sweep_ended(sweep) and sweep.status != SweepStatus.cancelled:
             state.note(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
@@ -271,13 +291,14 @@ def _print_log(client: Client, trial_id: int, *, follow: bool) -> int:
 
 def best(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON, for scripts")] = False,
     url: Url = None,
 ) -> None:
     """The best trial of a sweep by its objective: parameters, value, command line."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.get_sweep(sweep_id)
     if sweep.objective is None:
         raise CliError(
