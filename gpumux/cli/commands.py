@@ -293,6 +293,10 @@ def best(
     ctx: typer.Context,
     sweep_ref: SweepRef,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON, for scripts")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="print the trial's id alone: gpumux logs $(...)"),
+    ] = False,
     url: Url = None,
 ) -> None:
     """The best trial of a sweep by its objective: parameters, value, command line."""
@@ -313,6 +317,9 @@ def best(
             f"({render.counts_text(sweep.counts)}); a trial reports it with "
             f"gpumux.runtime.report({metric}=...) or as a Keras metric"
         )
+    if quiet:
+        sys.stdout.write(f"{trial.id}\n")
+        return
     argv = sweepspec.render_command(sweep.command, trial.params)
     if as_json:
         document = dict(

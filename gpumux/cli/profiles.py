@@ -61,7 +61,7 @@ def _best(profile: ProfilePublic, *, short: bool = False) -> str:
         if short:
             return "unsettled"
         measured = ", ".join(str(point.split) for point in plot.by_split(profile.curve))
-        return f"measured N={measured or NONE}; {SWEEP_ENDED}"
+        return f"{f'measured N={measured}' if measured else 'nothing measured'}; {SWEEP_ENDED}"
     return "searching" if short else f"{NONE} (still searching)"
 
 

@@ -366,6 +366,8 @@ def test_a_sweep_is_found_by_its_name_the_newest_of_that_name_first(
     assert re.search(rf"\bsweep\b.*\b{newer.id}\b", show.stdout), show.stdout
     assert json.loads(best.stdout)["sweep"] == newer.id
     assert json.loads(by_id.stdout)["sweep"] == older.id
+    quiet = gpumux("best", name, "-q", env=server.env)
+    assert quiet.stdout == f"{json.loads(best.stdout)['trial']}\n", quiet.stderr
     assert cancel.stderr == f"gpumux: sweep {newer.id} already finished; nothing to cancel\n"
     assert missing.returncode == 1
     assert missing.stderr == "error: no sweep named 'no-such-sweep'; gpumux ls lists your sweeps\n"

@@ -222,6 +222,18 @@ def test_a_profile_whose_sweep_ended_unsettled_says_so_and_what_it_measured(
         "measured N=2, 3; unsettled: the sweep ended"
     )
     assert cells(row(listed, str(profile_id)))[2] == "unsettled"
+    nothing = store_profile(
+        server,
+        device_name="NVIDIA P100",
+        curve=[],
+        best_split=None,
+        settled=False,
+        reason="unsettled: the sweep ended after 0 point(s), the next sweep goes on from them",
+    )
+    shown_nothing = gpumux(server, "profiles", str(nothing), columns=100).stdout
+    assert " ".join(row(shown_nothing, "best").split()[2:]) == (
+        "nothing measured; unsettled: the sweep ended"
+    )
     # No best point: the curve's table has no column for its mark.
     header = next(line for line in shown.splitlines() if "memory/trial" in line)
     assert cells(header.replace("┃", "│"))[-1] == "memory/trial"
