@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpumux.cli import plot
+from gpumux.cli.commands import sweep_id_of
 from gpumux.cli.connect import connect
 from gpumux.cli.render import NONE, local_time, visible
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
@@ -147,24 +148,52 @@ def profiles(
         Path | None,
         typer.Option(help="also draw the curve into this PNG file (needs matplotlib)"),
     ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SWEEP",
+            help="show the curve this sweep's workload measured (its id or --name)",
+            show_default=False,
+        ),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every profile, not the newest few")] = False,
     limit: Annotated[int, typer.Option(min=1, max=PAGE, help="how many profiles")] = 20,
     url: Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")] = None,
 ) -> None:
     """Measured throughput against trials per device (N): list them, or show one's curve."""
     state = get_state(ctx)
-    if profile_id is None and png is not None:
-        raise CliError("--png draws one profile: gpumux profiles ID --png FILE", EXIT_USAGE)
+    if profile_id is not None and sweep is not None:
+        raise CliError("a profile's ID or --sweep SWEEP, not both", EXIT_USAGE)
+    if profile_id is None and sweep is None and png is not None:
+        raise CliError(
+            "--png draws one profile: gpumux profiles ID --png FILE, or --sweep SWEEP", EXIT_USAGE
+        )
     with connect(state, url) as client:
-        if profile_id is None:
+        if sweep is not None:
+            profile = _profile_of_sweep(client, sweep)
+        elif profile_id is None:
             _list_profiles(state, client, all_=all_, limit=limit)
             return
-        profile = client.get_profile(profile_id)
+        else:
+            profile = client.get_profile(profile_id)
     for view in profile_views(profile):
         state.out.print(view)
     if png is not None:
         written = write_profile_png(profile, png)
         state.note(f"wrote {written}")
+
+
+def _profile_of_sweep(client: Client, sweep: str) -> ProfilePublic:
+    """The profile a sweep's split search measured its workload in (the newest, where it ran
+    on several device models)."""
+    sweep_id = sweep_id_of(client, sweep)
+    found = client.get_sweep(sweep_id).profiles
+    if not found:
+        raise CliError(
+            f"sweep {sweep_id} has no profile: its split was fixed (--split N), or the search "
+            "is off (GPUMUX_TUNE=0) or measured nothing yet"
+        )
+    return max(found, key=lambda profile: profile.updated_at)
 
 
 def _list_profiles(state: CliState, client: Client, *, all_: bool, limit: int) -> None:

@@ -283,11 +283,33 @@ def test_a_pngs_title_fits_inside_the_image_however_long_the_workload(
     assert not title[:, :margin].any() and not title[:, -margin:].any(), "clipped at a side"
 
 
+def test_a_sweeps_profile_is_found_by_the_sweeps_name(server: Server) -> None:
+    command = [sys.executable, "-c", "pass"]
+    for options in (["--name", "searched"], ["--split", "2", "--name", "fixed"]):
+        submitted = gpumux(server, "sweep", "x=1", *options, "--detach", "--", *command)
+        assert submitted.returncode == 0, submitted.stderr
+    deadline = time.monotonic() + DEADLINE_S
+    # The search stores the workload's profile by the time its sweep has ended.
+    while (shown := gpumux(server, "profiles", "--sweep", "searched", columns=200)).returncode:
+        assert "has no profile" in shown.stderr, shown.stderr
+        assert time.monotonic() < deadline, "the sweep's search stored no profile"
+        time.sleep(0.2)
+    unsearched = gpumux(server, "profiles", "--sweep", "fixed")
+
+    assert row(shown.stdout, "command").split()[1:] == command
+    # The sweep runs where it was submitted: this test's directory.
+    assert row(shown.stdout, "directory").split()[1:] == [os.getcwd()]
+    assert unsearched.returncode == 1
+    assert "has no profile: its split was fixed" in unsearched.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
         (["profiles", "999"], 1, "profile 999 not found"),
         (["profiles", "--png", "x.png"], 2, "--png draws one profile"),
+        (["profiles", "1", "--sweep", "x"], 2, "a profile's ID or --sweep SWEEP, not both"),
+        (["profiles", "--sweep", "nameless"], 1, "no sweep named 'nameless'"),
     ],
 )
 def test_profile_errors_are_one_line(
