@@ -194,11 +194,12 @@ class Client:
         *,
         status: SweepStatus | None = None,
         owner: str | None = None,
+        name: str | None = None,
         offset: int = 0,
         limit: int = 50,
     ) -> SweepsPublic:
-        """A page of sweeps, newest first."""
-        query = _query(status=status, owner=owner, offset=offset, limit=limit)
+        """A page of sweeps (of this name, where given), newest first."""
+        query = _query(status=status, owner=owner, name=name, offset=offset, limit=limit)
         return SweepsPublic.model_validate(self._request("GET", "/sweeps", params=query))
 
     def get_sweep(self, sweep_id: int) -> SweepDetail:

@@ -536,6 +536,7 @@ class ProfilePublic(BaseModel):
     id: int
     device_name: str
     fingerprint: str
+    workdir: str | None = Field(default=None, description="the directory the command runs in")
     command: list[str]
     param_tokens: list[str] = Field(description="the parameters that change the cost of a trial")
     unit: ThroughputUnit

@@ -38,10 +38,12 @@ POLL_S = 0.5
 # The largest TCP port: bind() overflows past it.
 MAX_PORT = 65535
 
-SweepId = Annotated[
-    int,
+SweepRef = Annotated[
+    str,
     typer.Argument(
-        metavar="SWEEP", help="the sweep's id (gpumux ls)", min=1, max=MAX_ID, show_default=False
+        metavar="SWEEP",
+        help="the sweep's id, or its --name (your newest sweep of that name); gpumux ls",
+        show_default=False,
     ),
 ]
 TrialId = Annotated[
@@ -55,6 +57,19 @@ TrialId = Annotated[
     ),
 ]
 Url = Annotated[str | None, typer.Option(metavar="URL", help="the daemon (default GPUMUX_URL)")]
+
+
+def sweep_id_of(client: Client, sweep: str) -> int:
+    """The id SWEEP names: a number is an id, other text the newest sweep of that name."""
+    if sweep.isdecimal() and sweep.isascii():
+        sweep_id = int(sweep)
+        if not 1 <= sweep_id <= MAX_ID:
+            raise CliError(f"sweep id {sweep} is out of range (1 to {MAX_ID})", EXIT_USAGE)
+        return sweep_id
+    found = client.list_sweeps(name=sweep, limit=1).data
+    if not found:
+        raise CliError(f"no sweep named {render.visible(sweep)!r}; gpumux ls lists your sweeps")
+    return found[0].id
 
 
 def serve(
@@ -175,13 +190,11 @@ def ls(
 
 def show(
     ctx: typer.Context,
-    sweep_id: Annotated[
-        int | None,
+    sweep_ref: Annotated[
+        str | None,
         typer.Argument(
             metavar="SWEEP",
-            help="the sweep's id (gpumux ls)",
-            min=1,
-            max=MAX_ID,
+            help="the sweep's id, or its --name (your newest sweep of that name); gpumux ls",
             show_default=False,
         ),
     ] = None,
@@ -207,7 +220,7 @@ def show(
     """A sweep's settings, counts by status, best trial, learning curves, trials, and why trials
     failed; or one trial whole (--trial)."""
     state = get_state(ctx)
-    if (sweep_id is None) == (trial_id is None):
+    if (sweep_ref is None) == (trial_id is None):
         raise CliError("show SWEEP or show --trial TRIAL: give one of them", EXIT_USAGE)
     with connect(state, url) as client:
         if trial_id is not None:
@@ -215,7 +228,8 @@ def show(
             sweep = client.get_sweep(trial.sweep_id)
             state.out.print(trialview.trial_summary(trial, sweep.objective))
             return
-        assert sweep_id is not None
+        assert sweep_ref is not None
+        sweep_id = sweep_id_of(client, sweep_ref)
         if follow_:
             _follow_or_interrupt(state, client, sweep_id)
         sweep = client.get_sweep(sweep_id)
@@ -259,7 +273,7 @@ def _follow_or_interrupt(state: CliState, client: Client, sweep_id: int) -> None
 
 def cancel(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="ask for the cancel and return at once")
     ] = False,
@@ -268,6 +282,7 @@ def cancel(
     """Cancel a sweep: drop its queued trials, stop its running ones, and wait for that."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.cancel_sweep(sweep_id)
         if follow.sweep_ended(sweep) and sweep.status != SweepStatus.cancelled:
             state.note(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
@@ -331,13 +346,18 @@ def _print_log(client: Client, trial_id: int, *, follow: bool) -> int:
 
 def best(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON, for scripts")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="print the trial's id alone: gpumux logs $(...)"),
+    ] = False,
     url: Url = None,
 ) -> None:
     """The best trial of a sweep by its objective: parameters, value, command line."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.get_sweep(sweep_id)
     if sweep.objective is None:
         raise CliError(
@@ -352,6 +372,9 @@ def best(
             f"({render.counts_text(sweep.counts)}); a trial reports it with "
             f"gpumux.runtime.report({metric}=...) or as a Keras metric"
         )
+    if quiet:
+        sys.stdout.write(f"{trial.id}\n")
+        return
     argv = sweepspec.render_command(sweep.command, trial.params)
     if as_json:
         document = dict(

@@ -260,6 +260,8 @@ class Profile(Base):
     id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     device_name: Mapped[str] = mapped_column(String(200))
     fingerprint: Mapped[str] = mapped_column(String(64))
+    # The directory the workload's command runs in (None: a profile made without one).
+    workdir: Mapped[str | None] = mapped_column(Text)
     command: Mapped[list[str]]
     param_tokens: Mapped[list[str]]
     unit: Mapped[str] = mapped_column(String(16))

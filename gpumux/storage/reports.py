@@ -13,7 +13,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
-from gpumux.status import ACTIVE_TRIAL_STATUSES
+from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage.budget import ReportBudget, Seed, Verdict
 from gpumux.storage.models import Trial, TrialReport, token_hash, utcnow
 
@@ -88,7 +88,7 @@ def add_line_reports(
     attempt, within its budget.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
-    no interval, so it sets no samples/s; its samples still count in the split search's windows.
+    no interval: the reader gives each report the seconds its samples took.
     """
     return _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
 
@@ -254,6 +254,26 @@ def trials_at_split(
         query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
     found = session.scalars(query.order_by(Trial.id))
     return [trial for trial in found if trial.started_at is not None]
+
+
+def run_times(
+    *, session: Session, sweep_id: int, device: str, node_id: int | None = None
+) -> dict[int, list[float]]:
+    """The seconds each trial of a sweep that ran to its end (succeeded) on `device` took, by
+    the N it ran under."""
+    query = select(Trial.split, Trial.started_at, Trial.ended_at).where(
+        Trial.sweep_id == sweep_id,
+        Trial.device == device,
+        Trial.status == TrialStatus.succeeded,
+        Trial.split.is_not(None),
+    )
+    if node_id is not None:
+        query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
+    times: dict[int, list[float]] = {}
+    for split, started, ended in session.execute(query):
+        if split is not None and started is not None and ended is not None and ended > started:
+            times.setdefault(split, []).append((ended - started).total_seconds())
+    return times
 
 
 def report_times(

@@ -135,10 +135,14 @@ def create_sweep(
     return sweep
 
 
-def _sweeps_query(*, status: SweepStatus | None, owner: str | None) -> Select[Sweep]:
+def _sweeps_query(
+    *, status: SweepStatus | None, owner: str | None, name: str | None = None
+) -> Select[Sweep]:
     query = select(Sweep)
     if status is not None:
         query = query.where(Sweep.status == status)
+    if name is not None:
+        query = query.where(Sweep.name == name)
     if owner is not None:
         query = query.join(Owner).where(Owner.name == owner)
     return query
@@ -149,11 +153,12 @@ def list_sweeps(
     session: Session,
     status: SweepStatus | None = None,
     owner: str | None = None,
+    name: str | None = None,
     offset: int = 0,
     limit: int = 50,
 ) -> tuple[list[Sweep], int]:
-    """A page of sweeps, newest first, and how many match in all."""
-    query = _sweeps_query(status=status, owner=owner)
+    """A page of sweeps (of this name, where given), newest first, and how many match in all."""
+    query = _sweeps_query(status=status, owner=owner, name=name)
     count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     page = session.scalars(query.order_by(Sweep.id.desc()).offset(offset).limit(limit))
     return list(page), count

@@ -261,3 +261,28 @@ def test_a_framework_that_sees_no_gpu_is_shown_on_the_sweep_and_the_trial(
         expect(page.locator(".warning.no-gpu")).to_contain_text(
             "torch sees no GPU, though gpumux placed this trial on GPU-"
         )
+
+
+def test_a_script_that_prints_its_samples_shows_its_samples_per_second(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    pytest.importorskip("sklearn", reason="the example needs scikit-learn")
+    # examples/digits_mlp.py imports nothing of gpumux: its samples come in GPUMUX_REPORT lines.
+    sweep_id = submit(
+        served,
+        ROOT,
+        [sys.executable, "examples/digits_mlp.py", "--epochs", "2"],
+        params=["width=16,32"],
+        objective="val_loss:min",
+        split=2,
+    )
+    page.goto(served.page(f"#/sweeps/{sweep_id}"))
+    expect(page.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+    header = page.locator("table.trials thead th")
+    expect(header.nth(6)).to_have_text(re.compile("^samples/s"))
+    rates = page.locator("table.trials tbody tr td:nth-child(7)")
+    expect(rates).to_have_count(2)
+    for n in range(2):
+        expect(rates.nth(n)).to_have_text(re.compile(r"^[\d,]+(\.\d+)?$"))

@@ -30,8 +30,13 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base, token_hash
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011"]
-HEAD = "0012"
+EARLIER = [
+    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
+    "0012",
+]  # fmt: skip
+HEAD = "0013"
+# Before 0013 the split search stored a profile's directory as the first word of its command.
+WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -170,7 +175,7 @@ def populate(connection: Connection, revision: str) -> None:
             "id": 1,
             "device_name": "NVIDIA H200",
             "fingerprint": "f" * 64,
-            "command": json.dumps(["python", "train.py"]),
+            "command": json.dumps([WORKDIR, "python", "train.py"]),
             "param_tokens": json.dumps(["lr"]),
             "unit": "samples/s",
             "curve": json.dumps([{"split": 1, "throughput": 100.0}]),
@@ -331,6 +336,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         if profile is not None:
             # 0006's limits are unknown for a profile measured before them: nothing is avoided.
             assert (profile.best_split, profile.oom_at, profile.ceiling) == (1, None, None)
+            # 0013: the directory moves out of the command into a column of its own.
+            assert (profile.workdir, profile.command) == (WORKDIR, ["python", "train.py"])
         owner = tokens.resolve_token(session=session, token=TOKEN)
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
@@ -407,6 +414,26 @@ def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine
     with make_sessions(engine).read() as session:
         profile = profile_store.get_profile_by_id(session=session, profile_id=1)
         assert profile is not None and (profile.oom_at, profile.ceiling) == (None, None)
+
+
+def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engine) -> None:
+    migrate(engine, "0012")
+    with engine.begin() as connection:
+        populate(connection, "0012")
+    upgrade(engine)
+
+    migrate(engine, "0012")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
+        command = connection.execute(text("SELECT command FROM profiles")).scalar_one()
+    assert "workdir" not in columns
+    assert (json.loads(command) if isinstance(command, str) else command) == [
+        WORKDIR,
+        "python",
+        "train.py",
+    ]
+    assert_sound(engine)
 
 
 def test_upgrade_is_idempotent(sessions: Sessions) -> None:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
-from gpumux.fields import MAX_USER_CHARS
+from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
 from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas import (
     NoGpuPublic,
@@ -187,6 +187,9 @@ def list_sweeps(
     owner: Annotated[
         str | None, Query(max_length=MAX_USER_CHARS, description="whose (admins: anyone's)")
     ] = None,
+    name: Annotated[
+        str | None, Query(max_length=MAX_NAME_CHARS, description="only sweeps of this name")
+    ] = None,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SweepsPublic:
@@ -196,7 +199,7 @@ def list_sweeps(
     elif not caller.admin:
         owner = caller.name
     sweeps, count = store.list_sweeps(
-        session=session, status=status_, owner=owner, offset=offset, limit=limit
+        session=session, status=status_, owner=owner, name=name, offset=offset, limit=limit
     )
     counts = store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
     return SweepsPublic(

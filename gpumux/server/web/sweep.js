@@ -167,7 +167,8 @@ export function profileBlock(profile, withWorkload) {
     profile.reason ? h("div", { class: "small muted" }, profile.reason) : null,
     withWorkload
       ? facts([
-          ["workload", h("code", null, profile.command.join(" "))],
+          ["command", h("code", null, profile.command.join(" "))],
+          ["directory", profile.workdir !== null ? h("code", null, profile.workdir) : "—"],
           ["cost parameters", profile.param_tokens.join(" ") || "—"],
           ["measured by", profile.sweep_id !== null ? link(sweepHref(profile.sweep_id), `sweep ${profile.sweep_id}`) : "—"],
           ["updated", fmtTime(profile.updated_at)],
