@@ -30,8 +30,8 @@ from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
 from gpumux.storage.models import Base
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
-HEAD = "0011"
+EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011"]
+HEAD = "0012"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
