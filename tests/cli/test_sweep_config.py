@@ -187,6 +187,45 @@ def test_a_search_or_pruner_the_daemon_refuses_is_shown_with_its_reason(
     assert client.list_sweeps().count == before
 
 
+# A W&B program whose loss is its --x at every step: a larger x loses, and trains slower.
+LOSS_IS_X = """
+import json, sys, time
+x = float(sys.argv[1].removeprefix("--x="))
+for step in range(40):
+    print("GPUMUX_REPORT " + json.dumps({"step": step, "loss": x}), flush=True)
+    time.sleep(0.05 * x)
+"""
+HYPERBAND_FILE = """
+program: train.py
+method: grid
+metric: {name: loss, goal: minimize}
+parameters:
+  x: {values: [1, 9]}
+early_terminate: {type: hyperband, min_iter: 2, max_iter: 2, eta: 2}
+"""
+
+
+def test_a_wandb_hyperband_stops_the_losing_trial_at_min_iter(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    cwd = project(tmp_path, HYPERBAND_FILE)
+    (cwd / "train.py").write_text(LOSS_IS_X)
+    # One trial at a time, in the grid's order: the loser reaches step 2 after the winner.
+    args = ("sweep", "--config", "sweep.yaml", "--split", "1", "--detach")
+    result = gpumux(*args, env=user_env(server), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    sweep = wait_ended(client, submitted(result.stdout, "2 trials queued"))
+    assert sweep.prune == "hyperband:min_resource=2,max_resource=2,reduction_factor=2"
+    winner, loser = sorted(client.all_trials(sweep.id), key=lambda trial: trial.number)
+    assert (winner.params, winner.status, winner.step) == ({"x": 1}, TrialStatus.succeeded, 39)
+    # One bracket (min_iter = max_iter): its first rung, min_iter, is where the loser stops.
+    assert (loser.params, loser.status) == ({"x": 9}, TrialStatus.pruned), loser
+    assert loser.error is not None and loser.error.startswith(
+        f"pruned at step 2 by the {sweep.prune} pruner (loss 9)"
+    ), loser.error
+    assert loser.step is not None and 2 <= loser.step < 39, loser
+
+
 def test_search_and_prune_are_stored_as_given(
     server: Server, client: Client, tmp_path: Path
 ) -> None:
