@@ -237,3 +237,26 @@ def test_search_and_prune_are_stored_as_given(
     assert result.returncode == 0, result.stderr
     sweep = wait_ended(client, submitted(result.stdout, "2 trials queued"))
     assert (sweep.search, sweep.prune, sweep.trial_count) == (SearchMethod.random, "median", 2)
+
+
+def test_the_samplers_options_on_the_command_line_reach_the_daemon_and_gpumux_show(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    args = ["--search", "tpe:n_startup_trials=4,multivariate=false", "--trials", "2"]
+    result = gpumux(
+        "sweep", "x=1..4", *args, "--objective", "loss:min", "--detach",
+        "--", sys.executable, "-c", "pass",
+        env=server.env, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sweep = client.cancel_sweep(submitted(result.stdout, "a tpe search of 2 trials"))
+    assert sweep.search is SearchMethod.tpe
+    assert sweep.search_options == {"n_startup_trials": 4, "multivariate": False}
+    show = gpumux("show", str(sweep.id), env=server.env)
+    assert "tpe:n_startup_trials=4,multivariate=false" in show.stdout, show.stdout
+    refused = gpumux(
+        "sweep", "x=1..4", "--search", "tpe:startup=4", "--trials", "2", "--objective",
+        "loss:min", "--", sys.executable, "-c", "pass", env=server.env, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--search tpe has no option 'startup'; its options: consider_prior," in refused.stderr
