@@ -19,8 +19,10 @@ from gpumux.fields import (
     MAX_ENV_ENTRIES,
     MAX_ID,
     MAX_METRICS,
+    MAX_NAME_CHARS,
     MAX_REPORT_SECONDS,
     MAX_SAMPLES,
+    MAX_SEARCH_OPTIONS,
     MAX_SPLIT,
     MAX_TIME_LIMIT_S,
     CommandWord,
@@ -37,6 +39,7 @@ from gpumux.fields import (
     names_in_property_names,
     quoted,
 )
+from gpumux.searchspec import split_spec
 from gpumux.status import NodeState, SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 
@@ -112,7 +115,15 @@ class SweepCreate(BaseModel):
         default=None,
         description="grid or random (every trial chosen at submission), or an Optuna sampler "
         "that chooses each next trial as a slot frees: tpe, gp, cmaes, qmc (these need "
-        "`trials`); default grid, or random with `trials`",
+        "`trials`); default grid, or random with `trials`. Its options may follow a colon, "
+        "as on the command line: tpe:n_startup_trials=4,multivariate=false",
+    )
+    search_options: dict[ShortText, bool | int | float | ShortText] = Field(
+        default_factory=dict,
+        max_length=MAX_SEARCH_OPTIONS,
+        json_schema_extra=names_in_property_names,
+        description="the sampler's constructor options, over gpumux's own (TPE's start-up: a "
+        "quarter of the budget, 2 to 10); each checked against the sampler's signature",
     )
     prune: ShortText | None = Field(
         default=None,
@@ -221,6 +232,27 @@ class SweepCreate(BaseModel):
             parse_objective(objective)
         return objective
 
+    @model_validator(mode="before")
+    @classmethod
+    def _search_options_apart(cls, data: Any) -> Any:
+        """`search: "tpe:n_startup_trials=4"` is the method and its options in one word."""
+        if not (isinstance(data, dict) and isinstance(search := data.get("search"), str)):
+            return data
+        if ":" not in search:
+            return data
+        if len(search) > MAX_NAME_CHARS:
+            raise ValueError(
+                f"search takes at most {MAX_NAME_CHARS} characters with its options, not "
+                f"{len(search):,}; give fewer options"
+            )
+        if data.get("search_options"):
+            raise ValueError(
+                "the sampler's options are given twice: after search's colon and in "
+                "search_options; keep one"
+            )
+        method, options = split_spec(search, flag="--search", example="n_startup_trials=4")
+        return {**data, "search": method, "search_options": options}
+
     @model_validator(mode="after")
     def _placeholders_named(self) -> SweepCreate:
         names = [token.partition("=")[0] for token in self.params]
@@ -306,6 +338,9 @@ class SweepPublic(BaseModel):
     workdir: str
     trials: int | None
     search: SearchMethod = SearchMethod.grid
+    search_options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="the sampler's options the sweep set"
+    )
     prune: str | None = None
     seed: int
     split: int | Literal["auto"]

@@ -19,6 +19,7 @@ from gpumux.schemas import (
     TrialPublic,
     parse_objective,
 )
+from gpumux.searchspec import spec_text
 from gpumux.status import FINAL_TRIAL_STATUSES, SearchMethod, SweepStatus, TrialStatus
 
 STATUS_STYLES = {
@@ -124,7 +125,8 @@ def total_count(sweep: SweepPublic) -> int:
 def method_text(sweep: SweepPublic) -> str:
     """How the sweep chooses its trials: "grid", "random, 20 trials", "tpe, 12 of 50 asked"."""
     if sweep.search.adaptive:
-        return f"{sweep.search}, {asked_count(sweep)} of {sweep.trial_count} asked"
+        method = spec_text(str(sweep.search), sweep.search_options)
+        return f"{method}, {asked_count(sweep)} of {sweep.trial_count} asked"
     if sweep.search == SearchMethod.random:
         return f"random, {plural(sweep.trial_count, 'trial')}"
     return "grid"
@@ -259,7 +261,7 @@ def sweep_summary(sweep: SweepPublic) -> Table:
         ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
         ("command", visible(" ".join(sweep.command))),
         ("params", visible(" ".join(sweep.params)) or NONE),
-        ("search", f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}"),
+        ("search", visible(f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}")),
         *([("prune", visible(str(sweep.prune)))] if sweep.prune not in (None, "none") else []),
         *([("warm", "yes")] if sweep.warm else []),
         ("objective", visible(sweep.objective or NONE)),

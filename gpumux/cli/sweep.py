@@ -239,8 +239,8 @@ SearchOption = Annotated[
     typer.Option(
         metavar="METHOD",
         help="grid or random (chosen at submission), or tpe, gp, cmaes, qmc (Optuna picks each "
-        "next trial as a slot frees; needs --trials and --objective); default grid, or random "
-        "with --trials",
+        "next trial as a slot frees; needs --trials and --objective), Optuna's options after a "
+        "colon (tpe:n_startup_trials=4); default grid, or random with --trials",
         show_default=False,
     ),
 ]

@@ -95,9 +95,13 @@ class SlotFiller:
                         session=session, sweep=trial.sweep, devices=devices
                     )
             pending = [
-                placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
+                placement.PendingTrial(
+                    trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id], sweep_id=t.sweep_id
+                )
                 for t in queued
             ]
+            # Only a sweep with a trial waiting can use a credit: its N is in `tuned` already.
+            grown = credits(active, tuned)
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
@@ -125,6 +129,7 @@ class SlotFiller:
             pending=heads_first(pending, self.heads, sweep_of),
             policy=policy,
             our_pids=group_of.keys(),
+            credits=grown,
         )
         self.heads = kept_turns(plan, pending, sweep_of, devices, policy)
         by_key = {device.key: device for device in devices}
@@ -258,6 +263,24 @@ class SlotFiller:
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )
+
+
+def credits(
+    active: Sequence[Trial], tuned: Mapping[int, Mapping[str, int]]
+) -> dict[tuple[str, int], Fraction]:
+    """By device and sweep, the share the sweep's running trials hold beyond the N its split
+    search has since raised on that device: its next trials take the slots the higher N opened
+    at once, not once the trials launched under the lower N end (their phase is not measured
+    anyway). On a device that caps memory, those trials' caps still hold what they got."""
+    grown: dict[tuple[str, int], Fraction] = {}
+    for trial in active:
+        now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
+        launched = trial.split or 1
+        if trial.device is None or trial.sweep.split is not None or not now or now <= launched:
+            continue
+        key = (trial.device, trial.sweep_id)
+        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, launched) - Fraction(1, now)
+    return grown
 
 
 def kept_turns(

@@ -261,7 +261,9 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
     else:
         seed = sweep.seed
     sampler = (
-        methods.make_sampler(sweep.search, seed=seed, budget=sweep.trial_count)
+        methods.make_sampler(
+            sweep.search, seed=seed, budget=sweep.trial_count, options=sweep.search_options or {}
+        )
         if adaptive
         else optuna.samplers.RandomSampler(seed=seed % methods.SEED_MODULUS)
     )

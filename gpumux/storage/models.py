@@ -120,6 +120,8 @@ class Sweep(Base):
     search: Mapped[SearchMethod] = mapped_column(
         _enum_column(SearchMethod), default=SearchMethod.grid, server_default="grid"
     )
+    # The sampler's options the sweep set, checked, e.g. {"n_startup_trials": 4}; None: none.
+    search_options: Mapped[dict[str, Any] | None]
     # The pruner as given, e.g. "asha:min_resource=2"; None: trials run to their end.
     prune: Mapped[str | None] = mapped_column(String(200))
     # An adaptive sweep's Optuna study-level system attributes (a QMC sampler's position).

@@ -98,6 +98,7 @@ def create_sweep(
     seed: int,
     trial_params: Sequence[dict[str, Any]],
     search: SearchMethod = SearchMethod.grid,
+    search_options: dict[str, Any] | None = None,
     prune: str | None = None,
 ) -> Sweep:
     """A sweep and its queued trials, in the caller's transaction. An adaptive search's trials
@@ -113,6 +114,7 @@ def create_sweep(
         env=sweep_in.env,
         random_trials=sweep_in.trials,
         search=search,
+        search_options=search_options or None,
         prune=prune,
         seed=seed,
         split=None if sweep_in.split == "auto" else sweep_in.split,

@@ -81,6 +81,14 @@ def test_the_search_line_says_how_many_trials_an_adaptive_search_asked_of_its_bu
     assert [line.split() for line in summary if line.startswith("prune")] == [["prune", "asha"]]
     assert "2 running, 3 succeeded, 2 pruned" in " ".join(summary)
     assert not [line for line in lines_of(render.sweep_summary(a_sweep())) if "prune" in line]
+    tuned = a_sweep(
+        search=SearchMethod.tpe,
+        search_options={"n_startup_trials": 4, "multivariate": False},
+        trials=12,
+        trial_count=12,
+        counts={},
+    )
+    assert "tpe:n_startup_trials=4,multivariate=false, 0 of 12 asked" in search_line(tuned)
 
 
 def test_the_summary_says_warm_only_of_a_warm_sweep() -> None:

@@ -3,18 +3,32 @@ model-based sampler asks nearer a known optimum than random search once its star
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 
 import optuna
 import pytest
 
-from gpumux.search.methods import make_sampler, startup_trials
+from gpumux.search.methods import (
+    SAMPLERS,
+    check_sampler_options,
+    make_sampler,
+    sampler_options,
+    startup_trials,
+)
 from gpumux.search.space import distributions_of
+from gpumux.searchspec import OptionValue
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import parse_params
 
 BUDGET = 24
+CLASSES: dict[SearchMethod, type[optuna.samplers.BaseSampler]] = {
+    SearchMethod.tpe: optuna.samplers.TPESampler,
+    SearchMethod.gp: optuna.samplers.GPSampler,
+    SearchMethod.cmaes: optuna.samplers.CmaEsSampler,
+    SearchMethod.qmc: optuna.samplers.QMCSampler,
+}
 SEEDS = range(8)
 
 
@@ -39,6 +53,47 @@ def test_each_method_gets_its_own_sampler_and_options() -> None:
     gp = make_sampler(SearchMethod.gp, seed=1, budget=BUDGET)
     assert isinstance(gp, optuna.samplers.GPSampler)
     assert gp._n_startup_trials == startup_trials(BUDGET)
+
+
+@pytest.mark.parametrize(
+    ("method", "given", "attributes"),
+    [
+        (
+            SearchMethod.tpe,
+            {"n_startup_trials": 4, "constant_liar": "false"},
+            # multivariate: gpumux's own, kept where the sweep does not set it.
+            {"_n_startup_trials": 4, "_constant_liar": False, "_multivariate": True},
+        ),
+        (
+            SearchMethod.gp,
+            {"deterministic_objective": "true", "n_startup_trials": 5},
+            {"_deterministic": True, "_n_startup_trials": 5},
+        ),
+        (
+            SearchMethod.cmaes,
+            {"popsize": 6, "n_startup_trials": 3},
+            {"_popsize": 6, "_n_startup_trials": 3},
+        ),
+        (SearchMethod.qmc, {"qmc_type": "halton"}, {"_qmc_type": "halton", "_scramble": True}),
+    ],
+)
+def test_a_samplers_options_reach_the_sampler_over_gpumuxs(
+    method: SearchMethod, given: dict[str, OptionValue], attributes: dict[str, object]
+) -> None:
+    options = check_sampler_options(method, given, budget=BUDGET)
+    sampler = make_sampler(method, seed=1, budget=BUDGET, options=options)
+    assert isinstance(sampler, CLASSES[method])
+    assert {name: getattr(sampler, name) for name in attributes} == attributes
+
+
+def test_every_option_listed_is_one_the_sampler_takes() -> None:
+    assert set(SAMPLERS) == set(CLASSES)
+    for method, cls in CLASSES.items():
+        taken = inspect.signature(cls).parameters
+        listed = sampler_options(method)
+        assert listed and "seed" not in listed and set(listed) <= set(taken), method
+    assert sampler_options(SearchMethod.tpe)["n_startup_trials"] is int
+    assert sampler_options(SearchMethod.tpe)["multivariate"] is bool
 
 
 def _loss(params: dict[str, float]) -> float:

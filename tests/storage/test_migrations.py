@@ -32,9 +32,9 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012",
+    "0012", "0013",
 ]  # fmt: skip
-HEAD = "0013"
+HEAD = "0014"
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"

@@ -60,6 +60,7 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         workdir=sweep.workdir,
         trials=sweep.random_trials,
         search=sweep.search,
+        search_options=sweep.search_options or {},
         prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
@@ -148,6 +149,7 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
         params = sweepspec.parse_params(sweep_in.params)
         search = methods.check(
             method=sweep_in.search,
+            options=sweep_in.search_options,
             prune=sweep_in.prune,
             trials=sweep_in.trials,
             objective=sweep_in.objective,
@@ -172,6 +174,7 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
             seed=seed,
             trial_params=trial_params,
             search=search.method,
+            search_options=search.options,
             prune=search.prune.text if search.prune else None,
         )
         detail = sweep_detail(session, sweep)
