@@ -14,6 +14,7 @@ import logging
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -64,8 +65,11 @@ class SweepStudy:
     optuna_ids: dict[int, int] = field(default_factory=dict)
     # Stored trials whose Optuna trial is still running, with the attempt it stands for.
     open: dict[int, int] = field(default_factory=dict)
-    # The sweep's starting and running trials at the last look, with their attempts.
-    active: dict[int, int] = field(default_factory=dict)
+    # The sweep's starting and running trials at the last look.
+    active: dict[int, study_store.Running] = field(default_factory=dict)
+    # Per running trial, when it last reported as the pruner last read it: its rows are read
+    # again only once that changes (compared, not ordered: no clock is trusted).
+    reported: dict[int, datetime] = field(default_factory=dict)
     # Per running trial, the id of its latest report row the pruner read: read again at the
     # next look, as later reports of its step may have merged into it.
     report_marks: dict[int, int] = field(default_factory=dict)
@@ -173,12 +177,12 @@ class Studies:
         there is none, when it lacks a trial (another node asked it), or when a trial runs again
         (its earlier attempt's steps must not count). Nothing here trusts another node's clock
         or the order in which ids commit: the study's running trials are looked up by id."""
-        active = study_store.active_attempts(session=session, sweep_id=sweep.id)
+        active = study_store.running_trials(session=session, sweep_id=sweep.id)
         study = self._studies.get(sweep.id)
         if (
             study is not None
             and study_store.trial_count(session=session, sweep_id=sweep.id) == len(study.optuna_ids)
-            and all(study.open.get(trial_id) == attempt for trial_id, attempt in active.items())
+            and all(study.open.get(trial_id) == run.attempt for trial_id, run in active.items())
         ):
             for trial in study_store.ended_among(session=session, trial_ids=list(study.open)):
                 _finish(session, study, trial)
@@ -192,18 +196,18 @@ class Studies:
     ) -> list[tuple[Trial, dict[int, float]]]:
         """The running trials with steps the study does not hold yet, or holds with another
         value (a report merged into the row of its step), with the objective at each."""
-        marks = {
-            trial_id: study.report_marks.get(trial_id, 0)
-            for trial_id in study.active
-            if trial_id in study.open and trial_id not in study.decided
-        }
-        reports: dict[int, list[TrialReport]] = {}
-        trials: dict[int, Trial] = {}
-        for report, trial in study_store.reports_from(session=session, marks=marks):
-            study.report_marks[trial.id] = max(study.report_marks.get(trial.id, 0), report.id)
-            reports.setdefault(trial.id, []).append(report)
-            trials[trial.id] = trial
-        found = []
+        marks = {}
+        for trial_id, running in study.active.items():
+            at = running.last_report_at
+            if trial_id in study.open and trial_id not in study.decided and at is not None:
+                if study.reported.get(trial_id) != at:
+                    marks[trial_id] = study.report_marks.get(trial_id, 0)
+                    study.reported[trial_id] = at
+        reports: dict[int, list[tuple[int | None, dict[str, Any]]]] = {}
+        for report in study_store.reports_from(session=session, marks=marks):
+            study.report_marks[report.trial_id] = report.id
+            reports.setdefault(report.trial_id, []).append((report.step, report.metrics))
+        changed = {}
         for trial_id, batch in reports.items():
             held = study.frozen(trial_id).intermediate_values
             values = {
@@ -212,8 +216,9 @@ class Studies:
                 if held.get(step) != value
             }
             if values:
-                found.append((trials[trial_id], values))
-        return found
+                changed[trial_id] = values
+        trials = study_store.trials_by_id(session=session, trial_ids=list(changed))
+        return [(trials[trial_id], values) for trial_id, values in changed.items()]
 
     def _first_pruned_step(
         self, study: SweepStudy, trial: Trial, values: dict[int, float]
@@ -319,6 +324,7 @@ def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
     del study.open[trial.id]
     study.decided.discard(trial.id)
     study.report_marks.pop(trial.id, None)
+    study.reported.pop(trial.id, None)
 
 
 def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> dict[int, float]:
@@ -332,7 +338,7 @@ def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> 
         )
         .order_by(TrialReport.id)
     )
-    return _by_step(reports, metric)
+    return _by_step(((report.step, report.metrics) for report in reports), metric)
 
 
 def _all_step_values(
@@ -348,13 +354,17 @@ def _all_step_values(
     for report in reports:
         if report.attempt == attempts[report.trial_id]:
             by_trial.setdefault(report.trial_id, []).append(report)
-    return {trial_id: _by_step(rows, metric) for trial_id, rows in by_trial.items()}
+    return {
+        trial_id: _by_step(((row.step, row.metrics) for row in rows), metric)
+        for trial_id, rows in by_trial.items()
+    }
 
 
-def _by_step(reports: Iterable[TrialReport], metric: str) -> dict[int, float]:
+def _by_step(reports: Iterable[tuple[int | None, dict[str, Any]]], metric: str) -> dict[int, float]:
+    """The objective at each step of these (step, metrics) reports: its last value."""
     values: dict[int, float] = {}
-    for report in reports:
-        value: Any = report.metrics.get(metric)
-        if report.step is not None and isinstance(value, int | float):
-            values[report.step] = float(value)
+    for step, metrics in reports:
+        value: Any = metrics.get(metric)
+        if step is not None and isinstance(value, int | float):
+            values[step] = float(value)
     return values

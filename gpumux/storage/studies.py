@@ -11,8 +11,10 @@ compares what it holds with what is stored instead.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
@@ -25,14 +27,22 @@ def trial_count(*, session: Session, sweep_id: int) -> int:
     return session.scalar(count) or 0
 
 
-def active_attempts(*, session: Session, sweep_id: int) -> dict[int, int]:
-    """The sweep's starting and running trials, each with its current attempt."""
+class Running(NamedTuple):
+    """A starting or running trial: its current attempt, and when it last reported (every
+    report's transaction sets it, so a new value says its rows changed)."""
+
+    attempt: int
+    last_report_at: datetime | None
+
+
+def running_trials(*, session: Session, sweep_id: int) -> dict[int, Running]:
+    """The sweep's starting and running trials by id."""
     rows = session.execute(
-        select(Trial.id, Trial.attempt).where(
+        select(Trial.id, Trial.attempt, Trial.last_report_at).where(
             Trial.sweep_id == sweep_id, Trial.status.in_(ACTIVE_TRIAL_STATUSES)
         )
     )
-    return {trial_id: attempt for trial_id, attempt in rows}
+    return {trial_id: Running(attempt, at) for trial_id, attempt, at in rows}
 
 
 def ended_among(*, session: Session, trial_ids: Collection[int]) -> list[Trial]:
@@ -47,7 +57,16 @@ def ended_among(*, session: Session, trial_ids: Collection[int]) -> list[Trial]:
     return list(found)
 
 
-def reports_from(*, session: Session, marks: Mapping[int, int]) -> list[tuple[TrialReport, Trial]]:
+class StepReport(NamedTuple):
+    """What the pruner reads of one report row."""
+
+    trial_id: int
+    id: int
+    step: int
+    metrics: dict[str, Any]
+
+
+def reports_from(*, session: Session, marks: Mapping[int, int]) -> list[StepReport]:
     """The step reports of these running trials' current attempts from each trial's mark on,
     the row at the mark included (later reports of its step may have merged into it), in the
     order each trial stored them.
@@ -58,20 +77,27 @@ def reports_from(*, session: Session, marks: Mapping[int, int]) -> list[tuple[Tr
     """
     if not marks:
         return []
+    # One range from the lowest mark, each trial's own applied here: a condition per trial
+    # costs more to build each pass than the few rows the range adds (only trials that
+    # reported since the last look are asked for).
     rows = session.execute(
-        select(TrialReport, Trial)
+        select(TrialReport.trial_id, TrialReport.id, TrialReport.step, TrialReport.metrics)
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(
-            or_(
-                *(
-                    and_(TrialReport.trial_id == trial_id, TrialReport.id >= mark)
-                    for trial_id, mark in marks.items()
-                )
-            ),
+            TrialReport.trial_id.in_(list(marks)),
+            TrialReport.id >= min(marks.values()),
             Trial.status.in_(ACTIVE_TRIAL_STATUSES),
             TrialReport.attempt == Trial.attempt,
             TrialReport.step.is_not(None),
         )
         .order_by(TrialReport.trial_id, TrialReport.id)
     )
-    return [(report, trial) for report, trial in rows]
+    return [StepReport(*row) for row in rows if row.id >= marks[row.trial_id]]
+
+
+def trials_by_id(*, session: Session, trial_ids: Collection[int]) -> dict[int, Trial]:
+    """These trials, in one query."""
+    if not trial_ids:
+        return {}
+    found = session.scalars(select(Trial).where(Trial.id.in_(list(trial_ids))))
+    return {trial.id: trial for trial in found}

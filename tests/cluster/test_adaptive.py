@@ -116,7 +116,9 @@ def test_a_nodes_pruner_judges_its_trial_against_the_other_nodes_trials(
         return all(t.status is TrialStatus.running and t.step == 2 for t in trials)
 
     wait_until("the fair trials to report their steps on node b", fair_reported, b)
-    a = make_node("a")
+    # A trial of node a has one new row to spend, then next to none: a later report of its
+    # step merges into that step's row however late it comes (storage/budget.py).
+    a = make_node("a", GPUMUX_REPORT_BURST="1", GPUMUX_REPORT_RATE="0.001")
     ids = node_ids(cluster_db)
     [loser] = wait_until(
         "the loser to run on node a", lambda: running_on(cluster_db, sweep_id, ids["a"]), a, b
@@ -132,7 +134,7 @@ def test_a_nodes_pruner_judges_its_trial_against_the_other_nodes_trials(
 
     wait_until("the fair trials to end and the loser to report", fair_done_and_loser_reported, a, b)
     # Node a's pruner has judged step 0 at 0.5, under the median (1.0); the rest of the step
-    # (9.0) lands in the same row.
+    # (9.0) is merged into the same row.
     (tmp_path / "worse").touch()
 
     def ended(trial_id: int) -> Trial | None:

@@ -135,10 +135,14 @@ def test_a_report_that_commits_after_a_later_id_is_judged(
     # A transaction takes the next report id and is slow to commit (PostgreSQL promises no
     # order of commits for the ids of a sequence); SQLite cannot run two writers at once.
     with Session(sessions.engine) as slow:
-        attempt = slow.scalars(select(Trial.attempt).where(Trial.id == late)).one()
+        trial = slow.get(Trial, late)
+        assert trial is not None
         slow.add(
-            TrialReport(trial_id=late, attempt=attempt, kind="line", step=0, metrics={"loss": 5.0})
+            TrialReport(
+                trial_id=late, attempt=trial.attempt, kind="line", step=0, metrics={"loss": 5.0}
+            )
         )
+        trial.step, trial.last_report_at = 0, utcnow()
         slow.flush()
         report(sessions, early, 0, 0.9)
         assert prune(studies, sessions, sweep_id) == []
