@@ -25,6 +25,8 @@ class Round:
     makespan_s: float | None
     seconds_per_trial: float | None
     errors: tuple[str, ...] = ()
+    # The median share of a succeeded trial's time spent starting (None: not measurable).
+    startup_share: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -46,8 +48,14 @@ def seconds(value: float | None) -> str:
     return render.duration(value)
 
 
-def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[int, float]) -> Round:
-    """A round's figures from its ended trials and the samples each reported (by trial id)."""
+def measure_round(
+    split: int,
+    trials: Sequence[TrialPublic],
+    samples: Mapping[int, float],
+    startups: Mapping[int, float] | None = None,
+) -> Round:
+    """A round's figures from its ended trials, the samples each reported and the seconds each
+    took to start, where known (both by trial id)."""
     ran = [t for t in trials if t.started_at is not None and t.ended_at is not None]
     makespan = None
     if ran:
@@ -59,6 +67,13 @@ def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[in
         (t.ended_at - t.started_at).total_seconds()
         for t in succeeded
         if t.ended_at is not None and t.started_at is not None
+    ]
+    known = startups or {}
+    shares = [
+        known[t.id] / (t.ended_at - t.started_at).total_seconds()
+        for t in succeeded
+        if t.id in known and t.ended_at is not None and t.started_at is not None
+        if t.ended_at > t.started_at
     ]
     failed = [t for t in trials if t.status != TrialStatus.succeeded]
     return Round(
@@ -72,6 +87,7 @@ def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[in
             f"trial {t.id} {t.status}: {render.error_summary(t.error) or 'no error recorded'}"
             for t in failed
         ),
+        startup_share=statistics.median(shares) if shares else None,
     )
 
 
