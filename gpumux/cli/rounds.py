@@ -25,8 +25,11 @@ class Round:
     makespan_s: float | None
     seconds_per_trial: float | None
     errors: tuple[str, ...] = ()
-    # The median share of a succeeded trial's time spent starting (None: not measurable).
+    # The median share of a succeeded trial's time spent starting, and its seconds, and the
+    # steps a succeeded trial reported (None: not measurable).
     startup_share: float | None = None
+    startup_s: float | None = None
+    steps: int | None = None
 
     @property
     def measured(self) -> bool:
@@ -53,9 +56,10 @@ def measure_round(
     trials: Sequence[TrialPublic],
     samples: Mapping[int, float],
     startups: Mapping[int, float] | None = None,
+    steps: Mapping[int, int] | None = None,
 ) -> Round:
-    """A round's figures from its ended trials, the samples each reported and the seconds each
-    took to start, where known (both by trial id)."""
+    """A round's figures from its ended trials, the samples each reported, and the seconds each
+    took to start and the steps it reported, where known (all by trial id)."""
     ran = [t for t in trials if t.started_at is not None and t.ended_at is not None]
     makespan = None
     if ran:
@@ -88,7 +92,17 @@ def measure_round(
             for t in failed
         ),
         startup_share=statistics.median(shares) if shares else None,
+        startup_s=_median([known[t.id] for t in succeeded if t.id in known]),
+        steps=_median_low([(steps or {})[t.id] for t in succeeded if t.id in (steps or {})]),
     )
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _median_low(values: Sequence[int]) -> int | None:
+    return statistics.median_low(values) if values else None
 
 
 def choose_unit(rounds: Sequence[Round]) -> ThroughputUnit:

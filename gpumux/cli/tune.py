@@ -7,19 +7,14 @@ import os
 import shlex
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from gpumux.cli import plot, render
-from gpumux.cli.follow import sweep_ended
-from gpumux.cli.rounds import Round, measure_round, seconds
+from gpumux.cli import plot
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -31,20 +26,18 @@ from gpumux.cli.state import (
     validation_message,
 )
 from gpumux.cli.sweep import OPTION_NAMES, command_env, require_utf8
-from gpumux.cli.tune_result import HostLoad, report, startup_s
+from gpumux.cli.tune_result import HostLoad, report
+from gpumux.cli.tune_run import run_rounds
 from gpumux.client import Client
 from gpumux.config import SOCKET_NAME
 from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
 from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.fields import MAX_SPLIT
 from gpumux.lockfile import DaemonError
-from gpumux.schemas import DevicePublic, ReportPublic, SweepCreate, SweepDetail, TrialPublic
+from gpumux.schemas import DevicePublic, SweepCreate
 from gpumux.splits.curve import SEQUENCE
-from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
-POLL_S = 0.25
-ERRORS_SHOWN = 3
 NO_COMMAND = (
     "no command: write gpumux tune [OPTIONS] -- COMMAND, e.g. gpumux tune -- python train.py"
 )
@@ -134,83 +127,6 @@ def _check_png(png: Path) -> None:
         raise CliError(f"--png needs matplotlib: {plot.PLOT_INSTALL}", EXIT_USAGE)
     if not png.parent.is_dir():
         raise CliError(f"--png {png}: no directory {png.parent}", EXIT_USAGE)
-
-
-def _wait(
-    state: CliState, client: Client, created: SweepDetail, split: int, load: HostLoad
-) -> None:
-    """Show one progress line on a terminal until the sweep of this N ends; elsewhere a line
-    when its trials all run. Samples the host's load meanwhile."""
-    columns = (
-        TextColumn(f"N={split}", style="bold"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[running]} running"),
-        TextColumn("{task.fields[failed]} failed"),
-        TimeElapsedColumn(),
-    )
-    sweep = created
-    # Off a terminal the line after the round says it all; a transient bar would leave blanks.
-    quiet = not state.out.is_terminal
-    told = False
-    with Progress(*columns, console=state.out, transient=True, disable=quiet) as progress:
-        task = progress.add_task("", total=created.trial_count, running=0, failed=0)
-        while not sweep_ended(sweep):
-            time.sleep(POLL_S)
-            sweep = client.get_sweep(created.id)
-            counts = sweep.counts
-            running = sum(counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES)
-            load.sample(running)
-            progress.update(
-                task,
-                completed=render.finished_count(counts),
-                running=running,
-                failed=counts.get(TrialStatus.failed, 0),
-            )
-            if quiet and not told and running + render.finished_count(counts) >= split:
-                state.note(f"N={split}: {render.plural(running, 'trial')} running; measuring")
-                told = True
-
-
-def _reports(state: CliState, client: Client, trial: TrialPublic) -> list[ReportPublic]:
-    """The trial's reports, as many as can be read."""
-    reports = client.list_reports(trial.id)
-    if reports.count > len(reports.data):
-        state.note(
-            f"trial {trial.id}: only {len(reports.data)} of its {reports.count} reports could "
-            "be read; its samples are undercounted"
-        )
-    return reports.data
-
-
-def run_round(state: CliState, client: Client, sweep_in: SweepCreate, load: HostLoad) -> Round:
-    """Submit the sweep of one N, wait for it, and measure it; print its outcome in one line."""
-    split = int(sweep_in.split)
-    state.note(f"N={split}: starting {render.plural(sweep_in.trials or split, 'trial')}")
-    created = client.create_sweep(sweep_in)
-    _wait(state, client, created, split, load)
-    trials = client.all_trials(created.id)
-    samples, startups = {}, {}
-    for trial in trials:
-        if trial.started_at is None:
-            continue
-        reports = _reports(state, client, trial)
-        samples[trial.id] = sum(r.samples or 0.0 for r in reports if r.attempt == trial.attempt)
-        start = startup_s(trial, reports)
-        if start is not None:
-            startups[trial.id] = start
-    measured = measure_round(split, trials, samples, startups)
-    line = Text(f"N={split}: {measured.succeeded}/{measured.trials} succeeded", style="bold")
-    line.append(f", round {seconds(measured.makespan_s)}")
-    if measured.samples:
-        line.append(f", {plot.format_throughput(measured.samples)} samples reported")
-    state.out.print(line, soft_wrap=True)
-    for error in measured.errors[:ERRORS_SHOWN]:
-        state.out.print(Text(f"  {error}", style="red"), soft_wrap=True)
-    if len(measured.errors) > ERRORS_SHOWN:
-        more = len(measured.errors) - ERRORS_SHOWN
-        state.out.print(Text(f"  ... {render.plural(more, 'more failed trial')}", style="red"))
-    return measured
 
 
 def _device(client: Client) -> DevicePublic:
@@ -309,7 +225,6 @@ def _measure(
         gpus=gpu,
         tune=False,
     )
-    measured: list[Round] = []
     load = HostLoad()
     try:
         with state.runner.embedded(settings) as running, Client(running.url) as client:
@@ -320,8 +235,7 @@ def _measure(
                 f"({device.key}), {each} of the command at each N"
             )
             try:
-                for sweep_in in sweeps:
-                    measured.append(run_round(state, client, sweep_in, load))
+                measured = run_rounds(state, client, sweeps, load, kind=device.kind, rounds=rounds)
             except KeyboardInterrupt:
                 state.note("interrupted: stopping the trials")
                 raise
