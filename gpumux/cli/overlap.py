@@ -26,17 +26,26 @@ OUT_OF_MEMORY = re.compile(r"out of (device )?memory", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Pace:
-    """What the rounds so far say of one trial: the steps it reports, the seconds it starts."""
+    """What the rounds so far say of one trial: the steps it reports, the seconds it starts, and
+    the seconds between two launches of the daemon."""
 
     steps: int
     startup_s: float
+    launch_s: float = 0.0
+
+    def lead_s(self, trials: int) -> float:
+        """How long before the current N's end the next N's `trials` should be launched: for
+        the middle one of them to begin computing as it ends."""
+        return self.startup_s + self.launch_s * trials / 2
 
 
 def pace_of(rounds: Sequence[Round]) -> Pace | None:
     """The latest measured round's pace; None before a round whose trials reported steps."""
     for measured in reversed(rounds):
         if measured.steps and measured.startup_s is not None:
-            return Pace(steps=measured.steps, startup_s=measured.startup_s)
+            return Pace(
+                steps=measured.steps, startup_s=measured.startup_s, launch_s=measured.launch_s
+            )
     return None
 
 
@@ -67,10 +76,13 @@ def expected_end(trial: TrialPublic, pace: Pace) -> datetime | None:
     return trial.last_report_at + per_step * max(0, pace.steps - done)
 
 
-def next_is_due(trials: Sequence[TrialPublic], pace: Pace, now: datetime) -> bool:
-    """Whether the next N should start now: each trial of this N has ended or reported, and the
-    last is expected to end within one start-up (the next N's is no shorter: more trials share
-    the host's cores), so that the newcomers begin computing as it ends."""
+def next_is_due(
+    trials: Sequence[TrialPublic], pace: Pace, now: datetime, *, newcomers: int = 1
+) -> bool:
+    """Whether the next N's `newcomers` should start now: each trial of this N has ended or
+    reported, and the last is expected to end within their lead (Pace.lead_s; the next N's
+    start-up is no shorter: more trials share the host's cores), so that they begin computing
+    as it ends."""
     ends = []
     for trial in trials:
         if trial.ended_at is not None:
@@ -81,7 +93,7 @@ def next_is_due(trials: Sequence[TrialPublic], pace: Pace, now: datetime) -> boo
         if end is None:
             return False
         ends.append(end)
-    return not ends or (max(ends) - now).total_seconds() <= pace.startup_s
+    return not ends or (max(ends) - now).total_seconds() <= pace.lead_s(newcomers)
 
 
 def out_of_memory(measured: Round) -> bool:

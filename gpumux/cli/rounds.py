@@ -30,6 +30,8 @@ class Round:
     startup_share: float | None = None
     startup_s: float | None = None
     steps: int | None = None
+    # Seconds between two of its trials' starts, as the daemon launched them one by one.
+    launch_s: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -94,7 +96,15 @@ def measure_round(
         startup_share=statistics.median(shares) if shares else None,
         startup_s=_median([known[t.id] for t in succeeded if t.id in known]),
         steps=_median_low([(steps or {})[t.id] for t in succeeded if t.id in (steps or {})]),
+        launch_s=_launch_s(ran),
     )
+
+
+def _launch_s(ran: Sequence[TrialPublic]) -> float:
+    starts = sorted(t.started_at for t in ran if t.started_at is not None)
+    if len(starts) < 2:
+        return 0.0
+    return (starts[-1] - starts[0]).total_seconds() / (len(starts) - 1)
 
 
 def _median(values: Sequence[float]) -> float | None:

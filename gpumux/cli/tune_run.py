@@ -23,7 +23,7 @@ from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 
 POLL_S = 0.25
 # How often a round's trials are read to tell whether the next N is due.
-AHEAD_POLL_S = 1.0
+AHEAD_POLL_S = 0.5
 ERRORS_SHOWN = 3
 
 
@@ -125,7 +125,8 @@ def run_round(
 
         def ahead() -> bool:
             trials = client.all_trials(sweep_id)
-            if not next_is_due(trials, known, datetime.now(UTC)):
+            newcomers = next_in.sweep_in.trials or 1
+            if not next_is_due(trials, known, datetime.now(UTC), newcomers=newcomers):
                 return False
             next_in.created = _start(state, client, next_in.sweep_in, next_in.launched)
             return True

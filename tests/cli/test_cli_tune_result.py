@@ -200,7 +200,11 @@ def test_on_a_gpu_the_next_n_starts_up_while_the_one_before_computes(tmp_path: P
     env = tune_env(tmp_path)
     env.update(GPUMUX_SIMULATED_GPU="h200-torch-mlp", GPUMUX_SIMULATED_TIME_SCALE="0.25")
     trial = [*TRIAL[:-1], "--epochs=10"]
-    result = tune("--keep", "--splits", "1,2,3", "--", *trial, env=env)
+    # Three rounds of a few seconds each, on a host that may be busy: more than tune()'s deadline.
+    result = subprocess.run(
+        [sys.executable, "-m", "gpumux", "tune", "--keep", "--splits", "1,2,3", "--", *trial],
+        env=env, capture_output=True, text=True, timeout=DEADLINE_S,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     kept = re.search(r"kept (\S+): the database", result.stderr)
     assert kept is not None, result.stderr
@@ -241,3 +245,7 @@ def test_the_next_n_is_due_when_the_last_trial_is_a_start_up_from_its_end() -> N
     assert not next_is_due([running, queued], pace, T0 + timedelta(seconds=13))
     silent = running.model_copy(update={"step": None, "last_report_at": None})
     assert not next_is_due([silent], pace, T0 + timedelta(seconds=13))
+    # Launched one by one, 0.5 s apart: the middle of 8 newcomers computes 2 s after the first.
+    launching = Pace(steps=10, startup_s=4.0, launch_s=0.5)
+    assert not next_is_due([running], launching, T0 + timedelta(seconds=7.9), newcomers=8)
+    assert next_is_due([running], launching, T0 + timedelta(seconds=8), newcomers=8)
