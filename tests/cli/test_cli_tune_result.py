@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from builders import terminal_signals
 from test_cli_tune import STARTED_THEN_BLOCK, T0, ended_trial, tune, tune_env
 
 from gpumux.cli.app import main as run_cli
@@ -55,6 +56,7 @@ def test_tune_says_what_it_does_from_its_first_line_and_while_a_round_runs(
         [sys.executable, "-m", "gpumux", "tune", "--splits", "1",
          "--", sys.executable, "-c", STARTED_THEN_BLOCK, str(started)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=terminal_signals,
     )  # fmt: skip
     try:
         seen: list[str] = []
@@ -64,11 +66,15 @@ def test_tune_says_what_it_does_from_its_first_line_and_while_a_round_runs(
         assert any(line == "gpumux: N=1: starting 1 trial\n" for line in seen), seen
         # The trial blocks for good: the lines came while it ran, not after the round.
         assert tuner.poll() is None
+        deadline = time.monotonic() + DEADLINE_S
+        while not (started.exists() and started.read_text()):
+            assert time.monotonic() < deadline, "the trial never started"
+            time.sleep(0.05)
     finally:
-        tuner.kill()
+        # Ctrl-C: tune stops the trial it started and removes its data.
+        tuner.send_signal(signal.SIGINT)
         tuner.communicate(timeout=DEADLINE_S)
-        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-            os.kill(int(started.read_text()), 9)
+    assert tuner.returncode == 130
 
 
 class RecordingDaemons(ServerDaemons):
