@@ -55,7 +55,7 @@ def store_measured(measured: ProfileMeasured, state: StateDep) -> ProfilePublic:
     if device is None:
         known = ", ".join(f"{d.key} ({d.name})" for d in devices) or "none"
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"device {measured.device} ({measured.device_name}) is not one of this daemon's "
             f"(its devices: {known})",
         )
