@@ -21,6 +21,7 @@ from gpumux.schemas import (
     LogChunk,
     NodePublic,
     Problem,
+    ProfileMeasured,
     ProfilePublic,
     ProfilesPublic,
     ReportPublic,
@@ -274,6 +275,11 @@ class Client:
     def get_profile(self, profile_id: int) -> ProfilePublic:
         """One throughput profile with its curve."""
         return ProfilePublic.model_validate(self._request("GET", f"/profiles/{profile_id}"))
+
+    def store_profile(self, measured: ProfileMeasured) -> ProfilePublic:
+        """Keep a curve measured outside a sweep as its workload's profile, settled."""
+        body = measured.model_dump(mode="json")
+        return ProfilePublic.model_validate(self._request("PUT", "/profiles", json=body))
 
 
 def _check_unix_socket(url: str, path: str) -> None:

@@ -563,6 +563,16 @@ class Health(BaseModel):
     active_trials: int
 
 
+def _curve_points(curve: object) -> object:
+    """A curve's points checked as CurvePoint.from_json checks what is stored: a point arrives
+    as stored JSON (the daemon), as the daemon's answer (the client) or as measured (tune)."""
+    if not isinstance(curve, list):
+        return curve
+    return [
+        point if isinstance(point, CurvePoint) else CurvePoint.from_json(point) for point in curve
+    ]
+
+
 class ProfilePublic(BaseModel):
     """A workload's measured throughput against N on one device model, and the best N."""
 
@@ -592,14 +602,41 @@ class ProfilePublic(BaseModel):
     @field_validator("curve", mode="before")
     @classmethod
     def _checked_points(cls, curve: object) -> object:
-        # A point arrives as stored JSON (the daemon) or as the daemon's answer (the client):
-        # either way it is checked as CurvePoint.from_json checks what is stored.
-        if not isinstance(curve, list):
-            return curve
-        return [
-            point if isinstance(point, CurvePoint) else CurvePoint.from_json(point)
-            for point in curve
-        ]
+        return _curve_points(curve)
+
+
+class ProfileMeasured(BaseModel):
+    """A curve measured outside a sweep (`gpumux tune`), kept as its workload's profile: the
+    next sweep of that command and directory at `auto` starts settled at `best_split`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(
+        min_length=1, max_length=200, description="the key of the device measured (GET /devices)"
+    )
+    device_name: str = Field(
+        min_length=1,
+        max_length=200,
+        description="its name: a device of that name stands for it where none has its key "
+        "(a simulated GPU's key is its daemon's)",
+    )
+    workdir: Workdir = Field(description="absolute directory the command ran in")
+    command: list[CommandWord] = Field(min_length=1, max_length=MAX_COMMAND_WORDS)
+    unit: ThroughputUnit
+    curve: list[CurvePoint] = Field(min_length=1, max_length=MAX_SPLIT)
+    best_split: int = Field(ge=1, le=MAX_SPLIT)
+    reason: ShortText
+
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _checked_points(cls, curve: object) -> object:
+        return _curve_points(curve)
+
+    @model_validator(mode="after")
+    def _best_measured(self) -> ProfileMeasured:
+        if self.best_split not in {point.split for point in self.curve}:
+            raise ValueError(f"best_split {self.best_split} is no N of the curve")
+        return self
 
 
 class ProfilesPublic(BaseModel):
