@@ -3,6 +3,7 @@ model-based sampler asks nearer a known optimum than random search once its star
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 import statistics
@@ -115,8 +116,19 @@ def _distances_after_startup(sampler: optuna.samplers.BaseSampler) -> list[float
     return losses
 
 
-# GP is left out: its 8 x 18 asks take minutes on two cores.
-@pytest.mark.parametrize("method", [SearchMethod.tpe, SearchMethod.cmaes])
+@pytest.mark.parametrize(
+    "method",
+    [
+        SearchMethod.tpe,
+        SearchMethod.cmaes,
+        pytest.param(
+            SearchMethod.gp,
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("torch") is None, reason="Optuna's GPSampler needs torch"
+            ),
+        ),
+    ],
+)
 def test_a_model_based_sampler_asks_nearer_the_optimum_than_random(method: SearchMethod) -> None:
     model = [
         statistics.median(_distances_after_startup(make_sampler(method, seed=s, budget=BUDGET)))
