@@ -133,12 +133,15 @@ class LearningChart:
             pruned = curve.trial.status == TrialStatus.pruned
             line = Text(no_wrap=True, overflow="crop", style="bold green" if best else "")
             line.append(f"{label:>{label_w}} ")
-            cells = []
-            for column in range(columns):
-                # The last value the trial reported among the steps this column covers.
-                covered = range(column * per_column, min(steps, (column + 1) * per_column))
-                found = [curve.values[step] for step in covered if step in curve.values]
-                cells.append((levels[scale.level(found[-1])] if found else " ") * repeat)
+            # Each column shows the last value the trial reported among the steps it covers
+            # (the reported steps bucketed: a trial may report step 10**8 and few others).
+            last_in: dict[int, float] = {}
+            for step in sorted(step for step in curve.values if 0 <= step < steps):
+                last_in[step // per_column] = curve.values[step]
+            cells = [
+                (levels[scale.level(last_in[column])] if column in last_in else " ") * repeat
+                for column in range(columns)
+            ]
             line.append("".join(cells), style="" if best else "cyan")
             line.append(f" {last:>{last_w}}")
             if best:

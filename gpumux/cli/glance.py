@@ -71,11 +71,14 @@ class ShortValues:
             for name, value in one.items():
                 if isinstance(value, float):
                     floats.setdefault(name, set()).add(value)
-        self.digits = {
-            (name, value): digits_to_tell_apart(value, values)
-            for name, values in floats.items()
-            for value in values
-        }
+        # Rounding keeps the order, so a value that prints as another does prints as one of
+        # its neighbours: each is told from those two only (all of them: N^2 for N trials).
+        self.digits = {}
+        for name, values in floats.items():
+            ordered = sorted(v for v in values if math.isfinite(v))
+            for i, value in enumerate(ordered):
+                neighbours = ordered[max(0, i - 1) : i] + ordered[i + 1 : i + 2]
+                self.digits[(name, value)] = digits_to_tell_apart(value, neighbours)
 
     @classmethod
     def of(cls, trials: Iterable[TrialPublic]) -> ShortValues:
