@@ -185,6 +185,8 @@ def test_tunes_curve_is_the_profile_the_next_auto_sweep_starts_settled_from(
         assert kept is not None, result.stderr
         profile = client.get_profile(int(kept.group(1)))
         assert (profile.settled, profile.best_split) == (True, split)
+        # The directory apart from the command, as a sweep's profile keeps them.
+        assert (profile.workdir, profile.command) == (str(tmp_path), TRIAL)
         assert [p.split for p in profile.curve] == [1, 2, 3]
         created = client.create_sweep(
             SweepCreate(

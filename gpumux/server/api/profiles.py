@@ -65,7 +65,8 @@ def store_measured(measured: ProfileMeasured, state: StateDep) -> ProfilePublic:
             device_name=kind_of(device).model_name(device),
             # As a sweep of this command names its workload (no parameter changes its cost).
             fingerprint=workload_fingerprint([measured.workdir, *measured.command], []),
-            command=[measured.workdir, *measured.command],
+            command=measured.command,
+            workdir=measured.workdir,
             param_tokens=[],
             unit=measured.unit,
             curve=[point.to_json() for point in measured.curve],
