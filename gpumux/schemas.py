@@ -165,6 +165,16 @@ class SweepCreate(BaseModel):
     )
     _numbers = field_validator("time_limit_s", mode="before")(json_number)
 
+    @field_validator("name")
+    @classmethod
+    def _name_not_an_id(cls, name: str | None) -> str | None:
+        if name is not None and name.strip().isdecimal():
+            raise ValueError(
+                f"a sweep named {name.strip()!r} could not be told from sweep id "
+                f"{name.strip()}; give a name with a letter in it"
+            )
+        return name
+
     @field_validator("params")
     @classmethod
     def _params_parse(cls, tokens: list[str]) -> list[str]:

@@ -191,15 +191,20 @@ def list_sweeps(
         str | None, Query(max_length=MAX_USER_CHARS, description="whose (admins: anyone's)")
     ] = None,
     name: Annotated[
-        str | None, Query(max_length=MAX_NAME_CHARS, description="only sweeps of this name")
+        str | None,
+        Query(
+            max_length=MAX_NAME_CHARS,
+            description="only sweeps of this name (the caller's own, unless owner is given)",
+        ),
     ] = None,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SweepsPublic:
-    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status."""
+    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status; by
+    name, the caller's own (a name is a user's word for their sweep), unless owner is given."""
     if owner is not None:
         refuse_unless_owner(caller, owner, "the sweeps")
-    elif not caller.admin:
+    elif not caller.admin or name is not None:
         owner = caller.name
     sweeps, count = store.list_sweeps(
         session=session, status=status_, owner=owner, name=name, offset=offset, limit=limit
