@@ -143,9 +143,10 @@ def test_the_sweep_page_draws_a_learning_curve_per_trial_that_reported_steps(
     assert figure.locator("path.best").get_attribute("data-series") == str(ids[2])
     expect(figure.locator("a path.series-line")).to_have_count(3)
     expect(figure).to_contain_text("every trial that reported steps (3)")
-    # The step each trial reached, in the table's step column (x=4 reported none).
+    # The step each trial reached, in the table's step column, counted from 1 as the user
+    # counts (steps 0..4 are five; x=4 reported none).
     steps = page.locator("table.trials tbody tr td:nth-child(6)")
-    expect(steps).to_have_text(["4", "4", "4", "—"])
+    expect(steps).to_have_text(["5", "5", "5", "—"])
 
 
 def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import {
   sweepHref,
   sweepTotal,
   trialHref,
+  userStep,
 } from "./dom.js";
 
 const MAX_TRIALS = 10000;
@@ -58,7 +59,8 @@ function trialsTable(sweep, trials, names, sort, onSort) {
     { key: "status", label: "status", value: (t) => t.status, cell: (t) => badge(t.status) },
     ...names.map((name) => ({ key: "p:" + name, label: name, num: true, value: (t) => t.params[name], cell: (t) => fmtValue(t.params[name]) })),
     { key: "objective", label: sweep.objective ? `objective (${sweep.objective})` : "objective", num: true, value: (t) => t.objective },
-    { key: "step", label: "step", num: true, value: (t) => t.step },
+    // Steps as the user counts them, from 1 (the API keeps Optuna's, from 0).
+    { key: "step", label: "step", num: true, value: (t) => userStep(t.step) },
     { key: "samples_per_s", label: "samples/s", num: true, value: (t) => t.samples_per_s },
     { key: "duration", label: "duration", num: true, value: (t) => seconds(t.started_at, t.ended_at), cell: (t) => fmtDuration(seconds(t.started_at, t.ended_at)) },
     { key: "device", label: "device", value: (t) => t.device },
@@ -248,7 +250,7 @@ function curvePoints(trial, reports, metric) {
       byStep.set(r.step, r.metrics[metric]);
     }
   }
-  return [...byStep.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y }));
+  return [...byStep.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x: x + 1, y }));
 }
 
 // One line per trial: the objective against the step; pruned trials dashed, ending in a dot;
@@ -269,7 +271,7 @@ function learningCurves(sweep, { chosen, reporting, reports }) {
     const end = points[points.length - 1];
     end.mark = t.status === "pruned" || points.length === 1;
     for (const p of points) p.title = `trial ${t.id} (${t.status}): ${metric} = ${fmtNum(p.y)} at step ${p.x}`;
-    const pruned = t.status === "pruned" ? `, pruned at step ${end.x}` : "";
+    const pruned = t.status === "pruned" ? `, stopped at step ${end.x}` : "";
     series.push({
       line: true,
       dots: false,
