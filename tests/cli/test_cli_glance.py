@@ -129,7 +129,9 @@ def test_steps_are_counted_from_one(pruned: Pruned) -> None:
     assert "step 0" not in pruned.out
     by_x = {cells["x"]: cells for cells in table(pruned.out)}
     assert (by_x["1"]["step"], by_x["0.5"]["step"]) == ("5", "5"), pruned.out
-    assert by_x["50"]["status"] == "pruned" and int(by_x["50"]["step"]) > 1, pruned.out
+    # Where the loser stopped depends on how many steps the daemon read before it judged
+    # step 1 (none more on a busy host): counted from 1, it is at least 1.
+    assert by_x["50"]["status"] == "pruned" and int(by_x["50"]["step"]) >= 1, pruned.out
 
 
 def test_slots_are_named_as_slots(pruned: Pruned) -> None:
