@@ -33,7 +33,7 @@ for step in range(1200):
 """
 
 
-def start_at_one(settings: Settings, command: list[str]) -> None:
+def start_at_one(settings: Settings, workdir: str, command: list[str]) -> None:
     """A settled profile of the command with another batch size at N=1: the sweep's split
     search starts there, on any host, and climbs to N=2 once N=1 is measured."""
     settings.home.mkdir(parents=True)
@@ -44,8 +44,9 @@ def start_at_one(settings: Settings, command: list[str]) -> None:
             profile_store.save_profile(
                 session=session,
                 device_name=device_model(settings),
-                fingerprint=workload_fingerprint(command, ["batch_size=64"]),
+                fingerprint=workload_fingerprint([workdir, *command], ["batch_size=64"]),
                 command=command,
+                workdir=workdir,
                 param_tokens=["batch_size=64"],
                 unit="samples/s",
                 curve=[{"split": 1, "throughput": 1000.0}],
@@ -75,7 +76,7 @@ def test_the_slot_a_higher_n_opens_gets_the_next_trial_before_the_first_ends(
     stop = tmp_path / "stop"
     workdir = str(tmp_path.resolve())
     command = [sys.executable, "-c", TRIAL, str(stop), "{x}"]
-    start_at_one(settings, [workdir, *command])
+    start_at_one(settings, workdir, command)
     with (
         embedded(settings) as daemon,
         httpx.Client(
