@@ -186,6 +186,9 @@ def populate(connection: Connection, revision: str) -> None:
             "created_at": stored(QUEUED_AT),
             "updated_at": stored(ENDED_AT),
         }
+        if revision >= "0013":
+            # From 0013 the directory is a column of its own, no longer the command's first word.
+            profile.update(command=json.dumps(["python", "train.py"]), workdir=WORKDIR)
         insert(connection, "profiles", [profile])
     if revision >= "0003":
         token = {
