@@ -1,0 +1,67 @@
+"""gpumux tune's gate: a trial launched ahead says it is ready and waits until the gate opens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumux.processes.contract import LaunchSpec, trial_env
+from gpumux.runtime.gate import CLOSED, GATE_ENV
+
+from .support import TIMEOUT_S
+
+WAIT_AT_GATE = "from gpumux.runtime import gate; gate.wait_for_turn(); print('computing')"
+
+
+def poll(condition: object, what: str) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_trial_says_it_is_ready_and_computes_only_once_the_gate_opens(tmp_path: Path) -> None:
+    (tmp_path / CLOSED).touch()
+    env = {**os.environ, GATE_ENV: str(tmp_path), "GPUMUX_TRIAL_ID": "7"}
+    trial = subprocess.Popen(
+        [sys.executable, "-c", WAIT_AT_GATE], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        poll((tmp_path / "7").exists, "the trial never said it was ready")
+        # Ready, it waits while the gate is closed (a wait that can only pass early, never fail
+        # on a slow host).
+        with pytest.raises(subprocess.TimeoutExpired):
+            trial.wait(timeout=0.5)
+        (tmp_path / CLOSED).unlink()
+        out, _ = trial.communicate(timeout=TIMEOUT_S)
+    finally:
+        trial.kill()
+    assert (trial.returncode, out) == (0, "computing\n")
+
+
+def test_without_a_gate_a_trial_computes_at_once(tmp_path: Path) -> None:
+    env = {name: v for name, v in os.environ.items() if name != GATE_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", WAIT_AT_GATE], env=env, capture_output=True, text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "computing\n")
+
+
+def test_the_gate_its_submitter_names_reaches_the_trial_where_gpumuxs_own_names_do_not(
+    tmp_path: Path,
+) -> None:
+    spec = LaunchSpec(
+        trial_id=3, sweep_id=1, attempt=1, argv=["true"], workdir=str(tmp_path),
+        base_env={GATE_ENV: str(tmp_path), "GPUMUX_TRIAL_ID": "99", "GPUMUX_SPLIT": "9"},
+        params={}, url="http://127.0.0.1:9", token="secret", log_path=tmp_path / "trial.log",
+        device_kind="cpu", split=2, device_env={},
+    )  # fmt: skip
+    env = trial_env(spec)
+    assert (env[GATE_ENV], env["GPUMUX_TRIAL_ID"], env["GPUMUX_SPLIT"]) == (str(tmp_path), "3", "2")
