@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -148,7 +147,6 @@ def run_round(
     *,
     gates: Path,
     following: Next | None = None,
-    previous_end: datetime | None = None,
 ) -> tuple[Round, list[TrialPublic]]:
     """Submit the sweep of one N (unless the round before did), wait for it, and measure it;
     print its outcome in one line. With `following`, launch the next N's sweep through a
@@ -184,14 +182,11 @@ def run_round(
     line.append(f", round {seconds(measured.makespan_s)}")
     if measured.samples:
         line.append(f", {plot.format_throughput(measured.samples)} samples reported")
-    computing = [
-        t.started_at + timedelta(seconds=startups[t.id] + held.get(t.id, 0.0))
-        for t in trials
-        if t.started_at is not None and t.id in startups
-    ]
-    if previous_end is not None and computing and min(computing) < previous_end:
-        shared = (previous_end - min(computing)).total_seconds()
-        line.append(f"; computed {seconds(shared)} beside the N before")
+    alone = _computing_alone_s(current.gate, trials)
+    if alone is not None and alone > 0:
+        line.append(f"; {seconds(alone)} computing alone")
+        if measured.samples:
+            line.append(f", {plot.format_throughput(measured.samples / alone)} samples/s")
     state.out.print(line, soft_wrap=True)
     for error in measured.errors[:ERRORS_SHOWN]:
         state.out.print(Text(f"  {error}", style="red"), soft_wrap=True)
@@ -199,6 +194,18 @@ def run_round(
         more = len(measured.errors) - ERRORS_SHOWN
         state.out.print(Text(f"  ... {render.plural(more, 'more failed trial')}", style="red"))
     return measured, trials
+
+
+def _computing_alone_s(gate: Gate | None, trials: Sequence[TrialPublic]) -> float | None:
+    """Seconds from when every trial of a gated round was ready and let compute to its last
+    end: its window with no other N computing (None: not gated, or not all ready)."""
+    if gate is None or gate.opened_at is None:
+        return None
+    ready = gate.ready()
+    ends = [t.ended_at for t in trials if t.ended_at is not None]
+    if not ready or len(ready) < len(trials) or not ends:
+        return None
+    return (max(ends) - max(gate.opened_at, *ready.values())).total_seconds()
 
 
 def run_rounds(
@@ -215,7 +222,6 @@ def run_rounds(
     as it ends (see overlap.py), its gates' directories under `gates`."""
     measured: list[Round] = []
     started: Next | None = None
-    previous_end: datetime | None = None
     shared = True
     splits = [int(s.split) for s in sweeps]
     for index, sweep_in in enumerate(sweeps):
@@ -229,10 +235,7 @@ def run_rounds(
             launch = launch_split(splits, index + 1, kind=kind, rounds=rounds)
             following = Next(sweeps[index + 1], launch)
         launched = started.launched
-        result, trials = run_round(
-            state, client, started, load, gates=gates, following=following,
-            previous_end=previous_end,
-        )  # fmt: skip
+        result, _ = run_round(state, client, started, load, gates=gates, following=following)
         if launched != split and out_of_memory(result):
             state.note(
                 f"N={split}: out of memory in a slice shared with the next N's start-up; "
@@ -242,9 +245,7 @@ def run_rounds(
             if following is not None and following.created is not None:
                 # The next N started already: it ends before this one runs again alone.
                 _wait(state, client, following.created, following.split, load)
-            result, trials = run_round(state, client, Next(sweep_in, split), load, gates=gates)
+            result, _ = run_round(state, client, Next(sweep_in, split), load, gates=gates)
         measured.append(result)
-        ends = [t.ended_at for t in trials if t.ended_at is not None]
-        previous_end = max(ends) if ends else None
         started = following if following is not None and following.created else None
     return measured

@@ -106,7 +106,9 @@ def test_on_a_gpu_the_next_n_starts_up_beside_the_one_before_and_computes_after_
     assert sorted({(sweep, split) for sweep, split, _, _ in trials}) == list(
         zip(rounds, [3, 5, 5], strict=True)
     )
-    assert "beside the N before" not in result.stdout, result.stdout
+    assert all(
+        "computing alone" in line for line in result.stdout.splitlines() if line.startswith("N=")
+    ), result.stdout
 
 
 def test_a_round_out_of_memory_beside_the_next_n_is_measured_again_alone(tmp_path: Path) -> None:
