@@ -5,8 +5,9 @@ GPUMUX_GATE names the round's directory. A trial reaching the point where its wo
 writes an empty file there named by its trial id, then waits while the file `closed` is there;
 tune removes it as the round before ends. Without GPUMUX_GATE, or once passed, it returns at
 once. The simulated trial calls it between its allocation and its steps, PyTorch's step hook
-at the first optimizer step: a script that never reaches either is never launched ahead, since
-tune launches the next round only once every trial of this one said it was ready.
+at the first optimizer step, Keras's fit() before it trains: a script that reaches none of them
+is never launched ahead, since tune launches the next round only once every trial of this one
+said it was ready.
 """
 
 from __future__ import annotations
