@@ -22,6 +22,7 @@ from gpumux.schemas import SweepCreate
 from gpumux.search.studies import Studies
 from gpumux.status import TrialStatus
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
@@ -31,7 +32,7 @@ def setup(sessions: Sessions, running: int, rows: int, workdir: str) -> tuple[in
     """A median-pruned sweep: one finished trial and `running` running ones, every trial with
     `rows` steps reported (each a little better than the median, so none is pruned)."""
     with sessions.write.begin() as session:
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=SweepCreate.model_validate(
                 {

@@ -28,6 +28,7 @@ from gpumux.home import tokenfile
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
@@ -112,7 +113,7 @@ def stored_sweep(
     session: Session, tmp_path: Path, n: int = 3, *, owner: str = "alice", **fields: Any
 ) -> Sweep:
     """A sweep of `n` trials (x = 1..n) stored for `owner` as the API stores one."""
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
         sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
         owner=store.get_or_create_owner(session=session, name=owner),
@@ -204,7 +205,7 @@ def adaptive_sweep(
     """An adaptive sweep with a budget of `budget` trials, none asked yet, stored as the API
     stores one (default: tpe over x=1..100 and lr=1e-4..1e-1, minimising loss)."""
     fields.setdefault("objective", "loss:min")
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
         sweep_in=sweep_in(
             tmp_path,

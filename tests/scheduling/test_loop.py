@@ -26,6 +26,7 @@ from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
@@ -59,7 +60,7 @@ class Harness:
         )
         with self.sessions.write.begin() as session:
             owner = store.get_or_create_owner(session=session, name=getpass.getuser())
-            return store.create_sweep(
+            return sweep_store.create_sweep(
                 session=session, sweep_in=sweep, owner=owner, seed=1, trial_params=trial_params
             ).id
 

@@ -23,6 +23,7 @@ from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TIC
 from gpumux.status import TrialStatus
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 
@@ -125,7 +126,7 @@ def insert(sessions: Sessions, tmp_path: Path, planned: list[Planned]) -> None:
     """One sweep holding a trial per plan, with the plan's times (queued at T0)."""
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path),
             owner=owner,

@@ -29,6 +29,7 @@ from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
@@ -39,7 +40,7 @@ NUMBERS = itertools.count(100)
 def make_sweep(sessions: Sessions, tmp_path: Path, script: str, trials: int = 1) -> int:
     """An auto sweep of `trials` trials of `python script` (its workload)."""
     with sessions.write.begin() as session:
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, "x=1..9", command=["python", script]),
             owner=store.get_or_create_owner(session=session, name="alice"),

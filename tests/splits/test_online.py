@@ -14,6 +14,7 @@ from gpumux.splits.online import SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.throughput import CurvePoint
@@ -28,7 +29,7 @@ NUMBERS = itertools.count(1)
 def trial_id(sessions: Sessions, tmp_path: Path) -> int:
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, *TOKENS, command=COMMAND),
             owner=owner,

@@ -27,6 +27,7 @@ from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 from gpumux.throughput import CurvePoint
@@ -66,14 +67,14 @@ def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
     """An auto sweep of 6 trials and a fixed --split 2 sweep of 1, as the API stores them."""
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        auto = store.create_sweep(
+        auto = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, "x=1..6", command=COMMAND),
             owner=owner,
             seed=1,
             trial_params=[{"x": n} for n in range(6)],
         )
-        fixed = store.create_sweep(
+        fixed = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, split=2),
             owner=owner,
@@ -300,7 +301,7 @@ def test_a_search_that_fails_leaves_the_others_searching(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     with sessions.write.begin() as session:
-        other = store.create_sweep(
+        other = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, "y=1..2", command=["python", "other.py"]),
             owner=store.get_or_create_owner(session=session, name="alice"),

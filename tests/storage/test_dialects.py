@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from gpumux.config import Settings
 from gpumux.status import TrialStatus
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.dialects.sqlite import SqliteDialect
@@ -223,7 +224,7 @@ def test_seconds_between_two_timestamps_is_computed_by_the_database(
     start = utcnow()
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session, sweep_in=sweep_in(tmp_path), owner=owner, seed=1, trial_params=[{}]
         )
         (trial,), _ = store.list_trials(session=session, sweep_id=sweep.id)

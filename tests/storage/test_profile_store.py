@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Profile, Sweep, Trial, TrialReport
 
@@ -45,7 +46,7 @@ def save(session: Session, **overrides: Any) -> Profile:
 
 def make_sweep(session: Session, tmp_path: Path, trials: int = 1) -> Sweep:
     owner = store.get_or_create_owner(session=session, name="alice")
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
         sweep_in=sweep_in(tmp_path),
         owner=owner,

@@ -9,6 +9,7 @@ from builders import sweep_in
 
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import stats, store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 
@@ -38,7 +39,7 @@ def test_counts_waits_durations_and_loads_of_trials_in_their_states(
     ]
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path),
             owner=owner,
@@ -94,7 +95,7 @@ def test_a_wait_of_exactly_a_bound_counts_in_that_bound_whatever_the_start(
     starts = [T0 + timedelta(microseconds=137_911 * n) for n in range(40)]
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path),
             owner=owner,

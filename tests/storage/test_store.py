@@ -10,6 +10,7 @@ from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 
 
@@ -148,7 +149,7 @@ def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path
     with sessions.write.begin() as session:
         ids = [stored_sweep(session, tmp_path, 1).id for _ in range(5)]
         bob = store.get_or_create_owner(session=session, name="bob")
-        store.create_sweep(
+        sweep_store.create_sweep(
             session=session, sweep_in=sweep_in(tmp_path), owner=bob, seed=1, trial_params=[{}]
         )
     with sessions.read() as session:
@@ -166,7 +167,7 @@ def test_integers_past_2_31_are_kept_on_every_backend(sessions: Sessions, tmp_pa
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
         owner.uid = 2**32 - 2
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path),
             owner=owner,

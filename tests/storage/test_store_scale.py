@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 
@@ -36,14 +37,14 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, in
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
         for _ in range(20):
-            store.create_sweep(
+            sweep_store.create_sweep(
                 session=session,
                 sweep_in=sweep_in(Path("/")),
                 owner=owner,
                 seed=1,
                 trial_params=[{}],
             )
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session, sweep_in=sweep_in(Path("/")), owner=owner, seed=1, trial_params=[]
         )
         now = utcnow()

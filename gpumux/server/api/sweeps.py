@@ -39,6 +39,7 @@ from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.models import Sweep
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
     with state.sessions.write.begin() as session:
         check_quota(session, state, caller, trial_count or 0)
         owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in,
             owner=owner,

@@ -8,6 +8,7 @@ from builders import sweep_in
 from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
 from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import token_hash
 
@@ -17,7 +18,7 @@ def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> 
     log_path.write_bytes(log_text)
     with sessions.write.begin() as session:
         owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in(tmp_path, objective="loss:min"),
             owner=owner,
