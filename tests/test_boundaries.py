@@ -60,7 +60,7 @@ def test_the_package_keeps_its_contracts() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("gpumux/cli/sneak.py", "from gpumux.storage import store", "never import the storage"),
+        ("gpumux/cli/sneak.py", "from gpumux.storage import trials", "never import the storage"),
         ("gpumux/runtime/sneak.py", "from gpumux import config", "imports nothing else"),
         ("gpumux/storage/sneak.py", "from gpumux.scheduling import loop", "Layers"),
         ("gpumux/processes/rundir.py", "from gpumux import config", "the standard-library"),
@@ -109,5 +109,5 @@ def test_no_two_modules_import_each_other(tmp_path: Path) -> None:
     assert import_cycles(ROOT) == []
     root = copy_of_the_package(tmp_path)
     with (root / "gpumux/storage/models.py").open("a") as models:
-        models.write("\nfrom gpumux.storage import store  # noqa: E402\n")
-    assert ("gpumux.storage.models", "gpumux.storage.store") in import_cycles(root)
+        models.write("\nfrom gpumux.storage import lifecycle  # noqa: E402\n")
+    assert ("gpumux.storage.models", "gpumux.storage.lifecycle") in import_cycles(root)

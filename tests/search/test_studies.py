@@ -9,7 +9,8 @@ from builders import adaptive_sweep, stored_sweep
 
 from gpumux.search.studies import Studies
 from gpumux.status import SearchMethod, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
@@ -23,25 +24,25 @@ def ask(studies: Studies, sessions: Sessions, sweep_id: int) -> Trial | None:
     if trial_id is None:
         return None
     with sessions.read() as session:
-        return store.get_trial(session=session, trial_id=trial_id)
+        return trial_store.get_trial(session=session, trial_id=trial_id)
 
 
 def end(sessions: Sessions, trial_id: int, status: TrialStatus, objective: float | None) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         if trial.status is TrialStatus.queued:
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
         trial.objective = objective
-        store.set_trial_status(session=session, trial=trial, status=status, ended_at=utcnow())
+        lifecycle.set_trial_status(session=session, trial=trial, status=status, ended_at=utcnow())
 
 
 def report(
     sessions: Sessions, trial_id: int, step: int, loss: float, *, metric: str = "loss"
 ) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         session.add(
             TrialReport(
@@ -71,7 +72,7 @@ def test_asked_trials_are_stored_within_the_space_up_to_the_budget(
         assert isinstance(trial.params["x"], int) and 1 <= trial.params["x"] <= 100
         assert trial.params["bs"] in (32, 64) and trial.status is TrialStatus.queued
     with sessions.read() as session:
-        stored = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        stored = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
     assert [t.params for t in stored] == [t.params for t in trials]
 
 
@@ -192,16 +193,16 @@ def median_pruned(
         sweep_id = stored_sweep(
             session, tmp_path, n, objective=objective, prune="median:n_startup_trials=1"
         ).id
-        trials = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        trials = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
         return sweep_id, [trial.id for trial in trials]
 
 
 def end_running(sessions: Sessions, trial_id: int) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
 
 
 def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int, int]]:
@@ -215,7 +216,7 @@ def pruned_sweep(sessions: Sessions, tmp_path: Path, n: int, prune: str) -> list
     """The trial ids of a grid sweep of `n` trials minimising loss under `prune`."""
     with sessions.write.begin() as session:
         sweep_id = stored_sweep(session, tmp_path, n, objective="loss:min", prune=prune).id
-        return [t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0]]
+        return [t.id for t in trial_store.list_trials(session=session, sweep_id=sweep_id)[0]]
 
 
 def run_through(
@@ -225,7 +226,7 @@ def run_through(
     scheduler's tick would; what it pruned. A trial left unpruned ends succeeded."""
     end_running(sessions, trial_id)
     with sessions.read() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         sweep_id = trial.sweep_id
     for step, loss in enumerate(losses):
@@ -233,10 +234,10 @@ def run_through(
         if decided := prune(studies, sessions, sweep_id):
             return decided
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         trial.objective = losses[-1]
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.succeeded, ended_at=utcnow()
         )
     return []
