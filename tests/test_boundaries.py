@@ -64,6 +64,7 @@ def test_the_package_keeps_its_contracts() -> None:
         ("gpumux/cli/sneak.py", "from gpumux.storage import trials", "never import the storage"),
         ("gpumux/runtime/sneak.py", "from gpumux import config", "imports nothing else"),
         ("gpumux/storage/sneak.py", "from gpumux.scheduling import loop", "Layers"),
+        ("gpumux/search/sneak.py", "from sqlalchemy import select", "only through storage"),
         ("gpumux/processes/rundir.py", "from gpumux import config", "the standard-library"),
         ("gpumux/processes/logfiles.py", "import pathlib", "the standard-library"),
         ("gpumux/runtime/context.py", "from gpumux import throughput", "imports nothing else"),
