@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import optuna
 import pytest
 from builders import adaptive_sweep, stored_sweep
 
-from gpumux.search.studies import Studies
+from gpumux.search import methods
+from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.status import SearchMethod, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
@@ -55,6 +58,32 @@ def report(
         )
         # As every report's transaction does (storage/reports.py).
         trial.step, trial.last_report_at = step, utcnow()
+
+
+class BrokenSampler(optuna.samplers.RandomSampler):
+    def sample_independent(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("this sampler is broken")
+
+
+def test_a_sampler_that_fails_ends_the_budget_with_the_trials_asked(
+    sessions: Sessions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = adaptive_sweep(session, tmp_path, 5).id
+    studies = Studies()
+    assert ask(studies, sessions, sweep_id) is not None
+    assert ask(studies, sessions, sweep_id) is not None
+    monkeypatch.setattr(methods, "make_sampler", lambda *args, **kwargs: BrokenSampler())
+    studies.forget([sweep_id])
+    with sessions.write.begin() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        with pytest.raises(SamplerFailed, match="this sampler is broken"):
+            studies.ask(session=session, sweep=sweep)
+    with sessions.read() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None and sweep.trial_count == 2
+    assert ask(studies, sessions, sweep_id) is None
 
 
 def test_asked_trials_are_stored_within_the_space_up_to_the_budget(
