@@ -27,7 +27,10 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.home import tokenfile
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
-from gpumux.storage import store, tokens
+from gpumux.storage import lifecycle, tokens
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
@@ -112,10 +115,10 @@ def stored_sweep(
     session: Session, tmp_path: Path, n: int = 3, *, owner: str = "alice", **fields: Any
 ) -> Sweep:
     """A sweep of `n` trials (x = 1..n) stored for `owner` as the API stores one."""
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
         sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
-        owner=store.get_or_create_owner(session=session, name=owner),
+        owner=owner_store.get_or_create_owner(session=session, name=owner),
         seed=7,
         trial_params=[{"x": i} for i in range(1, n + 1)],
         prune=fields.get("prune"),
@@ -180,15 +183,15 @@ def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int
     """The one trial of a stored sweep ranked by val_loss, running with the report token
     "secret" (and `fields`, e.g. its attempt); its id."""
     sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
-    trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-    store.set_trial_status(
+    trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+    lifecycle.set_trial_status(
         session=session,
         trial=trial,
         status=TrialStatus.starting,
         token_hash=token_hash("secret"),
         **fields,
     )
-    store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
     return trial.id
 
 
@@ -204,7 +207,7 @@ def adaptive_sweep(
     """An adaptive sweep with a budget of `budget` trials, none asked yet, stored as the API
     stores one (default: tpe over x=1..100 and lr=1e-4..1e-1, minimising loss)."""
     fields.setdefault("objective", "loss:min")
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
         sweep_in=sweep_in(
             tmp_path,
@@ -213,7 +216,7 @@ def adaptive_sweep(
             search=search,
             **fields,
         ),
-        owner=store.get_or_create_owner(session=session, name=owner),
+        owner=owner_store.get_or_create_owner(session=session, name=owner),
         seed=7,
         trial_params=[],
         search=search,

@@ -23,7 +23,7 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
 from gpumux.status import SweepStatus
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class ActiveTrials:
         """What runs where, as the database says; with `node_id`, on that node's devices
         (trials of no node, from before nodes, count as its own)."""
         on = cls()
-        for trial in store.active_trials(session=session):
+        for trial in trial_store.active_trials(session=session):
             if node_id is not None and trial.node_id not in (node_id, None):
                 continue
             if trial.device is not None:

@@ -22,9 +22,11 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import lifecycle, tokens
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store, tokens
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
@@ -295,7 +297,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
     assert {t: n for t, n in row_counts(engine).items() if n} == expected
     sessions = make_sessions(engine)
     with sessions.read() as session:
-        sweeps, count = store.list_sweeps(session=session)
+        sweeps, count = sweep_store.list_sweeps(session=session)
         assert count == 2
         assert [(s.id, s.status, s.owner.name) for s in sweeps] == [
             (2, SweepStatus.running, "alice"),
@@ -311,7 +313,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         # 0007: sweeps written before it start their trials cold.
         assert [s.warm for s in sweeps] == [False, False]
 
-        trials, _ = store.list_trials(session=session, sweep_id=1)
+        trials, _ = trial_store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [
             (TrialStatus.succeeded, 0),
             (TrialStatus.failed, 3),
@@ -328,8 +330,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [r.steps for r in reports] == [None, None] and succeeded.steps_per_s is None
         # 0012: trials from before it saw a GPU, as far as anyone knew.
         assert [t.no_gpu for t in trials] == [None, None]
-        assert store.best_trial(session=session, sweep=finished) == succeeded
-        assert [t.id for t in store.active_trials(session=session)] == [3]
+        assert sweep_store.best_trial(session=session, sweep=finished) == succeeded
+        assert [t.id for t in trial_store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]
 
         profile = profile_store.get_profile(
@@ -345,11 +347,11 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
     with sessions.write.begin() as session:
-        queued = store.get_trial(session=session, trial_id=4)
+        queued = trial_store.get_trial(session=session, trial_id=4)
         assert queued is not None
-        store.set_trial_status(session=session, trial=queued, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=queued, status=TrialStatus.starting)
     with sessions.read() as session:
-        assert {t.id for t in store.active_trials(session=session)} == {3, 4}
+        assert {t.id for t in trial_store.active_trials(session=session)} == {3, 4}
 
 
 def test_a_populated_database_goes_down_to_the_base_step_by_step_and_back_up(

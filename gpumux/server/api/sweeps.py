@@ -36,9 +36,12 @@ from gpumux.server.api.deps import (
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import backlog
+from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep
 
 log = logging.getLogger(__name__)
@@ -78,8 +81,8 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
 
 
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
-    counts = store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
-    best = store.best_trial(session=session, sweep=sweep)
+    counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
+    best = sweep_store.best_trial(session=session, sweep=sweep)
     profiles = []
     if sweep.split is None:
         profiles = profile_store.workload_profiles(
@@ -102,7 +105,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
 
 def sweep_or_404(session: Session, sweep_id: int, caller: Caller) -> Sweep:
     """The sweep, if it exists (404) and the caller may touch it (403)."""
-    sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+    sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
     if sweep is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"sweep {sweep_id} not found")
     refuse_unless_owner(caller, sweep.owner.name, f"sweep {sweep_id}")
@@ -126,7 +129,7 @@ def check_quota(session: Session, state: AppState, caller: Caller, trials: int) 
     transaction that stores it, so that concurrent submissions cannot all slip under it."""
     quota = state.settings.max_queued_per_user
     if quota is not None:
-        waiting = store.queued_count(session=session, owner=caller.name)
+        waiting = backlog.queued_count(session=session, owner=caller.name)
         if waiting + trials > quota:
             raise HTTPException(
                 status.HTTP_429_TOO_MANY_REQUESTS,
@@ -166,8 +169,10 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
     check_workdir(sweep_in, state, caller)
     with state.sessions.write.begin() as session:
         check_quota(session, state, caller, trial_count or 0)
-        owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(
+            session=session, name=caller.name, uid=caller.account.uid
+        )
+        sweep = sweep_store.create_sweep(
             session=session,
             sweep_in=sweep_in,
             owner=owner,
@@ -206,10 +211,10 @@ def list_sweeps(
         refuse_unless_owner(caller, owner, "the sweeps")
     elif not caller.admin or name is not None:
         owner = caller.name
-    sweeps, count = store.list_sweeps(
+    sweeps, count = sweep_store.list_sweeps(
         session=session, status=status_, owner=owner, name=name, offset=offset, limit=limit
     )
-    counts = store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
+    counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
     return SweepsPublic(
         data=[sweep_public(sweep, counts[sweep.id]) for sweep in sweeps], count=count
     )
@@ -231,7 +236,7 @@ def cancel_sweep(sweep_id: SweepId, state: StateDep, caller: CallerDep) -> Sweep
     with state.sessions.write.begin() as session:
         sweep = sweep_or_404(session, sweep_id, caller)
         log.info("api: %s cancels sweep %d of %s", caller.name, sweep_id, sweep.owner.name)
-        sweep = store.request_cancel(session=session, sweep=sweep)
+        sweep = sweep_store.request_cancel(session=session, sweep=sweep)
         detail = sweep_detail(session, sweep)
     state.notify()
     return detail
@@ -248,7 +253,7 @@ def list_sweep_trials(
 ) -> TrialsPublic:
     """A sweep's trials in order, paginated."""
     sweep_or_404(session, sweep_id, caller)
-    trials, count = store.list_trials(
+    trials, count = trial_store.list_trials(
         session=session, sweep_id=sweep_id, status=status_, offset=offset, limit=limit
     )
     return TrialsPublic(data=[TrialPublic.model_validate(t) for t in trials], count=count)
