@@ -105,6 +105,10 @@ class Scheduler:
             node_id=self.node_id,
         )
         self._probed_at = float("-inf")
+        # Our trials' processes seen since the devices were last probed: one that ended since
+        # is still listed in that snapshot, and counted as another's it would shrink the next
+        # trial's slice by its memory (a slice at the edge then runs out of memory).
+        self._ours_since_probe: dict[int, int] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
@@ -252,6 +256,8 @@ class Scheduler:
         group_of = None
         if self.overheads.measurable(devices):
             group_of = self._trial_processes()
+            self._ours_since_probe.update(group_of)
+            group_of = dict(self._ours_since_probe)
         self.filler.fill(devices, group_of=group_of or {})
         if any(not search.decision.settled for search in self.searches):
             if group_of is None:
@@ -467,6 +473,7 @@ class Scheduler:
         now = time.monotonic()
         if now - self._probed_at >= self.settings.poll_interval:
             self._probed_at = now
+            self._ours_since_probe = {}
             try:
                 self.devices = self.probe.snapshot()
             except NvmlUnavailable as error:
