@@ -175,15 +175,6 @@ class SweepCreate(BaseModel):
             )
         return name
 
-    @field_validator("params")
-    @classmethod
-    def _params_parse(cls, tokens: list[str]) -> list[str]:
-        try:
-            sweepspec.parse_params(tokens)
-        except sweepspec.SpecError as error:
-            raise ValueError(str(error)) from error
-        return tokens
-
     @field_validator("command")
     @classmethod
     def _command_runnable(cls, command: list[str]) -> list[str]:
@@ -262,15 +253,6 @@ class SweepCreate(BaseModel):
             )
         method, options = split_spec(search, flag="--search", example="n_startup_trials=4")
         return {**data, "search": method, "search_options": options}
-
-    @model_validator(mode="after")
-    def _placeholders_named(self) -> SweepCreate:
-        names = [token.partition("=")[0] for token in self.params]
-        try:
-            sweepspec.check_placeholders(self.command, names)
-        except sweepspec.SpecError as error:
-            raise ValueError(str(error)) from error
-        return self
 
 
 # The frameworks whose runtime hook reports that it sees no GPU (gpumux.runtime.frameworks).

@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -24,13 +24,16 @@ from sqlalchemy.orm import Session
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.fields import MAX_COUNT
 from gpumux.home import tokenfile
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
+from gpumux.search import planning
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
+from gpumux.sweepplan import SweepPlan
 
 
 def ample_budget() -> ReportBudget:
@@ -62,6 +65,27 @@ def sweep_in(
             **fields,
         }
     )
+
+
+def planned(
+    sweep: SweepCreate, *, seed: int = 1, trial_params: Sequence[dict[str, Any]] | None = None
+) -> SweepPlan:
+    """The plan the API stores for `sweep` (its trials, or `trial_params` in their place)."""
+    plan = planning.plan_sweep(sweep, max_grid=MAX_COUNT, seed=seed)
+    return plan if trial_params is None else replace(plan, trial_params=list(trial_params))
+
+
+def sweep_plan(
+    workdir: Path,
+    *params: str,
+    command: list[str] | None = None,
+    seed: int = 1,
+    trial_params: Sequence[dict[str, Any]] | None = None,
+    **fields: object,
+) -> SweepPlan:
+    """The plan of sweep_in(workdir, *params, command=command, **fields), as planned()."""
+    sweep = sweep_in(workdir, *params, command=command, **fields)
+    return planned(sweep, seed=seed, trial_params=trial_params)
 
 
 CPU = DeviceSnapshot(
@@ -114,11 +138,14 @@ def stored_sweep(
     """A sweep of `n` trials (x = 1..n) stored for `owner` as the API stores one."""
     return store.create_sweep(
         session=session,
-        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
+        plan=sweep_plan(
+            tmp_path,
+            f"x=1..{n}",
+            **fields,
+            seed=7,
+            trial_params=[{"x": i} for i in range(1, n + 1)],
+        ),
         owner=store.get_or_create_owner(session=session, name=owner),
-        seed=7,
-        trial_params=[{"x": i} for i in range(1, n + 1)],
-        prune=fields.get("prune"),
     )
 
 
@@ -206,18 +233,16 @@ def adaptive_sweep(
     fields.setdefault("objective", "loss:min")
     return store.create_sweep(
         session=session,
-        sweep_in=sweep_in(
+        plan=sweep_plan(
             tmp_path,
             *(params or ("x=1..100", "lr=1e-4..1e-1")),
             trials=budget,
             search=search,
             **fields,
+            seed=7,
+            trial_params=[],
         ),
         owner=store.get_or_create_owner(session=session, name=owner),
-        seed=7,
-        trial_params=[],
-        search=search,
-        prune=fields.get("prune"),
     )
 
 

@@ -622,7 +622,7 @@ def test_wandbs_documented_sweeps_read_as_wandb_means_them() -> None:
         method=hyperband.search,
         prune=hyperband.prune,
         trials=27,
-        objective=hyperband.objective,
+        metric=hyperband.objective,
         params=sweepspec.parse_params(list(hyperband.params.values())),
     )
     assert checked.method is SearchMethod.tpe
@@ -653,7 +653,7 @@ def test_the_example_sweep_files_are_accepted_as_the_daemon_checks_them(example:
         method=SearchMethod(resolved.search or "grid"),
         prune=resolved.prune,
         trials=resolved.trials,
-        objective=resolved.objective,
+        metric=resolved.objective,
         params=sweepspec.parse_params(resolved.params),
     )
     assert search.method in (SearchMethod.tpe, SearchMethod.random)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import CursorResult, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import SweepCreate, parse_objective
 from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
@@ -23,6 +22,7 @@ from gpumux.status import (
 )
 from gpumux.storage.models import Node, Owner, Sweep, Trial, utcnow
 from gpumux.storage.nodes import NodeIdentity
+from gpumux.sweepplan import SweepPlan
 
 log = logging.getLogger(__name__)
 
@@ -90,48 +90,37 @@ def asked_count(*, session: Session, sweep: Sweep) -> int:
     return session.scalar(select(func.count()).where(Trial.sweep_id == sweep.id)) or 0
 
 
-def create_sweep(
-    *,
-    session: Session,
-    sweep_in: SweepCreate,
-    owner: Owner,
-    seed: int,
-    trial_params: Sequence[dict[str, Any]],
-    search: SearchMethod = SearchMethod.grid,
-    search_options: dict[str, Any] | None = None,
-    prune: str | None = None,
-) -> Sweep:
-    """A sweep and its queued trials, in the caller's transaction. An adaptive search's trials
-    are asked as slots free: none is stored now, and its budget is `sweep_in.trials`."""
-    metric, mode = parse_objective(sweep_in.objective) if sweep_in.objective else (None, None)
+def create_sweep(*, session: Session, plan: SweepPlan, owner: Owner) -> Sweep:
+    """A planned sweep and its queued trials, in the caller's transaction. An adaptive
+    search's trials are asked as slots free: none is stored now."""
     sweep = Sweep(
-        name=sweep_in.name,
+        name=plan.name,
         owner=owner,
         owner_id=owner.id,
-        command=sweep_in.command,
-        param_tokens=sweep_in.params,
-        workdir=sweep_in.workdir,
-        env=sweep_in.env,
-        random_trials=sweep_in.trials,
-        search=search,
-        search_options=search_options or None,
-        prune=prune,
-        seed=seed,
-        split=None if sweep_in.split == "auto" else sweep_in.split,
-        objective_metric=metric,
-        objective_mode=ObjectiveMode(mode) if mode else None,
-        time_limit_s=sweep_in.time_limit_s,
-        retries=sweep_in.retries,
-        priority=sweep_in.priority,
-        warm=sweep_in.warm,
-        trial_count=sweep_in.trials or 0 if search.adaptive else len(trial_params),
+        command=plan.command,
+        param_tokens=plan.param_tokens,
+        workdir=plan.workdir,
+        env=plan.env,
+        random_trials=plan.trial_budget,
+        search=plan.search,
+        search_options=plan.search_options or None,
+        prune=plan.prune,
+        seed=plan.seed,
+        split=plan.split,
+        objective_metric=plan.metric,
+        objective_mode=plan.mode,
+        time_limit_s=plan.time_limit_s,
+        retries=plan.retries,
+        priority=plan.priority,
+        warm=plan.warm,
+        trial_count=plan.trial_count,
     )
     session.add(sweep)
     session.flush()
     now = utcnow()
     session.add_all(
         Trial(sweep_id=sweep.id, number=number, params=params, queued_at=now)
-        for number, params in enumerate(trial_params)
+        for number, params in enumerate(plan.trial_params)
     )
     session.flush()
     return sweep

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
@@ -19,10 +19,8 @@ def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> 
         owner = store.get_or_create_owner(session=session, name="alice")
         sweep = store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, objective="loss:min"),
+            plan=sweep_plan(tmp_path, objective="loss:min", seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
         trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         store.set_trial_status(
