@@ -41,7 +41,8 @@ def setup(sessions: Sessions, running: int, rows: int, workdir: str) -> tuple[in
                         "command": ["true"],
                         "workdir": workdir,
                         "env": {},
-                        "objective": "loss:min",
+                        "metric": "loss",
+                        "mode": "min",
                         "prune": "median:n_startup_trials=1",
                     }
                 ),

@@ -7,21 +7,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumux.fields import quoted
 from gpumux.status import ObjectiveMode, SearchMethod
 
 
-def parse_objective(text: str) -> tuple[str, ObjectiveMode]:
-    """ "val_loss:min" -> ("val_loss", min): the one reader of the joined form that
-    `--objective` and W&B's tools use; ValueError with the expected form."""
+class Objective(NamedTuple):
+    """What ranks a sweep's trials: the metric they report, and whether less or more is better."""
+
+    metric: str
+    mode: ObjectiveMode
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.mode}"
+
+
+def parse_objective(text: str) -> Objective:
+    """The joined form `val_loss:min` that `--objective` (and the API's older `objective`
+    field) take, as an Objective; ValueError saying the form."""
     metric, _, mode = text.rpartition(":")
     if not metric or mode not in ObjectiveMode.__members__:
         raise ValueError(
             f"objective {quoted(text)} must be METRIC:min or METRIC:max, e.g. val_loss:min"
         )
-    return metric, ObjectiveMode(mode)
+    return Objective(metric, ObjectiveMode(mode))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from gpumux.storage import store, tokens
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
-from gpumux.sweepplan import SweepPlan
+from gpumux.sweepplan import SweepPlan, parse_objective
 
 
 def ample_budget() -> ReportBudget:
@@ -150,7 +150,8 @@ def stored_sweep(
 
 
 def sweep_public(**fields: Any) -> SweepPublic:
-    """A sweep as the API answers one (ada's, running, a grid), with `fields` instead."""
+    """A sweep as the API answers one (ada's, running, a grid, ranked by val_loss:min), with
+    `fields` instead (`objective` in the joined form `loss:max`, or None for none)."""
     values: dict[str, Any] = dict(
         id=3,
         name=None,
@@ -162,7 +163,8 @@ def sweep_public(**fields: Any) -> SweepPublic:
         trials=None,
         seed=11,
         split="auto",
-        objective="val_loss:min",
+        metric="val_loss",
+        mode="min",
         time_limit_s=None,
         trial_count=2,
         cancel_requested=False,
@@ -170,6 +172,10 @@ def sweep_public(**fields: Any) -> SweepPublic:
         finished_at=None,
         counts={},
     )
+    if "objective" in fields:
+        objective = fields.pop("objective")
+        metric, mode = parse_objective(objective) if objective else (None, None)
+        fields |= {"metric": metric, "mode": mode}
     return SweepPublic.model_validate(values | fields)
 
 

@@ -24,7 +24,6 @@ from gpumux.fields import (
     MAX_SAMPLES,
     MAX_TIME_LIMIT_S,
     NUL_FREE,
-    OBJECTIVE,
     PARAM_TOKEN,
     PATH_MAX,
     PRINTABLE,
@@ -145,7 +144,6 @@ def test_the_schema_patterns_agree_with_the_validators() -> None:
     assert not re.fullmatch(NUL_FREE, "a\0b")
     assert not re.fullmatch(ABSOLUTE_PATH, "relative")
     assert not re.fullmatch(ENV_NAME, "A=B")
-    assert re.fullmatch(OBJECTIVE, "val_loss:min")
 
 
 def test_the_largest_grid_the_limits_allow_is_counted_not_expanded() -> None:

@@ -26,6 +26,7 @@ from gpumux.cli.state import (
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.sweepplan import Objective, parse_objective
 
 NO_COMMAND = (
     "no command: write gpumux sweep PARAMS -- COMMAND, "
@@ -40,7 +41,8 @@ OPTION_NAMES = {
     "prune": "--prune",
     "seed": "--seed",
     "split": "--split",
-    "objective": "--objective",
+    "metric": "--objective",
+    "mode": "--objective",
     "time_limit_s": "--time-limit",
     "retries": "--retries",
     "priority": "--priority",
@@ -96,6 +98,14 @@ def require_utf8(env: dict[str, str], workdir: str) -> None:
             "directory whose path is",
             EXIT_USAGE,
         )
+
+
+def objective_option(text: str | None) -> Objective | None:
+    """--objective METRIC:MODE read once; CliError (exit 2) saying the form."""
+    try:
+        return parse_objective(text) if text is not None else None
+    except ValueError as error:
+        raise CliError(f"--objective: {error}", EXIT_USAGE) from error
 
 
 def from_sweep_file(state: CliState, path: Path, given: sweepfile.Resolved) -> sweepfile.Resolved:
@@ -157,7 +167,8 @@ def build_sweep(
                 prune=what.prune,
                 seed=seed,
                 split=split_value,
-                objective=what.objective,
+                metric=what.objective.metric if what.objective else None,
+                mode=what.objective.mode if what.objective else None,
                 time_limit_s=time_limit,
                 retries=retries,
                 priority=priority,
@@ -321,7 +332,7 @@ def sweep(
         command=state.command or [],
         search=search,
         trials=trials,
-        objective=objective,
+        objective=objective_option(objective),
         prune=prune,
         name=name,
     )

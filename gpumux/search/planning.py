@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpumux import sweepspec
 from gpumux.schemas import SweepCreate
 from gpumux.search import methods
-from gpumux.sweepplan import SweepPlan, parse_objective
+from gpumux.sweepplan import SweepPlan
 
 
 class PlanError(ValueError):
@@ -25,7 +25,6 @@ def plan_sweep(sweep_in: SweepCreate, *, max_grid: int, seed: int) -> SweepPlan:
         )
     if sweep_in.seed is not None:
         seed = sweep_in.seed
-    metric, mode = parse_objective(sweep_in.objective) if sweep_in.objective else (None, None)
     try:
         params = sweepspec.parse_params(sweep_in.params)
         sweepspec.check_placeholders(sweep_in.command, [param.name for param in params])
@@ -34,7 +33,7 @@ def plan_sweep(sweep_in: SweepCreate, *, max_grid: int, seed: int) -> SweepPlan:
             options=sweep_in.search_options,
             prune=sweep_in.prune,
             trials=sweep_in.trials,
-            metric=metric,
+            metric=sweep_in.metric,
             params=params,
         )
         trial_params = (
@@ -56,8 +55,8 @@ def plan_sweep(sweep_in: SweepCreate, *, max_grid: int, seed: int) -> SweepPlan:
         prune=search.prune.text if search.prune else None,
         seed=seed,
         split=None if sweep_in.split == "auto" else sweep_in.split,
-        metric=metric,
-        mode=mode,
+        metric=sweep_in.metric,
+        mode=sweep_in.mode,
         time_limit_s=sweep_in.time_limit_s,
         retries=sweep_in.retries,
         priority=sweep_in.priority,

@@ -47,9 +47,6 @@ router = APIRouter(tags=["sweeps"], responses=problems(*AUTHENTICATED, 422))
 
 
 def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
-    objective = None
-    if sweep.objective_metric is not None and sweep.objective_mode is not None:
-        objective = f"{sweep.objective_metric}:{sweep.objective_mode}"
     return SweepPublic(
         id=sweep.id,
         name=sweep.name,
@@ -64,7 +61,8 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
-        objective=objective,
+        metric=sweep.objective_metric,
+        mode=sweep.objective_mode,
         time_limit_s=sweep.time_limit_s,
         retries=sweep.retries,
         priority=sweep.priority,
