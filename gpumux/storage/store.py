@@ -101,7 +101,7 @@ def create_sweep(*, session: Session, plan: SweepPlan, owner: Owner) -> Sweep:
         param_tokens=plan.param_tokens,
         workdir=plan.workdir,
         env=plan.env,
-        random_trials=plan.trial_budget,
+        trial_budget=plan.trial_budget,
         search=plan.search,
         search_options=plan.search_options or None,
         prune=plan.prune,

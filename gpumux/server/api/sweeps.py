@@ -55,7 +55,7 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         command=sweep.command,
         params=sweep.param_tokens,
         workdir=sweep.workdir,
-        trials=sweep.random_trials,
+        trials=sweep.trial_budget,
         search=sweep.search,
         search_options=sweep.search_options or {},
         prune=sweep.prune,
