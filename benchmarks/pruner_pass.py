@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from gpumux.schemas import SweepCreate
+from gpumux.search import planning
 from gpumux.search.studies import Studies
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
@@ -36,19 +37,22 @@ def setup(sessions: Sessions, running: int, rows: int, workdir: str) -> tuple[in
     with sessions.write.begin() as session:
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=SweepCreate.model_validate(
-                {
-                    "params": [f"x=1..{running + 1}"],
-                    "command": ["true"],
-                    "workdir": workdir,
-                    "env": {},
-                    "objective": "loss:min",
-                }
+            plan=planning.plan_sweep(
+                SweepCreate.model_validate(
+                    {
+                        "params": [f"x=1..{running + 1}"],
+                        "command": ["true"],
+                        "workdir": workdir,
+                        "env": {},
+                        "metric": "loss",
+                        "mode": "min",
+                        "prune": "median:n_startup_trials=1",
+                    }
+                ),
+                max_grid=running + 1,
+                seed=1,
             ),
             owner=owner_store.get_or_create_owner(session=session, name="bench"),
-            seed=1,
-            trial_params=[{"x": i} for i in range(1, running + 2)],
-            prune="median:n_startup_trials=1",
         )
         trials = trial_store.list_trials(session=session, sweep_id=sweep.id, limit=running + 1)[0]
         for trial in trials:

@@ -2,59 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Collection
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from gpumux.schemas import SweepCreate, parse_objective
-from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
 from gpumux.storage.models import Owner, Sweep, Trial, utcnow
+from gpumux.sweepplan import SweepPlan
 
 
-def create_sweep(
-    *,
-    session: Session,
-    sweep_in: SweepCreate,
-    owner: Owner,
-    seed: int,
-    trial_params: Sequence[dict[str, Any]],
-    search: SearchMethod = SearchMethod.grid,
-    search_options: dict[str, Any] | None = None,
-    prune: str | None = None,
-) -> Sweep:
-    """A sweep and its queued trials, in the caller's transaction. An adaptive search's trials
-    are asked as slots free: none is stored now, and its budget is `sweep_in.trials`."""
-    metric, mode = parse_objective(sweep_in.objective) if sweep_in.objective else (None, None)
+def create_sweep(*, session: Session, plan: SweepPlan, owner: Owner) -> Sweep:
+    """A planned sweep and its queued trials, in the caller's transaction. An adaptive
+    search's trials are asked as slots free: none is stored now."""
     sweep = Sweep(
-        name=sweep_in.name,
+        name=plan.name,
         owner=owner,
         owner_id=owner.id,
-        command=sweep_in.command,
-        param_tokens=sweep_in.params,
-        workdir=sweep_in.workdir,
-        env=sweep_in.env,
-        random_trials=sweep_in.trials,
-        search=search,
-        search_options=search_options or None,
-        prune=prune,
-        seed=seed,
-        split=None if sweep_in.split == "auto" else sweep_in.split,
-        objective_metric=metric,
-        objective_mode=ObjectiveMode(mode) if mode else None,
-        time_limit_s=sweep_in.time_limit_s,
-        retries=sweep_in.retries,
-        priority=sweep_in.priority,
-        warm=sweep_in.warm,
-        trial_count=sweep_in.trials or 0 if search.adaptive else len(trial_params),
+        command=plan.command,
+        param_tokens=plan.param_tokens,
+        workdir=plan.workdir,
+        env=plan.env,
+        trial_budget=plan.trial_budget,
+        search=plan.search,
+        search_options=plan.search_options or None,
+        prune=plan.prune,
+        seed=plan.seed,
+        split=plan.split,
+        objective_metric=plan.metric,
+        objective_mode=plan.mode,
+        time_limit_s=plan.time_limit_s,
+        retries=plan.retries,
+        priority=plan.priority,
+        warm=plan.warm,
+        trial_count=plan.trial_count,
     )
     session.add(sweep)
     session.flush()
     now = utcnow()
     session.add_all(
         Trial(sweep_id=sweep.id, number=number, params=params, queued_at=now)
-        for number, params in enumerate(trial_params)
+        for number, params in enumerate(plan.trial_params)
     )
     session.flush()
     return sweep

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from builders import kill_processes_naming, sweep_in
+from builders import kill_processes_naming, planned, sweep_in
 from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
 from gpumux import sweepspec
@@ -63,7 +63,7 @@ class Harness:
         with self.sessions.write.begin() as session:
             owner = owner_store.get_or_create_owner(session=session, name=getpass.getuser())
             return sweep_store.create_sweep(
-                session=session, sweep_in=sweep, owner=owner, seed=1, trial_params=trial_params
+                session=session, plan=planned(sweep, seed=1, trial_params=trial_params), owner=owner
             ).id
 
     def trials(self, sweep_id: int) -> list[Trial]:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import ample_budget, served, stored_running_trial, sweep_in
+from builders import ample_budget, served, stored_running_trial, sweep_plan
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
@@ -130,10 +130,8 @@ def insert(sessions: Sessions, tmp_path: Path, planned: list[Planned]) -> None:
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(planned))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(planned))],
         )
         trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, plan in zip(trials, planned, strict=True):

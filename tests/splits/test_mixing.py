@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, cpu_snapshot, daemon_bearer, sweep_in
+from builders import bearer, cpu_snapshot, daemon_bearer, sweep_plan
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -44,10 +44,14 @@ def make_sweep(sessions: Sessions, tmp_path: Path, script: str, trials: int = 1)
     with sessions.write.begin() as session:
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "x=1..9", command=["python", script]),
+            plan=sweep_plan(
+                tmp_path,
+                "x=1..9",
+                command=["python", script],
+                seed=1,
+                trial_params=[{"x": n} for n in range(trials)],
+            ),
             owner=owner_store.get_or_create_owner(session=session, name="alice"),
-            seed=1,
-            trial_params=[{"x": n} for n in range(trials)],
         )
         return sweep.id
 

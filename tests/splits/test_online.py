@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
@@ -32,10 +32,8 @@ def trial_id(sessions: Sessions, tmp_path: Path) -> int:
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, *TOKENS, command=COMMAND),
+            plan=sweep_plan(tmp_path, *TOKENS, command=COMMAND, seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
         trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.device = "cpu"

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -71,17 +71,19 @@ def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         auto = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "x=1..6", command=COMMAND),
+            plan=sweep_plan(
+                tmp_path,
+                "x=1..6",
+                command=COMMAND,
+                seed=1,
+                trial_params=[{"x": n} for n in range(6)],
+            ),
             owner=owner,
-            seed=1,
-            trial_params=[{"x": n} for n in range(6)],
         )
         fixed = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, split=2),
+            plan=sweep_plan(tmp_path, split=2, seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
         return auto.id, fixed.id
 
@@ -305,10 +307,14 @@ def test_a_search_that_fails_leaves_the_others_searching(
     with sessions.write.begin() as session:
         other = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "y=1..2", command=["python", "other.py"]),
+            plan=sweep_plan(
+                tmp_path,
+                "y=1..2",
+                command=["python", "other.py"],
+                seed=1,
+                trial_params=[{"y": 1}, {"y": 2}],
+            ),
             owner=owner_store.get_or_create_owner(session=session, name="alice"),
-            seed=1,
-            trial_params=[{"y": 1}, {"y": 2}],
         )
         other_id = other.id
     searches = Searches(settings)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.exc import OperationalError
 
@@ -227,7 +227,7 @@ def test_seconds_between_two_timestamps_is_computed_by_the_database(
     with sessions.write.begin() as session:
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
-            session=session, sweep_in=sweep_in(tmp_path), owner=owner, seed=1, trial_params=[{}]
+            session=session, plan=sweep_plan(tmp_path, seed=1, trial_params=[{}]), owner=owner
         )
         (trial,), _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         lifecycle.set_trial_status(

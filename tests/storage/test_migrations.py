@@ -34,9 +34,9 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012", "0013",
+    "0012", "0013", "0014",
 ]  # fmt: skip
-HEAD = "0014"
+HEAD = "0015"
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
@@ -84,8 +84,6 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         "param_tokens": json.dumps(["lr"]),
         "workdir": "/work",
         "env": json.dumps({"PATH": "/usr/bin"}),
-        # The second sweep is a random search: 0005 names its search method.
-        "random_trials": 2 if sweep_id == 2 else None,
         "seed": 7,
         "split": 2,
         "objective_metric": "loss",
@@ -96,6 +94,9 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         "created_at": stored(QUEUED_AT),
         "finished_at": stored(ENDED_AT) if status == "finished" else None,
     }
+    # The second sweep is a random search of 2 draws: 0005 names its search method.
+    budget = "trial_budget" if revision >= "0015" else "random_trials"
+    row[budget] = 2 if sweep_id == 2 else None
     if revision >= "0003":
         row |= {"retries": sweep_id, "priority": 10 * sweep_id}
     if revision >= "0005":
@@ -310,6 +311,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         newer = revision >= "0003"
         assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
         assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
+        # 0015: the random search's draws are its budget, as they were its random_trials.
+        assert [s.trial_budget for s in sweeps] == [2, None]
         # 0007: sweeps written before it start their trials cold.
         assert [s.warm for s in sweeps] == [False, False]
 
@@ -438,6 +441,23 @@ def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engin
         "python",
         "train.py",
     ]
+    assert_sound(engine)
+
+
+def test_0015_down_names_the_budget_random_trials_again_and_keeps_it(engine: Engine) -> None:
+    migrate(engine, "0014")
+    with engine.begin() as connection:
+        populate(connection, "0014")
+    upgrade(engine)
+
+    migrate(engine, "0014")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
+        budgets = connection.execute(text("SELECT random_trials FROM sweeps ORDER BY id"))
+        assert [row[0] for row in budgets] == [None, 2]
+    assert "trial_budget" not in columns
+    assert row_counts(engine) == ROWS
     assert_sound(engine)
 
 

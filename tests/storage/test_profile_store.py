@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import selects, sweep_in
+from builders import selects, sweep_plan
 from pydantic import ValidationError
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -49,10 +49,8 @@ def make_sweep(session: Session, tmp_path: Path, trials: int = 1) -> Sweep:
     owner = owner_store.get_or_create_owner(session=session, name="alice")
     return sweep_store.create_sweep(
         session=session,
-        sweep_in=sweep_in(tmp_path),
+        plan=sweep_plan(tmp_path, seed=1, trial_params=[{} for _ in range(trials)]),
         owner=owner,
-        seed=1,
-        trial_params=[{} for _ in range(trials)],
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import lifecycle, stats
@@ -43,10 +43,8 @@ def test_counts_waits_durations_and_loads_of_trials_in_their_states(
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(plans))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(plans))],
         )
         trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, (status, wait, ran, device, split, rate) in zip(trials, plans, strict=True):
@@ -99,10 +97,8 @@ def test_a_wait_of_exactly_a_bound_counts_in_that_bound_whatever_the_start(
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(starts))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(starts))],
         )
         trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, queued in zip(trials, starts, strict=True):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from builders import ample_budget, stored_running_trial, stored_sweep, sweep_in
+from builders import ample_budget, stored_running_trial, stored_sweep, sweep_plan
 
 from gpumux.fields import MAX_ID
 from gpumux.schemas import ReportIn
@@ -152,7 +152,7 @@ def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path
         ids = [stored_sweep(session, tmp_path, 1).id for _ in range(5)]
         bob = owner_store.get_or_create_owner(session=session, name="bob")
         sweep_store.create_sweep(
-            session=session, sweep_in=sweep_in(tmp_path), owner=bob, seed=1, trial_params=[{}]
+            session=session, plan=sweep_plan(tmp_path, seed=1, trial_params=[{}]), owner=bob
         )
     with sessions.read() as session:
         page, count = sweep_store.list_sweeps(session=session, owner="alice", offset=1, limit=2)
@@ -171,10 +171,8 @@ def test_integers_past_2_31_are_kept_on_every_backend(sessions: Sessions, tmp_pa
         owner.uid = 2**32 - 2
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=MAX_ID, trial_params=[{"n": 1}]),
             owner=owner,
-            seed=MAX_ID,
-            trial_params=[{"n": 1}],
         )
         trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.pid_started, trial.log_scanned = 2**40, 2**33

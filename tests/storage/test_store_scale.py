@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import selects, sweep_in
+from builders import selects, sweep_plan
 from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
@@ -39,14 +39,10 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, in
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         for _ in range(20):
             sweep_store.create_sweep(
-                session=session,
-                sweep_in=sweep_in(Path("/")),
-                owner=owner,
-                seed=1,
-                trial_params=[{}],
+                session=session, plan=sweep_plan(Path("/"), seed=1, trial_params=[{}]), owner=owner
             )
         sweep = sweep_store.create_sweep(
-            session=session, sweep_in=sweep_in(Path("/")), owner=owner, seed=1, trial_params=[]
+            session=session, plan=sweep_plan(Path("/"), seed=1, trial_params=[]), owner=owner
         )
         now = utcnow()
         statuses = list(TrialStatus)

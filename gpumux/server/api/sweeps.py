@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import accounts, sweepspec
+from gpumux import accounts
 from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
 from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas import (
@@ -22,7 +22,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
-from gpumux.search import methods
+from gpumux.search import methods, planning
 from gpumux.server.api.deps import (
     AppState,
     Caller,
@@ -50,9 +50,6 @@ router = APIRouter(tags=["sweeps"], responses=problems(*AUTHENTICATED, 422))
 
 
 def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
-    objective = None
-    if sweep.objective_metric is not None and sweep.objective_mode is not None:
-        objective = f"{sweep.objective_metric}:{sweep.objective_mode}"
     return SweepPublic(
         id=sweep.id,
         name=sweep.name,
@@ -61,13 +58,14 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         command=sweep.command,
         params=sweep.param_tokens,
         workdir=sweep.workdir,
-        trials=sweep.random_trials,
+        trials=sweep.trial_budget,
         search=sweep.search,
         search_options=sweep.search_options or {},
         prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
-        objective=objective,
+        metric=sweep.objective_metric,
+        mode=sweep.objective_mode,
         time_limit_s=sweep.time_limit_s,
         retries=sweep.retries,
         priority=sweep.priority,
@@ -141,47 +139,20 @@ def check_quota(session: Session, state: AppState, caller: Caller, trials: int) 
 @router.post("/sweeps", status_code=status.HTTP_201_CREATED, responses=problems(429, *WRITES))
 def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> SweepDetail:
     """Submit a sweep as the caller; its trials are queued and committed before this answers."""
-    seed = sweep_in.seed if sweep_in.seed is not None else secrets.randbits(31)
-    limit = state.settings.max_grid
-    if sweep_in.trials is not None and sweep_in.trials > limit:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"--trials {sweep_in.trials:,} is over the limit of {limit:,} trials per sweep",
-        )
     try:
-        params = sweepspec.parse_params(sweep_in.params)
-        search = methods.check(
-            method=sweep_in.search,
-            options=sweep_in.search_options,
-            prune=sweep_in.prune,
-            trials=sweep_in.trials,
-            objective=sweep_in.objective,
-            params=params,
+        plan = planning.plan_sweep(
+            sweep_in, max_grid=state.settings.max_grid, seed=secrets.randbits(31)
         )
-        trial_params = (
-            []
-            if search.method.adaptive
-            else sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
-        )
-    except (sweepspec.SpecError, methods.SearchError) as error:
+        methods.check_installed(plan.search)
+    except (planning.PlanError, methods.SearchError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
-    trial_count = sweep_in.trials if search.method.adaptive else len(trial_params)
     check_workdir(sweep_in, state, caller)
     with state.sessions.write.begin() as session:
-        check_quota(session, state, caller, trial_count or 0)
+        check_quota(session, state, caller, plan.trial_count)
         owner = owner_store.get_or_create_owner(
             session=session, name=caller.name, uid=caller.account.uid
         )
-        sweep = sweep_store.create_sweep(
-            session=session,
-            sweep_in=sweep_in,
-            owner=owner,
-            seed=seed,
-            trial_params=trial_params,
-            search=search.method,
-            search_options=search.options,
-            prune=search.prune.text if search.prune else None,
-        )
+        sweep = sweep_store.create_sweep(session=session, plan=plan, owner=owner)
         detail = sweep_detail(session, sweep)
     state.notify()
     return detail

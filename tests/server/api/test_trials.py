@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
@@ -22,10 +22,8 @@ def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> 
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, objective="loss:min"),
+            plan=sweep_plan(tmp_path, objective="loss:min", seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
         trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         lifecycle.set_trial_status(
