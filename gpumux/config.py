@@ -123,14 +123,14 @@ class Settings(BaseSettings):
 
     stop_trials: bool = Field(
         default=False,
-        description="a warm stop also stops running trials (default: they run on under their "
+        description="a graceful stop also stops running trials (default: they run on under their "
         "supervisors and the next daemon adopts them)",
     )
     leave_when_idle: float | None = Field(
         default=None,
         ge=0,
         allow_inf_nan=False,
-        description="a daemon leaves (a warm stop) once no trial has been queued or running "
+        description="a daemon leaves (a graceful stop) once no trial has been queued or running "
         "on its whole database for this many seconds (default: it serves until stopped)",
     )
     heartbeat_interval: float = Field(

@@ -302,7 +302,7 @@ def with_go_pipe(start: Callable[[int], int | None]) -> tuple[int, int] | None:
 
 def spawn_supervisor(run_dir: Path, go_read: int, own_log: int) -> int:
     """Start a fresh supervisor interpreter for `run_dir`; its pid."""
-    # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+    # Not subprocess.Popen: a supervisor left running at a graceful stop is no leak.
     return os.posix_spawn(
         sys.executable,
         supervisor_command(run_dir),

@@ -416,15 +416,15 @@ class Scheduler:
             if entry.sweep_id in cancelled and entry.stop is None
         ]
 
-    async def drain(self, *, stop_trials: bool, cold: bool = False) -> None:
-        """Warm stop: launch nothing more. Trials run on under their supervisors for the next
+    async def drain(self, *, stop_trials: bool) -> None:
+        """Graceful stop: launch nothing more. Trials run on under their supervisors for the next
         daemon to adopt, or with `stop_trials` are stopped (SIGTERM, SIGKILL later) and requeued."""
         self._draining = True
         if not stop_trials:
             log.info("scheduler: leaving %d trials to their supervisors", len(self.watched))
             await self._in_worker(self._release)
             return
-        await self._in_worker(self._stop_all, cold)
+        await self._in_worker(self._stop_all, False)
         while True:
             self._wake.clear()
             if not await self._in_worker(self._stopping):
@@ -436,9 +436,9 @@ class Scheduler:
         self._ending.clear()
         self.watched.release_all()
 
-    def _stop_all(self, cold: bool) -> None:
+    def _stop_all(self, immediate: bool) -> None:
         for trial_id, _ in self.watched.items():
-            self.watched.stop(trial_id, StopReason.shutdown, cold=cold)
+            self.watched.stop(trial_id, StopReason.shutdown, immediate=immediate)
 
     def _stopping(self) -> bool:
         """One pass of a stop: record the ends; whether trials remain."""
@@ -447,7 +447,7 @@ class Scheduler:
         return bool(self.watched or self._ending)
 
     async def force(self) -> None:
-        """Cold stop: SIGKILL every trial group now (as soon as the tick's thread is free: its
+        """Immediate stop: SIGKILL every trial group now (as soon as the tick's thread is free: its
         work is a slice at a time)."""
         await self._in_worker(self._stop_all, True)
         self._wake.set()

@@ -188,7 +188,7 @@ class DaemonProcess:
         return httpx.Client(base_url=self.url, timeout=timeout, headers=daemon_bearer(self.home))
 
     def send(self, signum: int) -> None:
-        """Send a signal to the daemon (twice SIGTERM: a cold stop)."""
+        """Send a signal to the daemon (twice SIGTERM: an immediate stop)."""
         assert self.popen is not None, "start() first"
         self.popen.send_signal(signum)
 
@@ -204,7 +204,7 @@ class DaemonProcess:
         return returncode
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
-        """Stop the daemon with a signal (SIGTERM: a warm stop) and return its exit code."""
+        """Stop the daemon with a signal (SIGTERM: a graceful stop) and return its exit code."""
         self.send(signum)
         return self.wait(timeout)
 

@@ -1,4 +1,4 @@
-"""Nothing lost: trials survive a daemon's crash, warm stop and restart, and run once each."""
+"""Nothing lost: trials survive a daemon's crash, graceful stop and restart, and run once each."""
 
 from __future__ import annotations
 

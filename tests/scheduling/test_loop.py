@@ -511,7 +511,7 @@ def exit_after_flag(flag: Path, code: int) -> list[str]:
 
 
 async def start_then_leave(harness: Harness, sweep_id: int) -> None:
-    """Run the scheduler until the sweep's trials run, then warm-stop it, leaving them."""
+    """Run the scheduler until the sweep's trials run, then stop it gracefully, leaving them."""
     stop = asyncio.Event()
     task = asyncio.create_task(harness.scheduler.run(stop))
     await until(
