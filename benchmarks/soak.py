@@ -9,7 +9,7 @@ trials, `--trials` in all, submitted one by one as the queue runs low. Each tria
 `python -c` that appends "TRIAL ATTEMPT" to a file, so that every run of a command is counted,
 then sleeps 0 to --trial-seconds (spread by trial id), so that some trials end while the
 daemon is down and others outlive its restart. Whenever the number of finished trials passes
-one of `--kills` random marks, the daemon is stopped by SIGKILL (a crash) or by SIGTERM (a warm
+one of `--kills` random marks, the daemon is stopped by SIGKILL (a crash) or by SIGTERM (a graceful
 stop: its trials run on), picked at random, left down for up to --max-down seconds, and
 restarted on the same data directory. At the end it waits for every sweep to finish and prints
 what it found. A trial lost or unfinished, a trial's command run more than once (no stop here

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -26,6 +27,9 @@ SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
 MAX_BODY_BYTES = 1024 * 1024
 # Below this even an ordinary sweep with its user's environment would be refused.
 MIN_BODY_BYTES = 64 * 1024
+# Settings renamed for one vocabulary (docs/architecture.md, Vocabulary): one still set under
+# its old name is refused with its new one, never ignored.
+RENAMED_SETTINGS = {"warm_preload": "preload"}
 
 
 class SharesError(ValueError):
@@ -143,11 +147,11 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="a trial log is rotated when it reaches this size"
     )
     log_keep: int = Field(default=2, ge=0, description="rotated pieces kept of each trial log")
-    warm_preload: str = Field(
+    preload: str = Field(
         # Keras is its own package since TensorFlow 2.16, imported by `import keras`.
         default="tensorflow,keras",
-        description="modules the warm spawner imports before it forks the trials of --warm "
-        "sweeps (comma list; from the daemon's own environment)",
+        description="modules the preloading spawner imports before it forks the trials of "
+        "--preload sweeps (comma list; from the daemon's own environment)",
     )
 
     admins: str = Field(default="", description="users who see and cancel all work (comma list)")
@@ -222,13 +226,25 @@ class Settings(BaseSettings):
         "trials (more than two heartbeats)",
     )
 
-    @field_validator("warm_preload")
+    @model_validator(mode="before")
     @classmethod
-    def _warm_preload_names(cls, text: str) -> str:
+    def _no_renamed_setting(cls, data: Any) -> Any:
+        given = {name.upper() for name in os.environ}
+        given |= {f"GPUMUX_{name}".upper() for name in data} if isinstance(data, dict) else set()
+        for old, new in RENAMED_SETTINGS.items():
+            if f"GPUMUX_{old}".upper() in given:
+                raise ValueError(
+                    f"GPUMUX_{old.upper()} is now GPUMUX_{new.upper()}: set that one instead"
+                )
+        return data
+
+    @field_validator("preload")
+    @classmethod
+    def _preload_names(cls, text: str) -> str:
         for name in text.split(","):
             if not all(part.isidentifier() for part in name.strip().split(".")):
                 raise ValueError(
-                    f"warm_preload: {name.strip()!r} is not a module name; give modules as "
+                    f"preload: {name.strip()!r} is not a module name; give modules as "
                     "in tensorflow,numpy"
                 )
         return text
@@ -311,9 +327,9 @@ class Settings(BaseSettings):
         return Path(path) if path and path != ":memory:" else None
 
     @property
-    def warm_modules(self) -> list[str]:
-        """The modules the warm spawner preloads, in order."""
-        return [name.strip() for name in self.warm_preload.split(",")]
+    def preload_modules(self) -> list[str]:
+        """The modules the preloading spawner preloads, in order."""
+        return [name.strip() for name in self.preload.split(",")]
 
     @property
     def layout(self) -> Layout:

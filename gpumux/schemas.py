@@ -154,10 +154,10 @@ class SweepCreate(BaseModel):
     priority: int = Field(
         default=0, ge=-1000, le=1000, description="among your sweeps, higher runs first"
     )
-    warm: bool = Field(
+    preload: bool = Field(
         default=False,
         description="start each `python script.py` trial from a helper that has already "
-        "imported the framework (the daemon's GPUMUX_WARM_PRELOAD); other commands start cold",
+        "imported the framework (the daemon's GPUMUX_PRELOAD); other commands start fresh",
     )
 
     _integers = field_validator("trials", "seed", "split", "retries", "priority", mode="before")(
@@ -358,7 +358,7 @@ class SweepPublic(BaseModel):
     time_limit_s: float | None
     retries: int = 0
     priority: int = 0
-    warm: bool = False
+    preload: bool = False
     trial_count: int = Field(
         description="every trial of the sweep; an adaptive search's budget, of which only "
         "those asked so far exist"

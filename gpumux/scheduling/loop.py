@@ -30,7 +30,7 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.processes.rundir import TrialEnd
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher

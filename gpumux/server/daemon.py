@@ -29,7 +29,7 @@ from gpumux.home.lockfile import (
     record_holder,
 )
 from gpumux.processes import rundir
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 from gpumux.scheduling.heartbeat import NodeHeartbeat, record_lease
 from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
@@ -358,9 +358,11 @@ class Daemon:
 
 
 def start_spawner(settings: Settings) -> Spawner | None:
-    """The helper that forks trial supervisors, with its warm partner (started on the first
-    warm trial); None (each starts afresh) when it cannot start."""
-    spawner = Spawner.with_warm(runs_dir=settings.layout.runs, warm_preload=settings.warm_modules)
+    """The helper that forks trial supervisors, with its preloading partner (started on the
+    first --preload trial); None (each starts afresh) when it cannot start."""
+    spawner = Spawner.with_preloading(
+        runs_dir=settings.layout.runs, preload=settings.preload_modules
+    )
     try:
         spawner.start()
     except OSError as error:

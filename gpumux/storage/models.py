@@ -135,8 +135,8 @@ class Sweep(Base):
     retries: Mapped[int] = mapped_column(default=0, server_default="0")
     # Among one owner's sweeps, higher runs first; FIFO within a priority.
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
-    # Its trials start from the warm spawner, where the framework is already imported.
-    warm: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Its trials start from the preloading spawner, where the framework is already imported.
+    preload: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Every trial of a grid or random sweep; an adaptive sweep's budget (its trials are asked
     # as slots free, so fewer may exist yet).
     trial_count: Mapped[int]

@@ -123,7 +123,7 @@ def create_sweep(
         time_limit_s=sweep_in.time_limit_s,
         retries=sweep_in.retries,
         priority=sweep_in.priority,
-        warm=sweep_in.warm,
+        preload=sweep_in.preload,
         trial_count=sweep_in.trials or 0 if search.adaptive else len(trial_params),
     )
     session.add(sweep)

@@ -494,14 +494,16 @@ def test_with_no_daemon_a_sweep_runs_on_an_embedded_one(tmp_path: Path) -> None:
         api.health()
 
 
-def test_warm_is_stored_with_the_sweep_whose_trials_run_as_ever(tmp_path: Path) -> None:
+def test_preload_is_stored_with_the_sweep_whose_trials_run_as_ever(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    env = cli_env(home=home, url=f"http://127.0.0.1:{free_port()}", GPUMUX_WARM_PRELOAD="numpy")
-    result = gpumux("sweep", "x=1,2", "--warm", "--", sys.executable, ECHO, env=env, cwd=tmp_path)
+    env = cli_env(home=home, url=f"http://127.0.0.1:{free_port()}", GPUMUX_PRELOAD="numpy")
+    result = gpumux(
+        "sweep", "x=1,2", "--preload", "--", sys.executable, ECHO, env=env, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "2 succeeded" in result.stdout
     with contextlib.closing(sqlite3.connect(home / "gpumux.db")) as db:
-        assert db.execute("SELECT warm FROM sweeps").fetchall() == [(1,)]
+        assert db.execute("SELECT preload FROM sweeps").fetchall() == [(1,)]
 
 
 def test_the_embedded_daemon_waits_for_the_sweeps_of_others(tmp_path: Path) -> None:

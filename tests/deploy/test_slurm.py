@@ -228,7 +228,7 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_trials(
+def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_running_trials(
     tmp_path: Path,
 ) -> None:
     """Slurm sends USR1 to the batch shell (--signal=B:USR1@300): every running trial is

@@ -15,7 +15,7 @@ from test_launcher import OPTIONS, launch_spec, wait_exited
 
 from gpumux.processes.launcher import SupervisedTrial
 from gpumux.processes.procfs import start_ticks
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 
 TIMEOUT_S = 60.0
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from builders import daemon_bearer
 
-from gpumux.processes.spawning import SPAWNER_PATH
+from gpumux.processes.spawner_client import SPAWNER_PATH
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0

@@ -284,7 +284,7 @@ def test_a_trial_past_its_time_limit_fails(harness: Harness, tmp_path: Path) -> 
     assert trial.signal == signal.SIGTERM
 
 
-def test_a_warm_stop_requeues_running_trials_for_the_next_daemon(
+def test_a_graceful_stop_requeues_running_trials_for_the_next_daemon(
     harness: Harness, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pids"
@@ -522,7 +522,7 @@ async def start_then_leave(harness: Harness, sweep_id: int) -> None:
     await harness.scheduler.drain(stop_trials=False)
 
 
-def test_a_warm_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
+def test_a_graceful_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
     settings: Settings, sessions: Sessions, tmp_path: Path
 ) -> None:
     flag = tmp_path / "flag"

@@ -14,9 +14,9 @@ supervisor does not depend on it: if the spawner dies, its supervisors run on, l
 The spawner exits when the daemon closes its end.
 
 `--preload MODULE` imports a module before the first fork, so that every supervisor (and what
-it forks) starts with it loaded: the warm spawner preloads the framework (see spawning.py). Once
-its preloads are done the spawner says READY, before it reads the first request; a preload that
-fails is said instead (FAILED and why), and the spawner exits.
+it forks) starts with it loaded: the preloading spawner preloads the framework (see
+spawner_client.py). Once its preloads are done the spawner says READY, before it reads the first
+request; a preload that fails is said instead (FAILED and why), and the spawner exits.
 """
 
 from __future__ import annotations
