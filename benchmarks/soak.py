@@ -84,7 +84,7 @@ class Daemon:
     def start(self) -> None:
         """Start it (again) and return once it answers /health."""
         env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
-        env.update(GPUMUX_HOME=str(self.home), GPUMUX_TUNE="0", GPUMUX_KILL_GRACE="2")
+        env.update(GPUMUX_HOME=str(self.home), GPUMUX_SPLIT_SEARCH="0", GPUMUX_KILL_GRACE="2")
         command = [sys.executable, "-m", "gpumux", "serve", "--uds", str(self.socket_path)]
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(

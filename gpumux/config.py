@@ -29,7 +29,13 @@ MAX_BODY_BYTES = 1024 * 1024
 MIN_BODY_BYTES = 64 * 1024
 # Settings renamed for one vocabulary (docs/architecture.md, Vocabulary): one still set under
 # its old name is refused with its new one, never ignored.
-RENAMED_SETTINGS = {"warm_preload": "preload"}
+RENAMED_SETTINGS = {
+    "warm_preload": "preload",
+    "tune": "split_search",
+    "tune_warmup": "split_settle",
+    "tune_window": "split_window",
+    "tune_threshold": "split_threshold",
+}
 
 
 class SharesError(ValueError):
@@ -113,10 +119,12 @@ class Settings(BaseSettings):
     lost_retries: int = Field(default=2, ge=0, description="requeues of a trial cut off by a stop")
     log_tail_lines: int = Field(default=20, ge=1, description="log lines kept with a failed trial")
 
-    tune: bool = Field(default=True, description="--split auto searches N; off: the default N")
-    tune_warmup: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
-    tune_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
-    tune_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
+    split_search: bool = Field(
+        default=True, description="--split auto searches N; off: the default N"
+    )
+    split_settle: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
+    split_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
+    split_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
     host_cores: int | None = Field(
         default=None, ge=1, description="cores the split search's first N counts (default: usable)"
     )

@@ -603,8 +603,8 @@ class ProfilePublic(BaseModel):
     ceiling: int | None = Field(
         default=None, description="the most trials memory was seen to allow: never exceeded"
     )
-    settled: bool = Field(description="the tuner has stopped searching")
-    reason: str | None = Field(description="why the tuner made its last decision")
+    settled: bool = Field(description="the split search has stopped")
+    reason: str | None = Field(description="why the split search made its last decision")
     sweep_id: int | None = Field(description="the sweep that measured it last")
     created_at: datetime
     updated_at: datetime

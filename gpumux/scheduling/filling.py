@@ -91,7 +91,7 @@ class SlotFiller:
             tuned: dict[int, dict[str, int]] = {}
             for trial in queued:
                 if trial.sweep_id not in tuned:
-                    tuned[trial.sweep_id] = self.searches.tuned_splits(
+                    tuned[trial.sweep_id] = self.searches.searched_splits(
                         session=session, sweep=trial.sweep, devices=devices
                     )
             pending = [

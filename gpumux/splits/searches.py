@@ -48,9 +48,9 @@ class Searches:
             Overheads(configured_mb=settings.overhead_mb) if overheads is None else overheads
         )
         self.timing = Timing(
-            warmup=timedelta(seconds=settings.tune_warmup),
-            window=timedelta(seconds=settings.tune_window),
-            threshold=settings.tune_threshold,
+            settle=timedelta(seconds=settings.split_settle),
+            window=timedelta(seconds=settings.split_window),
+            threshold=settings.split_threshold,
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
@@ -60,11 +60,11 @@ class Searches:
     def __iter__(self) -> Iterator[SplitSearch]:
         return iter(self._searches.values())
 
-    def tuned_splits(
+    def searched_splits(
         self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
     ) -> dict[str, int]:
         """The N the search chose for this sweep's workload on each device (auto sweeps)."""
-        if sweep.split is not None or not self.settings.tune:
+        if sweep.split is not None or not self.settings.split_search:
             return {}
         return {
             device.key: self.search(session=session, sweep=sweep, device=device).split

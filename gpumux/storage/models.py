@@ -181,7 +181,7 @@ class Trial(Base):
         Index("ix_trials_sweep_id_status_number", "sweep_id", "status", "number"),
         Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
         Index("ix_trials_status_id", "status", "id"),
-        # The tuner counts the trials that ended on a device in a recent window.
+        # The split search counts the trials that ended on a device in a recent window.
         Index("ix_trials_ended_at", "ended_at"),
     )
 
@@ -234,7 +234,7 @@ class TrialReport(Base):
     __tablename__ = "trial_reports"
     __table_args__ = (
         Index("ix_trial_reports_trial_id_id", "trial_id", "id"),
-        # The tuner sums the samples reported in a recent window, every scheduler tick.
+        # The split search sums the samples reported in a recent window, every scheduler tick.
         Index("ix_trial_reports_at", "at"),
     )
 

@@ -44,8 +44,10 @@ def cli_env(*, home: Path, url: str, **extra: str) -> dict[str, str]:
     """The environment of a user whose gpumux lives in `home` and talks to `url`."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     # Wide, so that table rows stay on one line each in what the tests read. --split auto
-    # means the configured default N here: these tests are about the CLI, not the tuner.
-    env.update(GPUMUX_HOME=str(home), GPUMUX_URL=url, COLUMNS="200", GPUMUX_TUNE="0", **extra)
+    # means the configured default N here: these tests are about the CLI, not the split search.
+    env.update(
+        GPUMUX_HOME=str(home), GPUMUX_URL=url, COLUMNS="200", GPUMUX_SPLIT_SEARCH="0", **extra
+    )
     return env
 
 

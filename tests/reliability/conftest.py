@@ -72,7 +72,7 @@ class DaemonProcess:
     """A `gpumux serve` subprocess on 127.0.0.1 over one data directory.
 
     It keeps its port across restarts, so that trials started by one run reach the next.
-    `env` is added to the environment it starts with (GPUMUX_HOME=home, GPUMUX_TUNE=0, the
+    `env` is added to the environment it starts with (GPUMUX_HOME=home, GPUMUX_SPLIT_SEARCH=0, the
     test's own environment less its GPUMUX_ variables); `args` to the command line; with `uds`
     it also listens on that Unix socket. Its stdout and stderr are appended to `log_path`.
     """
@@ -94,7 +94,7 @@ class DaemonProcess:
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")},
             "GPUMUX_HOME": str(home),
-            "GPUMUX_TUNE": "0",
+            "GPUMUX_SPLIT_SEARCH": "0",
             **(env or {}),
         }
         self.args = list(args)

@@ -149,7 +149,9 @@ def test_another_sweep_holding_the_device_never_lowers_the_searchs_ceiling(
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         # Nothing measured yet: the search starts at the CPU's core count.
-        assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 8}
+        assert searches.searched_splits(session=session, sweep=sweep, devices=[device()]) == {
+            "cpu": 8
+        }
     with sessions.write.begin() as session:
         (other,) = store.list_trials(session=session, sweep_id=fixed_id)[0]
         store.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
@@ -182,8 +184,8 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
     with sessions.read() as session:
         sweep = store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
-        splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-        on_few = few_cores.tuned_splits(session=session, sweep=sweep, devices=twins)
+        splits = searches.searched_splits(session=session, sweep=sweep, devices=twins)
+        on_few = few_cores.searched_splits(session=session, sweep=sweep, devices=twins)
     # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that,
     # on a host of 64 cores; on one of 4, a trial per core.
     assert splits == {"GPU-a": 13, "GPU-b": 13}
@@ -340,7 +342,7 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
     # The look once the window opens reads the reports: a database that cannot answer fails.
     with sqlite3.connect(settings.database_file or "") as broken:
         broken.execute("DROP TABLE trial_reports")
-    later = now + timedelta(seconds=settings.tune_warmup + settings.tune_window)
+    later = now + timedelta(seconds=settings.split_settle + settings.split_window)
     with sessions.read() as session, pytest.raises(OperationalError, match="trial_reports"):
         observe(searches, session, now=later, devices=[cpu], group_of={})
 
