@@ -2,7 +2,7 @@
 
 A supervisor forked by the spawner is not the daemon's child: the daemon watches it as it
 watches one it adopted (by its pidfd), and the kernel reaps it. When the spawner does not
-answer, the launch starts its supervisor directly (see launcher.start_supervisor) and a new
+answer, the launch starts its supervisor directly (see supervised.start_supervisor) and a new
 spawner serves the next one; when it answers that it could not fork, the same launch starts
 directly too.
 
@@ -30,7 +30,7 @@ from gpumux.processes import spawner_process, supervisor
 log = logging.getLogger(__name__)
 
 SPAWNER_PATH = str(Path(spawner_process.__file__).resolve())
-# Started like the supervisor (see launcher.SUPERVISOR_BOOT): isolated, the package root
+# Started like the supervisor (see supervised.SUPERVISOR_BOOT): isolated, the package root
 # appended to sys.path by hand, the spawner's file first so that ps names it.
 SPAWNER_BOOT = (
     "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0]); "

@@ -19,7 +19,7 @@ from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.storage import nodes, store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
@@ -52,7 +52,7 @@ class SlotFiller:
         *,
         settings: Settings,
         sessions: Sessions,
-        searches: Searches,
+        searches: SplitSearches,
         studies: Studies,
         launcher: Launcher,
         watched: Watched,

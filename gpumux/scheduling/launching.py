@@ -17,8 +17,8 @@ from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.contract import LaunchSpec
-from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.processes.spawner_client import Spawner
+from gpumux.processes.supervised import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running

@@ -40,7 +40,7 @@ from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile, stop_reason
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.budget import ReportBudget
@@ -80,7 +80,7 @@ class Scheduler:
         self.probe = probe
         self.devices: list[DeviceSnapshot] = []
         self.overheads = Overheads(configured_mb=settings.overhead_mb)
-        self.searches = Searches(settings, overheads=self.overheads)
+        self.searches = SplitSearches(settings, overheads=self.overheads)
         self.searches.node_id = None if node is None else node.id
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout

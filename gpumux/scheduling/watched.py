@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from gpumux.processes.launcher import SupervisedTrial
 from gpumux.processes.rundir import TrialEnd
+from gpumux.processes.supervised import SupervisedTrial
 from gpumux.scheduling.outcomes import StopReason
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
-Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
+SplitSearches (splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
 for sweeps with `--split auto`. Each tick it reports the workload's trials running on the device
 under the current N and what shares the device (a trial under N holds 1/N of it, so several
 workloads mix). While the device is full, a phase runs: after it settles, each of the workload's

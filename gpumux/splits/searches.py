@@ -29,7 +29,7 @@ from gpumux.storage.models import Sweep, Trial
 log = logging.getLogger(__name__)
 
 
-class Searches:
+class SplitSearches:
     """Every split search of the daemon, one per (device model, workload), made on first need.
 
     A search measures on one device, the first of its model it was asked about, and its N
@@ -43,7 +43,7 @@ class Searches:
         # node's trials run on another machine's devices, whatever their keys.
         self.node_id: int | None = None
         # The per-process overhead placement budgets with, so that the ceiling divides by the
-        # same figure; a Searches of its own (a tool, a test) measures none.
+        # same figure; a SplitSearches of its own (a tool, a test) measures none.
         self.overheads = (
             Overheads(configured_mb=settings.overhead_mb) if overheads is None else overheads
         )

@@ -25,7 +25,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.server.daemon import embedded
 from gpumux.splits.curve import Decision
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import TrialStatus
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import store
@@ -197,7 +197,7 @@ def test_two_workloads_on_one_device_both_keep_searching(
 ) -> None:
     first = make_sweep(sessions, tmp_path, "a.py", trials=4)
     second = make_sweep(sessions, tmp_path, "b.py", trials=4)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     device = cpu()
     with sessions.read() as session:
         for sweep_id in (first, second):
