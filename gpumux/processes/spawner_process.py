@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     times)."""
     args = argv[2:]
     if len(argv) < 2 or len(args) % 2 or any(flag != "--preload" for flag in args[::2]):
-        print("usage: spawner.py RUNS_DIR [--preload MODULE]... (started by the gpumux daemon)")
+        print("usage: spawner_process.py RUNS_DIR [--preload MODULE]... (started by gpumux)")
         return 2
     channel = socket.socket(fileno=0)
     for name in args[1::2]:

@@ -1,6 +1,6 @@
 """The per-attempt supervisor: owns one trial's processes and outlives the daemon.
 
-The daemon's spawner forks it (spawner.py), or the daemon starts it isolated (`python -I -S`,
+The spawner forks it (spawner_process.py), or the daemon starts it isolated (`python -I -S`,
 see supervised.supervisor_command), in a session of its own, with the attempt's run directory. It
 reads the spec there, starts the trial in a new session (as another user when it is root and
 the spec names one), copies the trial's output into the log (rotated at a size cap; output lost
