@@ -322,7 +322,7 @@ def run_backend(
     root.mkdir(mode=0o700)
     env = {
         "CUDA_VISIBLE_DEVICES": "",
-        "GPUMUX_TUNE": "0",
+        "GPUMUX_SPLIT_SEARCH": "0",
         "GPUMUX_KILL_GRACE": "2",
         "GPUMUX_NODE_LEASE": str(args.lease),
     }

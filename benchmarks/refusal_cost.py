@@ -231,7 +231,7 @@ def own_daemon(home: Path) -> Iterator[tuple[Callable[[], httpx.Client], int]]:
     url = f"http://127.0.0.1:{free_port()}"
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     # The scheduler ticks in the daemon's process: rarely, so that its CPU stays out of the way.
-    env |= {"GPUMUX_HOME": str(home), "GPUMUX_POLL_INTERVAL": "60", "GPUMUX_TUNE": "0"}
+    env |= {"GPUMUX_HOME": str(home), "GPUMUX_POLL_INTERVAL": "60", "GPUMUX_SPLIT_SEARCH": "0"}
     command = [sys.executable, "-m", "gpumux", "serve", "--port", url.rpartition(":")[2]]
     with open(home / "serve.log", "w") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -9,7 +9,7 @@ trials, `--trials` in all, submitted one by one as the queue runs low. Each tria
 `python -c` that appends "TRIAL ATTEMPT" to a file, so that every run of a command is counted,
 then sleeps 0 to --trial-seconds (spread by trial id), so that some trials end while the
 daemon is down and others outlive its restart. Whenever the number of finished trials passes
-one of `--kills` random marks, the daemon is stopped by SIGKILL (a crash) or by SIGTERM (a warm
+one of `--kills` random marks, the daemon is stopped by SIGKILL (a crash) or by SIGTERM (a graceful
 stop: its trials run on), picked at random, left down for up to --max-down seconds, and
 restarted on the same data directory. At the end it waits for every sweep to finish and prints
 what it found. A trial lost or unfinished, a trial's command run more than once (no stop here
@@ -84,7 +84,7 @@ class Daemon:
     def start(self) -> None:
         """Start it (again) and return once it answers /health."""
         env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
-        env.update(GPUMUX_HOME=str(self.home), GPUMUX_TUNE="0", GPUMUX_KILL_GRACE="2")
+        env.update(GPUMUX_HOME=str(self.home), GPUMUX_SPLIT_SEARCH="0", GPUMUX_KILL_GRACE="2")
         command = [sys.executable, "-m", "gpumux", "serve", "--uds", str(self.socket_path)]
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(

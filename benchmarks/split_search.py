@@ -25,7 +25,7 @@ each against the N its memory fits, the N of its best rate and the given N just 
 miss can be run again alone with --model.
 
 --time-scale s runs the model's seconds s times as fast, and scales the split search's own
-timers with it (GPUMUX_TUNE_WARMUP, GPUMUX_TUNE_WINDOW and GPUMUX_POLL_INTERVAL), so that the
+timers with it (GPUMUX_SPLIT_SETTLE, GPUMUX_SPLIT_WINDOW and GPUMUX_POLL_INTERVAL), so that the
 search sees the same sweep in simulated time. What does not scale is this host's own cost per
 trial (a Python process, the daemon's launch, its ticks): at 0.25 each real 0.1 s of it is
 0.4 simulated seconds, so the smaller the scale, the more a variant with many short trials
@@ -70,8 +70,8 @@ def scaled_settings(model: str, scale: float) -> dict[str, str]:
         "GPUMUX_SIMULATED_GPU": model,
         "GPUMUX_HOST_CORES": str(load_model(model).cores),
         "GPUMUX_SIMULATED_TIME_SCALE": str(scale),
-        "GPUMUX_TUNE_WARMUP": str(defaults.tune_warmup * scale),
-        "GPUMUX_TUNE_WINDOW": str(defaults.tune_window * scale),
+        "GPUMUX_SPLIT_SETTLE": str(defaults.split_settle * scale),
+        "GPUMUX_SPLIT_WINDOW": str(defaults.split_window * scale),
         "GPUMUX_POLL_INTERVAL": str(defaults.poll_interval * scale),
     }
 

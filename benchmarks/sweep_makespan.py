@@ -1,15 +1,16 @@
 """How soon one sweep finishes: sequentially, all at once, at each fixed N, and with --split auto.
 
     python benchmarks/sweep_makespan.py [--trials 12] [--splits 2,3,4] [--repeats 3] [--epochs 8]
-                                        [--example digits|torch] [--warm]
+                                        [--example digits|torch] [--preload]
 
 Every variant runs the same sweep (`--trials` trials of an example, one seed each) through a
 real `gpumux serve` on a fresh database, in one run of this script:
 - sequential: --split 1;   N=k: --split k;   all at once: --split TRIALS;
 - auto: --split auto on a database with no profile, so the search is paid for in this sweep;
 - auto (reused): --split auto again on the same database: the stored profile is reused;
-- with --warm, each fixed N and auto again with `--warm` (its daemon's warm spawner, started by
-  the sweep's first trial, pays its preload inside the sweep), each compared with its cold twin.
+- with --preload, each fixed N and auto again with `--preload` (its daemon's preloading spawner,
+  started by the sweep's first trial, pays its preload inside the sweep), each compared with its
+  fresh twin.
 Makespan is what the user waits for: from the submission to the sweep's end, as the daemon
 recorded them. The variants are interleaved (their order rotates with each repeat) because
 these machines are noisy, and medians are quoted.
@@ -92,7 +93,7 @@ EXAMPLES = {
 
 
 def run_sweep(
-    home: Path, split: int | str, trials: int, epochs: int, example: str, warm: bool = False
+    home: Path, split: int | str, trials: int, epochs: int, example: str, preload: bool = False
 ) -> tuple[float, list[int]]:
     """Makespan of one sweep, and the N its trials ran at."""
     script, *flags = EXAMPLES[example]
@@ -107,7 +108,7 @@ def run_sweep(
                 "split": split,
                 "metric": "val_accuracy",
                 "mode": "max",
-                "warm": warm,
+                "preload": preload,
             },
         )
         created.raise_for_status()
@@ -162,7 +163,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="digits")
-    parser.add_argument("--warm", action="store_true", help="also run each gpumux N and auto warm")
+    parser.add_argument(
+        "--preload", action="store_true", help="also run each gpumux N and auto preloaded"
+    )
     args = parser.parse_args()
     fixed = [int(n) for n in args.splits.split(",")]
     console.print(f"$ python benchmarks/sweep_makespan.py {' '.join(sys.argv[1:])}".rstrip())
@@ -177,18 +180,20 @@ def main() -> None:
         ("all at once", args.trials, False),
         ("auto", "auto", False),
     ]
-    if args.warm:
-        variants += [(f"N={n} warm", n, True) for n in fixed] + [("auto warm", "auto", True)]
+    if args.preload:
+        variants += [(f"N={n} preloaded", n, True) for n in fixed] + [
+            ("auto preloaded", "auto", True)
+        ]
     makespans: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     makespans["auto (reused)"] = []
     profiles: list[str] = []
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
-        for name, split, warm in order:
+        for name, split, preload in order:
             home = Path(tempfile.mkdtemp(prefix="gpumux-makespan-"))
             try:
                 seconds, used = run_sweep(
-                    home, split, args.trials, args.epochs, args.example, warm=warm
+                    home, split, args.trials, args.epochs, args.example, preload=preload
                 )
                 makespans[name].append(seconds)
                 show(repeat, name, seconds, used)
@@ -202,18 +207,18 @@ def main() -> None:
     median = makespan_table(
         makespans, title=f"makespan of {args.trials} trials: medians of {args.repeats} repeats"
     )
-    cold = [name for name, split, warm in variants if split != "auto" and not warm]
-    best_name = min(cold, key=median.__getitem__)
+    fresh = [name for name, split, preload in variants if split != "auto" and not preload]
+    best_name = min(fresh, key=median.__getitem__)
     for name in ("auto", "auto (reused)"):
         console.print(
             f"{name}: {median[name] / median[best_name]:.2f} x the best fixed split "
             f"({best_name}, {median[best_name]:.1f} s); "
             f"{median['sequential'] / median[name]:.2f}x faster than sequential"
         )
-    for name in (name for name, _, warm in variants if warm):
-        twin = name.removesuffix(" warm")
+    for name in (name for name, _, preload in variants if preload):
+        twin = name.removesuffix(" preloaded")
         console.print(
-            f"{name}: {median[name] / median[twin]:.2f} x {twin} started cold "
+            f"{name}: {median[name] / median[twin]:.2f} x {twin} started fresh "
             f"({median[twin]:.1f} s against {median[name]:.1f} s)"
         )
     for number, profile in enumerate(profiles, 1):

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -26,6 +27,15 @@ SHARED_SOCKET = Path("/run/gpumux/gpumux.sock")
 MAX_BODY_BYTES = 1024 * 1024
 # Below this even an ordinary sweep with its user's environment would be refused.
 MIN_BODY_BYTES = 64 * 1024
+# Settings renamed for one vocabulary (docs/architecture.md, Vocabulary): one still set under
+# its old name is refused with its new one, never ignored.
+RENAMED_SETTINGS = {
+    "warm_preload": "preload",
+    "tune": "split_search",
+    "tune_warmup": "split_settle",
+    "tune_window": "split_window",
+    "tune_threshold": "split_threshold",
+}
 
 
 class SharesError(ValueError):
@@ -109,10 +119,12 @@ class Settings(BaseSettings):
     lost_retries: int = Field(default=2, ge=0, description="requeues of a trial cut off by a stop")
     log_tail_lines: int = Field(default=20, ge=1, description="log lines kept with a failed trial")
 
-    tune: bool = Field(default=True, description="--split auto searches N; off: the default N")
-    tune_warmup: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
-    tune_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
-    tune_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
+    split_search: bool = Field(
+        default=True, description="--split auto searches N; off: the default N"
+    )
+    split_settle: float = Field(default=2.0, ge=0, description="seconds ignored after N changes")
+    split_window: float = Field(default=5.0, gt=0, description="seconds measured at each N")
+    split_threshold: float = Field(default=0.05, gt=0, description="gain that justifies a larger N")
     host_cores: int | None = Field(
         default=None, ge=1, description="cores the split search's first N counts (default: usable)"
     )
@@ -123,14 +135,14 @@ class Settings(BaseSettings):
 
     stop_trials: bool = Field(
         default=False,
-        description="a warm stop also stops running trials (default: they run on under their "
+        description="a graceful stop also stops running trials (default: they run on under their "
         "supervisors and the next daemon adopts them)",
     )
     leave_when_idle: float | None = Field(
         default=None,
         ge=0,
         allow_inf_nan=False,
-        description="a daemon leaves (a warm stop) once no trial has been queued or running "
+        description="a daemon leaves (a graceful stop) once no trial has been queued or running "
         "on its whole database for this many seconds (default: it serves until stopped)",
     )
     heartbeat_interval: float = Field(
@@ -143,11 +155,11 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="a trial log is rotated when it reaches this size"
     )
     log_keep: int = Field(default=2, ge=0, description="rotated pieces kept of each trial log")
-    warm_preload: str = Field(
+    preload: str = Field(
         # Keras is its own package since TensorFlow 2.16, imported by `import keras`.
         default="tensorflow,keras",
-        description="modules the warm spawner imports before it forks the trials of --warm "
-        "sweeps (comma list; from the daemon's own environment)",
+        description="modules the preloading spawner imports before it forks the trials of "
+        "--preload sweeps (comma list; from the daemon's own environment)",
     )
 
     admins: str = Field(default="", description="users who see and cancel all work (comma list)")
@@ -222,13 +234,25 @@ class Settings(BaseSettings):
         "trials (more than two heartbeats)",
     )
 
-    @field_validator("warm_preload")
+    @model_validator(mode="before")
     @classmethod
-    def _warm_preload_names(cls, text: str) -> str:
+    def _no_renamed_setting(cls, data: Any) -> Any:
+        given = {name.upper() for name in os.environ}
+        given |= {f"GPUMUX_{name}".upper() for name in data} if isinstance(data, dict) else set()
+        for old, new in RENAMED_SETTINGS.items():
+            if f"GPUMUX_{old}".upper() in given:
+                raise ValueError(
+                    f"GPUMUX_{old.upper()} is now GPUMUX_{new.upper()}: set that one instead"
+                )
+        return data
+
+    @field_validator("preload")
+    @classmethod
+    def _preload_names(cls, text: str) -> str:
         for name in text.split(","):
             if not all(part.isidentifier() for part in name.strip().split(".")):
                 raise ValueError(
-                    f"warm_preload: {name.strip()!r} is not a module name; give modules as "
+                    f"preload: {name.strip()!r} is not a module name; give modules as "
                     "in tensorflow,numpy"
                 )
         return text
@@ -311,9 +335,9 @@ class Settings(BaseSettings):
         return Path(path) if path and path != ":memory:" else None
 
     @property
-    def warm_modules(self) -> list[str]:
-        """The modules the warm spawner preloads, in order."""
-        return [name.strip() for name in self.warm_preload.split(",")]
+    def preload_modules(self) -> list[str]:
+        """The modules the preloading spawner preloads, in order."""
+        return [name.strip() for name in self.preload.split(",")]
 
     @property
     def layout(self) -> Layout:

@@ -150,10 +150,10 @@ class SweepCreate(BaseModel):
     priority: int = Field(
         default=0, ge=-1000, le=1000, description="among your sweeps, higher runs first"
     )
-    warm: bool = Field(
+    preload: bool = Field(
         default=False,
         description="start each `python script.py` trial from a helper that has already "
-        "imported the framework (the daemon's GPUMUX_WARM_PRELOAD); other commands start cold",
+        "imported the framework (the daemon's GPUMUX_PRELOAD); other commands start fresh",
     )
 
     _integers = field_validator("trials", "seed", "split", "retries", "priority", mode="before")(
@@ -356,7 +356,7 @@ class SweepPublic(BaseModel):
     time_limit_s: float | None
     retries: int = 0
     priority: int = 0
-    warm: bool = False
+    preload: bool = False
     trial_count: int = Field(
         description="every trial of the sweep; an adaptive search's budget, of which only "
         "those asked so far exist"
@@ -608,8 +608,8 @@ class ProfilePublic(BaseModel):
     ceiling: int | None = Field(
         default=None, description="the most trials memory was seen to allow: never exceeded"
     )
-    settled: bool = Field(description="the tuner has stopped searching")
-    reason: str | None = Field(description="why the tuner made its last decision")
+    settled: bool = Field(description="the split search has stopped")
+    reason: str | None = Field(description="why the split search made its last decision")
     sweep_id: int | None = Field(description="the sweep that measured it last")
     created_at: datetime
     updated_at: datetime

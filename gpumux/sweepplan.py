@@ -56,7 +56,7 @@ class SweepPlan:
     time_limit_s: float | None
     retries: int
     priority: int
-    warm: bool
+    preload: bool
     # Every trial's parameters, queued at once; none for an adaptive search, which asks its
     # sampler as slots free.
     trial_params: list[dict[str, Any]] = field(default_factory=list)

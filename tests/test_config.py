@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
 
-from gpumux.config import MAX_BODY_BYTES, MIN_BODY_BYTES, Settings, SharesError, parse_shares
+from gpumux.config import (
+    MAX_BODY_BYTES,
+    MIN_BODY_BYTES,
+    RENAMED_SETTINGS,
+    Settings,
+    SharesError,
+    parse_shares,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,3 +84,30 @@ def test_a_port_no_socket_can_have_is_refused(monkeypatch: pytest.MonkeyPatch, p
     monkeypatch.setenv("GPUMUX_PORT", port)
     with pytest.raises(ValueError, match="port"):
         Settings()
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED_SETTINGS.items()))
+def test_a_setting_under_its_old_name_is_refused_with_its_new_one(
+    monkeypatch: pytest.MonkeyPatch, old: str, new: str
+) -> None:
+    default = Settings().model_dump()[new]
+    # Read case-insensitively, as every GPUMUX_ variable is.
+    monkeypatch.setenv(f"gpumux_{old}", str(default))
+    with pytest.raises(ValueError, match=f"GPUMUX_{old.upper()} is now GPUMUX_{new.upper()}"):
+        Settings()
+    monkeypatch.delenv(f"gpumux_{old}")
+    with pytest.raises(ValueError, match=f"GPUMUX_{old.upper()} is now GPUMUX_{new.upper()}"):
+        Settings(**{old: default})
+    assert Settings(**{new: default}).model_dump()[new] == default
+
+
+def test_the_cli_names_the_new_setting_and_exits_as_for_any_bad_setting(tmp_path: Path) -> None:
+    env = {**os.environ, "GPUMUX_HOME": str(tmp_path), "GPUMUX_WARM_PRELOAD": "tensorflow"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpumux", "ls"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        == "error: GPUMUX_WARM_PRELOAD is now GPUMUX_PRELOAD: set that one instead"
+    )

@@ -102,8 +102,8 @@ def test_split_auto_measures_a_profile_and_the_next_sweep_reuses_it(tmp_path: Pa
     settings = Settings(
         home=tmp_path / "home",
         url=f"http://127.0.0.1:{free_port()}",
-        tune_warmup=1.0,
-        tune_window=4.0,
+        split_settle=1.0,
+        split_window=4.0,
     )
     with (
         embedded(settings) as daemon,

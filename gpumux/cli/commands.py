@@ -115,7 +115,7 @@ def serve(
             metavar="SECONDS",
             min=0,
             callback=finite,
-            help="leave (a warm stop, exit 0) once no trial has been queued or running on the "
+            help="leave (a graceful stop, exit 0) once no trial has been queued or running on the "
             "whole database for this long: a batch job's node gives its GPUs back "
             "(GPUMUX_LEAVE_WHEN_IDLE; default: serve until stopped)",
             show_default=False,

@@ -1,4 +1,4 @@
-"""`gpumux profiles`: the throughput curves the tuner stored, as a list, a table and a chart."""
+"""`gpumux profiles`: the throughput curves the split search stored, as a list, table and chart."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _best(profile: ProfilePublic, *, short: bool = False) -> str:
 
 
 def profile_summary(profile: ProfilePublic) -> Table:
-    """A profile's workload, device and tuner state as label: value lines."""
+    """A profile's workload, device and split search state as label: value lines."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
@@ -80,7 +80,7 @@ def profile_summary(profile: ProfilePublic) -> Table:
         ("fingerprint", profile.fingerprint),
         ("best N", _best(profile)),
         ("limits", _limits(profile)),
-        ("tuner", visible(profile.reason or NONE)),
+        ("search", visible(profile.reason or NONE)),
         ("last sweep", NONE if profile.sweep_id is None else str(profile.sweep_id)),
         ("updated", local_time(profile.updated_at)),
     ]
@@ -191,7 +191,7 @@ def _profile_of_sweep(client: Client, sweep: str) -> ProfilePublic:
     if not found:
         raise CliError(
             f"sweep {sweep_id} has no profile: its split was fixed (--split N), or the search "
-            "is off (GPUMUX_TUNE=0) or measured nothing yet"
+            "is off (GPUMUX_SPLIT_SEARCH=0) or measured nothing yet"
         )
     return max(found, key=lambda profile: profile.updated_at)
 

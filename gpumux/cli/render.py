@@ -269,7 +269,7 @@ def sweep_summary(sweep: SweepPublic) -> Table:
         ("params", visible(" ".join(sweep.params)) or NONE),
         ("search", visible(f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}")),
         *([("prune", visible(str(sweep.prune)))] if sweep.prune not in (None, "none") else []),
-        *([("warm", "yes")] if sweep.warm else []),
+        *([("preload", "yes")] if sweep.preload else []),
         ("objective", visible(str(sweep.objective or NONE))),
         ("workdir", visible(sweep.workdir)),
         ("owner", visible(sweep.owner)),

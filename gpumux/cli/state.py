@@ -114,7 +114,7 @@ def build_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as error:
-        message = validation_message(error, lambda field: f"GPUMUX_{field.upper()}")
+        message = validation_message(error, lambda field: field and f"GPUMUX_{field.upper()}")
         raise CliError(message, EXIT_USAGE) from error
 
 

@@ -46,7 +46,7 @@ OPTION_NAMES = {
     "time_limit_s": "--time-limit",
     "retries": "--retries",
     "priority": "--priority",
-    "warm": "--warm",
+    "preload": "--preload",
 }
 
 SWEEP_HELP = """Run COMMAND once per point of the parameter space, packed onto every device.
@@ -138,7 +138,7 @@ def build_sweep(
     time_limit: float | None,
     retries: int = 0,
     priority: int = 0,
-    warm: bool = False,
+    preload: bool = False,
 ) -> SweepCreate:
     """The sweep to submit, planned as the daemon plans it; CliError(exit 2) if it cannot be."""
     command = what.command
@@ -172,7 +172,7 @@ def build_sweep(
                 time_limit_s=time_limit,
                 retries=retries,
                 priority=priority,
-                warm=warm,
+                preload=preload,
             )
         )
     except ValidationError as error:
@@ -309,12 +309,12 @@ def sweep(
     priority: Annotated[
         int, typer.Option(metavar="N", help="among your sweeps, higher runs first")
     ] = 0,
-    warm: Annotated[
+    preload: Annotated[
         bool,
         typer.Option(
-            "--warm",
+            "--preload",
             help="start each `python script.py` trial from a helper that has already imported "
-            "the framework (the daemon's GPUMUX_WARM_PRELOAD, tensorflow,keras by default): "
+            "the framework (the daemon's GPUMUX_PRELOAD, tensorflow,keras by default): "
             "seconds less per trial; other commands start as usual",
         ),
     ] = False,
@@ -346,7 +346,7 @@ def sweep(
         time_limit=time_limit,
         retries=retries,
         priority=priority,
-        warm=warm,
+        preload=preload,
     )
     target = state.resolve_url(url)
     if detach:

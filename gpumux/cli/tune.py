@@ -223,7 +223,7 @@ def _measure(
         url=f"unix:{Layout(home).socket}",
         uds=None,
         gpus=gpu,
-        tune=False,
+        split_search=False,
     )
     load = HostLoad()
     try:

@@ -45,8 +45,8 @@ class LaunchSpec:
     device_env: Mapping[str, str]
     # The cores the supervisor pins the trial to; None: not pinned.
     cpu_affinity: Sequence[int] | None = None
-    # Start it from the warm spawner, where the framework is imported (a `--warm` sweep).
-    warm: bool = False
+    # Start it from the preloading spawner, where the framework is imported (a `--preload` sweep).
+    preload: bool = False
 
 
 def trial_env(spec: LaunchSpec) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The per-attempt supervisor: owns one trial's processes and outlives the daemon.
 
-The daemon's spawner forks it (spawner.py), or the daemon starts it isolated (`python -I -S`,
-see launcher.supervisor_command), in a session of its own, with the attempt's run directory. It
+The spawner forks it (spawner_process.py), or the daemon starts it isolated (`python -I -S`,
+see supervised.supervisor_command), in a session of its own, with the attempt's run directory. It
 reads the spec there, starts the trial in a new session (as another user when it is root and
 the spec names one), copies the trial's output into the log (rotated at a size cap; output lost
 to a full disk is counted and said), beats its heartbeat, and when the trial's leader exits it
@@ -18,12 +18,13 @@ pathlib (on a 2-core machine their imports cost some 30 ms of CPU per trial; it 
 execs the trial itself), and from gpumux only the stdlib-only modules that own the run
 directory, the log format, process identity and the trial's processes.
 
-A warm start (the spec's `warm`): when this supervisor was forked by the warm spawner, which
-imported gpumux.runtime.warm and the framework, and the command is `python script.py` with that
-very interpreter (and nothing else needs a fresh process: warm.cold_reason), the trial child
-becomes the trial without an exec (warm.run_trial), after the same session, descriptors, user
-and directory as a cold one; otherwise it says why on the trial's log, and execs. It finds that
-module in sys.modules, never imports it: a supervisor not forked warm has none.
+A preloaded start (the spec's `preload`): when this supervisor was forked by the preloading
+spawner, which imported gpumux.runtime.preloaded and the framework, and the command is
+`python script.py` with that very interpreter (and nothing else needs a fresh process:
+preloaded.fresh_reason), the trial child becomes the trial without an exec
+(preloaded.run_trial), after the same session, descriptors, user and directory as a fresh one;
+otherwise it says why on the trial's log, and execs. It finds that module in sys.modules, never
+imports it: a supervisor not forked by the preloading spawner has none.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ GO = b"g"
 READ_SIZE = 64 * 1024
 # After the leader exits, a grandchild outside its group may still hold the output pipe.
 DRAIN_SECONDS = 2.0
-# The trial's side of a warm start: the warm spawner preloads it; never imported here.
-WARM_MODULE = "gpumux.runtime.warm"
+# The trial's side of a preloaded start: the preloading spawner preloads it; never imported here.
+PRELOADED_MODULE = "gpumux.runtime.preloaded"
 # While killed processes of the trial are still exiting, how often to look again.
 END_POLL_SECONDS = 0.05
 # How long killed processes of the trial may take to go before its end is recorded anyway: one
@@ -249,15 +250,15 @@ class Supervisor:
             # Entered after the switch to the user: a directory they may not enter fails.
             stage = "chdir"
             os.chdir(spec["cwd"])
-            if spec.get("warm") and self._starts_warm():
-                warm = sys.modules[WARM_MODULE]
-                stage = "warm"
+            if spec.get("preload") and self._starts_preloaded():
+                preloaded = sys.modules[PRELOADED_MODULE]
+                stage = "preload"
                 # No exec closes the error pipe: the command runs from here on. The wakeup fd
                 # was the supervisor's, closed above; its number may name the trial's files.
                 signal.set_wakeup_fd(-1)
                 os.close(errors)
                 errors = -1
-                warm.run_trial(spec["argv"], spec["env"], spec["cwd"])
+                preloaded.run_trial(spec["argv"], spec["env"], spec["cwd"])
             stage = "exec"
             os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
         except BaseException as error:
@@ -265,25 +266,28 @@ class Supervisor:
             text = getattr(error, "strerror", None) or str(error)
             with contextlib.suppress(OSError):
                 if errors < 0:
-                    os.write(2, f"gpumux: the warm start failed: {text}\n".encode(errors="replace"))
+                    os.write(
+                        2, f"gpumux: the preloaded start failed: {text}\n".encode(errors="replace")
+                    )
                 else:
                     os.write(errors, f"{stage}:{number}:{text}".encode(errors="replace"))
         finally:
             os._exit(127)
 
-    def _starts_warm(self) -> bool:
-        """In the trial child of a --warm trial: whether it can start warm here; if not, says
-        why on its output (the trial's log) before it starts cold."""
-        warm = sys.modules.get(WARM_MODULE)
-        if warm is None:
-            why = "the warm spawner did not fork its supervisor (not ready yet, or failed: see "
-            why += "the daemon's log)"
+    def _starts_preloaded(self) -> bool:
+        """In the trial child of a --preload trial: whether it can start preloaded here; if not,
+        says why on its output (the trial's log) before it starts fresh."""
+        preloaded = sys.modules.get(PRELOADED_MODULE)
+        if preloaded is None:
+            why = "the preloading spawner did not fork its supervisor (not ready yet, or failed: "
+            why += "see the daemon's log)"
         else:
-            why = warm.cold_reason(self.spec["argv"], self.spec["env"])
+            why = preloaded.fresh_reason(self.spec["argv"], self.spec["env"])
             if why is None:
                 return True
         with contextlib.suppress(OSError):
-            os.write(2, f"gpumux: this --warm trial starts cold: {why}\n".encode(errors="replace"))
+            message = f"gpumux: this --preload trial starts fresh: {why}\n"
+            os.write(2, message.encode(errors="replace"))
         return False
 
     def _watch(self, read_end: int, wake_read: int, log: RotatingLog) -> None:

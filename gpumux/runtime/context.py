@@ -1,4 +1,4 @@
-"""The trial's side of the launcher contract: the GPUMUX_* environment, and gpumux's stderr lines.
+"""The trial's side of the trial contract: the GPUMUX_* environment, and gpumux's stderr lines.
 
 Loaded at interpreter start in every trial, so it imports only what Python has loaded already.
 """
@@ -66,7 +66,7 @@ def say(message: str) -> None:
 
 
 def current(environ: Mapping[str, str] | None = None) -> TrialContext | None:
-    """The launcher's contract for this process, or None outside gpumux (no GPUMUX_TRIAL_ID)."""
+    """The trial contract for this process, or None outside gpumux (no GPUMUX_TRIAL_ID)."""
     env = os.environ if environ is None else environ
     trial_id = _int(env, "GPUMUX_TRIAL_ID")
     if trial_id is None:

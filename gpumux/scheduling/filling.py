@@ -19,7 +19,7 @@ from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.storage import lifecycle, nodes
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -54,7 +54,7 @@ class SlotFiller:
         *,
         settings: Settings,
         sessions: Sessions,
-        searches: Searches,
+        searches: SplitSearches,
         studies: Studies,
         launcher: Launcher,
         watched: Watched,
@@ -93,7 +93,7 @@ class SlotFiller:
             tuned: dict[int, dict[str, int]] = {}
             for trial in queued:
                 if trial.sweep_id not in tuned:
-                    tuned[trial.sweep_id] = self.searches.tuned_splits(
+                    tuned[trial.sweep_id] = self.searches.searched_splits(
                         session=session, sweep=trial.sweep, devices=devices
                     )
             pending = [

@@ -17,8 +17,8 @@ from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.processes.contract import LaunchSpec
-from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
+from gpumux.processes.supervised import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running
@@ -88,7 +88,7 @@ class Launcher:
             spec = self._claim(session, trial, chosen, device, token, user_env)
             time_limit = trial.sweep.time_limit_s
             directory = run_dir(self.settings, trial)
-        spawner = self.spawner.serving(warm=spec.warm) if self.spawner is not None else None
+        spawner = self.spawner.serving(preload=spec.preload) if self.spawner is not None else None
         try:
             process = SupervisedTrial.spawn(
                 spec, run_dir=directory, options=self.options, user=user, spawner=spawner
@@ -163,7 +163,7 @@ class Launcher:
             split=chosen.split,
             device_env=setup.env,
             cpu_affinity=setup.cpu_affinity,
-            warm=sweep.warm,
+            preload=sweep.preload,
         )
 
     def fail_unstarted(self, trial_id: int, error: str) -> None:

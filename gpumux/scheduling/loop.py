@@ -30,7 +30,7 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.processes.rundir import TrialEnd
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher
@@ -40,7 +40,7 @@ from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.reconcile import reconcile, stop_reason
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import TrialStatus
 from gpumux.storage import backlog, lifecycle
 from gpumux.storage import sweeps as sweep_store
@@ -82,7 +82,7 @@ class Scheduler:
         self.probe = probe
         self.devices: list[DeviceSnapshot] = []
         self.overheads = Overheads(configured_mb=settings.overhead_mb)
-        self.searches = Searches(settings, overheads=self.overheads)
+        self.searches = SplitSearches(settings, overheads=self.overheads)
         self.searches.node_id = None if node is None else node.id
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
@@ -426,15 +426,15 @@ class Scheduler:
             if entry.sweep_id in cancelled and entry.stop is None
         ]
 
-    async def drain(self, *, stop_trials: bool, cold: bool = False) -> None:
-        """Warm stop: launch nothing more. Trials run on under their supervisors for the next
+    async def drain(self, *, stop_trials: bool) -> None:
+        """Graceful stop: launch nothing more. Trials run on under their supervisors for the next
         daemon to adopt, or with `stop_trials` are stopped (SIGTERM, SIGKILL later) and requeued."""
         self._draining = True
         if not stop_trials:
             log.info("scheduler: leaving %d trials to their supervisors", len(self.watched))
             await self._in_worker(self._release)
             return
-        await self._in_worker(self._stop_all, cold)
+        await self._in_worker(self._stop_all, False)
         while True:
             self._wake.clear()
             if not await self._in_worker(self._stopping):
@@ -446,9 +446,9 @@ class Scheduler:
         self._ending.clear()
         self.watched.release_all()
 
-    def _stop_all(self, cold: bool) -> None:
+    def _stop_all(self, immediate: bool) -> None:
         for trial_id, _ in self.watched.items():
-            self.watched.stop(trial_id, StopReason.shutdown, cold=cold)
+            self.watched.stop(trial_id, StopReason.shutdown, immediate=immediate)
 
     def _stopping(self) -> bool:
         """One pass of a stop: record the ends; whether trials remain."""
@@ -457,7 +457,7 @@ class Scheduler:
         return bool(self.watched or self._ending)
 
     async def force(self) -> None:
-        """Cold stop: SIGKILL every trial group now (as soon as the tick's thread is free: its
+        """Immediate stop: SIGKILL every trial group now (as soon as the tick's thread is free: its
         work is a slice at a time)."""
         await self._in_worker(self._stop_all, True)
         self._wake.set()

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.processes import rundir
-from gpumux.processes.launcher import SupervisedTrial, kill_leftovers
 from gpumux.processes.rundir import recorded_end, recorded_stop
+from gpumux.processes.supervised import SupervisedTrial, kill_leftovers
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.watched import KILL_BACKSTOP_S, Running, Watched

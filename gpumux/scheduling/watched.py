@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from gpumux.processes.launcher import SupervisedTrial
 from gpumux.processes.rundir import TrialEnd
+from gpumux.processes.supervised import SupervisedTrial
 from gpumux.scheduling.outcomes import StopReason
 
 log = logging.getLogger(__name__)
@@ -110,14 +110,14 @@ class Watched:
             if not entry.leader_recorded and (leader := entry.process.leader) is not None
         }
 
-    def stop(self, trial_id: int, reason: StopReason, *, cold: bool = False) -> None:
+    def stop(self, trial_id: int, reason: StopReason, *, immediate: bool = False) -> None:
         """Have the supervisor SIGTERM the trial's group now and SIGKILL it after the grace
-        period (at once if cold); the daemon kills it itself if the supervisor does not."""
+        period (at once if immediate); the daemon kills it itself if the supervisor does not."""
         entry = self._entries[trial_id]
         if entry.stop is None:
             entry.process.note_stop(reason)
         entry.stop = entry.stop or reason
-        if cold:
+        if immediate:
             entry.process.kill()
             entry.kill_at = None
             return
@@ -157,7 +157,7 @@ class Watched:
                 entry.process.kill_supervisor()
 
     def release_all(self) -> None:
-        """Stop watching every attempt and leave it to its supervisor (a warm stop)."""
+        """Stop watching every attempt and leave it to its supervisor (a graceful stop)."""
         for _, entry in self.items():
             self._retire(entry.process)
         self._entries.clear()

@@ -60,6 +60,6 @@ def plan_sweep(sweep_in: SweepCreate, *, max_grid: int, seed: int) -> SweepPlan:
         time_limit_s=sweep_in.time_limit_s,
         retries=sweep_in.retries,
         priority=sweep_in.priority,
-        warm=sweep_in.warm,
+        preload=sweep_in.preload,
         trial_params=trial_params,
     )

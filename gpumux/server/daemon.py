@@ -29,7 +29,7 @@ from gpumux.home.lockfile import (
     record_holder,
 )
 from gpumux.processes import rundir
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 from gpumux.scheduling.heartbeat import NodeHeartbeat, record_lease
 from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
@@ -49,12 +49,12 @@ log = logging.getLogger(__name__)
 
 # Addresses that listen on every interface: no other host can connect to them as written.
 WILDCARDS = {"0.0.0.0", "::"}
-# A warm stop the first time, a cold stop the second; SIGHUP: the terminal of `serve` closed.
+# A graceful stop the first time, an immediate stop the second; SIGHUP: `serve`'s terminal closed.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _Server(uvicorn.Server):
-    # The daemon owns SIGINT/SIGTERM (warm, then cold stop); uvicorn must not take them.
+    # The daemon owns SIGINT/SIGTERM (graceful, then immediate stop); uvicorn must not take them.
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
 
@@ -284,8 +284,8 @@ class Daemon:
     async def _until_stopped(
         self, scheduler: Scheduler, scheduler_task: asyncio.Task[None], stop: asyncio.Event
     ) -> None:
-        """Wait for a stop signal (or the scheduler's failure), then stop in order: a warm stop
-        first, a cold stop if a second signal comes while trials are stopping."""
+        """Wait for a stop signal (or the scheduler's failure), then stop in order: a graceful stop
+        first, an immediate stop if a second signal comes while trials are stopping."""
         assert self._signals is not None
         first = asyncio.create_task(self._signals.get())
         await asyncio.wait([first, scheduler_task], return_when=asyncio.FIRST_COMPLETED)
@@ -294,9 +294,9 @@ class Daemon:
             first.cancel()
             log.critical("daemon: the scheduler stopped unexpectedly")
         elif stop_trials:
-            log.info("daemon: warm stop: launching nothing new, stopping trials")
+            log.info("daemon: graceful stop: launching nothing new, stopping trials")
         else:
-            log.info("daemon: warm stop: launching nothing new; trials run on")
+            log.info("daemon: graceful stop: launching nothing new; trials run on")
         stop.set()
         await asyncio.wait([scheduler_task])
         drain = asyncio.create_task(scheduler.drain(stop_trials=stop_trials))
@@ -304,13 +304,13 @@ class Daemon:
             second = asyncio.create_task(self._signals.get())
             await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
             if second.done():
-                log.warning("daemon: cold stop: killing every trial now")
+                log.warning("daemon: immediate stop: killing every trial now")
                 await scheduler.force()
             else:
                 second.cancel()
 
     def _leave_when_idle(self) -> asyncio.Task[None] | None:
-        """With `leave_when_idle`: a task that asks for a warm stop once no trial has been
+        """With `leave_when_idle`: a task that asks for a graceful stop once no trial has been
         queued or running on the whole database for that long (a batch job's node leaves)."""
         grace = self.settings.leave_when_idle
         if grace is None:
@@ -336,7 +336,7 @@ class Daemon:
             log.error("node %s: could not leave (%s)", heartbeat.node.name, error)
 
     def request_stop(self) -> None:
-        """Warm stop the first time, cold stop the second; safe from any thread."""
+        """A graceful stop the first time, an immediate stop the second; safe from any thread."""
         if self._loop is not None and self._signals is not None:
             self._loop.call_soon_threadsafe(self._signals.put_nowait, signal.SIGTERM)
 
@@ -358,9 +358,11 @@ class Daemon:
 
 
 def start_spawner(settings: Settings) -> Spawner | None:
-    """The helper that forks trial supervisors, with its warm partner (started on the first
-    warm trial); None (each starts afresh) when it cannot start."""
-    spawner = Spawner.with_warm(runs_dir=settings.layout.runs, warm_preload=settings.warm_modules)
+    """The helper that forks trial supervisors, with its preloading partner (started on the
+    first --preload trial); None (each starts afresh) when it cannot start."""
+    spawner = Spawner.with_preloading(
+        runs_dir=settings.layout.runs, preload=settings.preload_modules
+    )
     try:
         spawner.start()
     except OSError as error:
@@ -409,7 +411,7 @@ def embedded(settings: Settings) -> Iterator[Daemon]:
             try:
                 thread.join()
             except KeyboardInterrupt:
-                # A second Ctrl-C while trials are stopping: a cold stop, as with `serve`.
+                # A second Ctrl-C while trials are stopping: an immediate stop, as with `serve`.
                 daemon.request_stop()
         if failure:
             raise DaemonError(f"the embedded daemon failed: {failure[0]}") from failure[0]

@@ -1,19 +1,19 @@
 """The online split search: measures one workload on one device while its sweep runs.
 
-Searches (gpumux.splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
+SplitSearches (splits.searches) keeps one SplitSearch per (device model, workload fingerprint)
 for sweeps with `--split auto`. Each tick it reports the workload's trials running on the device
 under the current N and what shares the device (a trial under N holds 1/N of it, so several
-workloads mix). While the device is full, a phase runs: after a warm-up, each of the workload's
+workloads mix). While the device is full, a phase runs: after it settles, each of the workload's
 trials under N gives its samples/s between its reports, and the device's throughput at N is N
 times the median trial's rate (optimizer steps/s for PyTorch scripts that report no samples,
 completed trials/s for scripts that report neither; one unit per workload); with the
-most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
-stored as the workload's profile so that the next sweep of the workload starts settled.
+most memory one trial held, the point goes to the pure split search (curve) for the next N, and
+the curve is stored as the workload's profile so that the workload's next sweep starts settled.
 
 A workload whose framework sees no GPU on a GPU (a CPU-only build: its trials train on the host's
 CPU) is not measured: the search stops for its sweep, saying why.
 
-A point that cannot be beside the others (tuner.implausible: each trial faster at a larger N, or
+A point that cannot be beside the others (curve.implausible: each trial faster at a larger N, or
 more than the cores that do the work allow) is not stored: it and the points it conflicts with are
 measured again; after `MAX_REJECTED` such points the search stops for the sweep, unsettled and
 saying why. Each point keeps the trials it was measured on and the spread of their rates, and a
@@ -40,7 +40,7 @@ from fractions import Fraction
 from sqlalchemy.orm import Session
 
 from gpumux.devices.kinds.base import FirstSplit
-from gpumux.splits import curve as tuner
+from gpumux.splits import curve as split_curve
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
 from gpumux.storage.models import Profile, Sweep, Trial
@@ -105,11 +105,11 @@ class Window:
 
 @dataclass(frozen=True)
 class Timing:
-    """How long the search waits: after N changes (warm-up), then measures (window)."""
+    """How long the search waits: after N changes (settle), then measures (window)."""
 
-    warmup: timedelta
+    settle: timedelta
     window: timedelta
-    threshold: float = tuner.DEFAULT_THRESHOLD
+    threshold: float = split_curve.DEFAULT_THRESHOLD
 
 
 @dataclass
@@ -128,15 +128,15 @@ class SplitSearch:
     curve: list[CurvePoint] = field(default_factory=list)
     unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
-    decision: tuner.Decision = field(
-        default_factory=lambda: tuner.Decision(split=1, settled=False, reason="measuring N=1")
+    decision: split_curve.Decision = field(
+        default_factory=lambda: split_curve.Decision(split=1, settled=False, reason="measuring N=1")
     )
     phase_start: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
     # The most memory one trial held while N of them ran in this phase (MiB).
     peak_mb: int | None = None
-    # Where the search starts (the tuner's `start`), and the prior that put it there.
+    # Where the search starts (`split_curve.start`), and the prior that put it there.
     start: int = 1
     origin: str = ""
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
@@ -180,11 +180,11 @@ class SplitSearch:
         """A search for this workload, from the best prior: its stored profile, a similar
         workload's, else `guess` (the device kind's; none: from N=1)."""
         names = [token.partition("=")[0] for token in param_tokens]
-        cost = set(tuner.cost_parameters(names))
+        cost = set(split_curve.cost_parameters(names))
         search = cls(
             device_key=device_key,
             device_name=device_name,
-            fingerprint=tuner.workload_fingerprint(
+            fingerprint=split_curve.workload_fingerprint(
                 command if workdir is None else [workdir, *command], param_tokens
             ),
             command=list(command),
@@ -214,10 +214,10 @@ class SplitSearch:
         if profile.ceiling is not None:
             self.lowered = profile.ceiling
             self.ceiling = min(self.ceiling, profile.ceiling)
-        top = tuner.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at)
+        top = split_curve.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at)
         if profile.settled and profile.best_split is not None:
             best = min(profile.best_split, top)
-            self.decision = tuner.Decision(
+            self.decision = split_curve.Decision(
                 split=best,
                 settled=True,
                 reason=f"profile {profile.id} of this workload on {self.device_name}: N={best}",
@@ -313,7 +313,7 @@ class SplitSearch:
         point = self._measure(session=session, window=window)
         if point is None:
             return
-        found = None if self.mixed else tuner.implausible(self.curve, point, cores=self.cores)
+        found = None if self.mixed else split_curve.implausible(self.curve, point, cores=self.cores)
         if found is not None:
             self._reject(*found)
             return
@@ -338,7 +338,7 @@ class SplitSearch:
         measured = max((point.split for point in self.curve), default=self.split)
         if left >= self.split or self.split <= measured:
             return False
-        decision = tuner.next_split(
+        decision = split_curve.next_split(
             self.curve,
             ceiling=measured,
             threshold=self.timing.threshold,
@@ -443,14 +443,14 @@ class SplitSearch:
 
     def _filling(self, *, session: Session, now: datetime, queued: int, mix: Mix) -> None:
         """The workload's trial waits and its share is free, no other trial may hold the device
-        reserved, yet none was placed: memory holds fewer than N; once that lasts a warm-up and
-        a window, lower the ceiling."""
+        reserved, yet none was placed: memory holds fewer than N; once that lasts the settle time
+        and a window, lower the ceiling."""
         room = mix.shares + Fraction(1, self.split) <= 1
         if not (queued and room and not mix.reserved and not mix.stale):
             self.filling_since = None
         elif self.filling_since is None:
             self.filling_since = now
-        elif now - self.filling_since > self.timing.warmup + self.timing.window:
+        elif now - self.filling_since > self.timing.settle + self.timing.window:
             fits = max(1, math.floor(mix.shares * self.split))
             self._hit_ceiling(session=session, fits=fits)
 
@@ -486,10 +486,12 @@ class SplitSearch:
             ceiling=self.lowered,
         )
 
-    def _decide(self) -> tuner.Decision:
+    def _decide(self) -> split_curve.Decision:
         if self.oom_at == 1:
-            return tuner.Decision(split=1, settled=True, reason="out of memory even alone: N=1")
-        decision = tuner.next_split(
+            return split_curve.Decision(
+                split=1, settled=True, reason="out of memory even alone: N=1"
+            )
+        decision = split_curve.next_split(
             self.curve,
             ceiling=self.ceiling,
             threshold=self.timing.threshold,
@@ -505,13 +507,13 @@ class SplitSearch:
     def _window(self, *, session: Session, now: datetime) -> Window | None:
         """The window to measure now; None: not yet.
 
-        It opens a warm-up after the phase began. The phase's trials are the workload's trials
-        under N running when it opened. It closes once each of them has reported twice in it
+        It opens the settle time after the phase began. The phase's trials are the workload's
+        trials under N running when it opened. It closes once each of them has reported twice in it
         (a rate between its reports) or ended, and at least one gave a rate; or, for scripts
         that report too rarely or nothing, once every one of them has ended.
         """
         assert self.phase_start is not None
-        start = self.phase_start + self.timing.warmup
+        start = self.phase_start + self.timing.settle
         if now - start < self.timing.window:
             return None
         trials = [
@@ -682,4 +684,4 @@ def _spread(values: Sequence[float]) -> float | None:
 
 def sweep_fingerprint(sweep: Sweep) -> str:
     """The workload of a sweep: its directory, its command, and the parameters that cost."""
-    return tuner.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
+    return split_curve.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CONTEXT_MB = 728
 
 
-class Searches:
+class SplitSearches:
     """Every split search of the daemon, one per (device model, workload), made on first need.
 
     A search measures on one device, the first of its model it was asked about, and its N
@@ -48,14 +48,14 @@ class Searches:
         # node's trials run on another machine's devices, whatever their keys.
         self.node_id: int | None = None
         # The per-process overhead placement budgets with, so that the ceiling divides by the
-        # same figure; a Searches of its own (a tool, a test) measures none.
+        # same figure; a SplitSearches of its own (a tool, a test) measures none.
         self.overheads = (
             Overheads(configured_mb=settings.overhead_mb) if overheads is None else overheads
         )
         self.timing = Timing(
-            warmup=timedelta(seconds=settings.tune_warmup),
-            window=timedelta(seconds=settings.tune_window),
-            threshold=settings.tune_threshold,
+            settle=timedelta(seconds=settings.split_settle),
+            window=timedelta(seconds=settings.split_window),
+            threshold=settings.split_threshold,
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
@@ -65,11 +65,11 @@ class Searches:
     def __iter__(self) -> Iterator[SplitSearch]:
         return iter(self._searches.values())
 
-    def tuned_splits(
+    def searched_splits(
         self, *, session: Session, sweep: Sweep, devices: Sequence[DeviceSnapshot]
     ) -> dict[str, int]:
         """The N the search chose for this sweep's workload on each device (auto sweeps)."""
-        if sweep.split is not None or not self.settings.tune:
+        if sweep.split is not None or not self.settings.split_search:
             return {}
         return {
             device.key: self.search(session=session, sweep=sweep, device=device).split

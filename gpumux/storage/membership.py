@@ -116,7 +116,7 @@ def join(
 
 def own_row(*, session: Session, home: str, named: Node | None) -> Node | None:
     """The row this join takes: this data directory's active row (its trials, left running by
-    a warm stop, are this node's whatever it is called now), else the row named as asked.
+    a graceful stop, are this node's whatever it is called now), else the row named as asked.
     Renamed, it takes the name; when another, dead row holds that name, that row is taken
     and the active trials move onto it (a data directory has one active row)."""
     own = session.scalars(

@@ -136,8 +136,8 @@ class Sweep(Base):
     retries: Mapped[int] = mapped_column(default=0, server_default="0")
     # Among one owner's sweeps, higher runs first; FIFO within a priority.
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
-    # Its trials start from the warm spawner, where the framework is already imported.
-    warm: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Its trials start from the preloading spawner, where the framework is already imported.
+    preload: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Every trial of a grid or random sweep; an adaptive sweep's budget (its trials are asked
     # as slots free, so fewer may exist yet).
     trial_count: Mapped[int]
@@ -182,7 +182,7 @@ class Trial(Base):
         Index("ix_trials_sweep_id_status_number", "sweep_id", "status", "number"),
         Index("ix_trials_sweep_id_number", "sweep_id", "number", unique=True),
         Index("ix_trials_status_id", "status", "id"),
-        # The tuner counts the trials that ended on a device in a recent window.
+        # The split search counts the trials that ended on a device in a recent window.
         Index("ix_trials_ended_at", "ended_at"),
     )
 
@@ -235,7 +235,7 @@ class TrialReport(Base):
     __tablename__ = "trial_reports"
     __table_args__ = (
         Index("ix_trial_reports_trial_id_id", "trial_id", "id"),
-        # The tuner sums the samples reported in a recent window, every scheduler tick.
+        # The split search sums the samples reported in a recent window, every scheduler tick.
         Index("ix_trial_reports_at", "at"),
     )
 

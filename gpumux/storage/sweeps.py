@@ -34,7 +34,7 @@ def create_sweep(*, session: Session, plan: SweepPlan, owner: Owner) -> Sweep:
         time_limit_s=plan.time_limit_s,
         retries=plan.retries,
         priority=plan.priority,
-        warm=plan.warm,
+        preload=plan.preload,
         trial_count=plan.trial_count,
     )
     session.add(sweep)

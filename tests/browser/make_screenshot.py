@@ -15,7 +15,7 @@ from playwright.sync_api import expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 # Short measuring windows: the demo's trials take a second or two each.
-TUNING = {"GPUMUX_TUNE_WARMUP": "0.5", "GPUMUX_TUNE_WINDOW": "1.5"}
+TUNING = {"GPUMUX_SPLIT_SETTLE": "0.5", "GPUMUX_SPLIT_WINDOW": "1.5"}
 
 
 def main(out: Path) -> None:

@@ -49,7 +49,7 @@ def page(tmp_path: Path) -> Iterator[Page]:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     """A daemon with the split search off, so the sweep runs at the default split at once."""
-    with daemon(tmp_path / "home", {"GPUMUX_TUNE": "0"}) as running:
+    with daemon(tmp_path / "home", {"GPUMUX_SPLIT_SEARCH": "0"}) as running:
         yield running
 
 
@@ -154,7 +154,7 @@ def test_the_sweep_page_draws_a_learning_curve_per_trial_that_reported_steps(
 def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    with daemon(tmp_path / "home", {"GPUMUX_TUNE": "0"}) as running:
+    with daemon(tmp_path / "home", {"GPUMUX_SPLIT_SEARCH": "0"}) as running:
         page.goto(running.page())
         expect(page.locator(".card.device").first).to_be_visible()
         expect(page.locator("#banner")).to_be_hidden()
@@ -245,7 +245,7 @@ def test_a_framework_that_sees_no_gpu_is_shown_on_the_sweep_and_the_trial(
     torch = pytest.importorskip("torch", reason="the trial is a PyTorch loop")
     if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         pytest.skip("needs a PyTorch built without CUDA: a CUDA build may see a GPU")
-    simulated = {"GPUMUX_SIMULATED_GPU": "h200-torch-mlp", "GPUMUX_TUNE": "0"}
+    simulated = {"GPUMUX_SIMULATED_GPU": "h200-torch-mlp", "GPUMUX_SPLIT_SEARCH": "0"}
     with daemon(tmp_path / "home", simulated) as served:
         sweep_id = submit(
             served,

@@ -44,8 +44,10 @@ def cli_env(*, home: Path, url: str, **extra: str) -> dict[str, str]:
     """The environment of a user whose gpumux lives in `home` and talks to `url`."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     # Wide, so that table rows stay on one line each in what the tests read. --split auto
-    # means the configured default N here: these tests are about the CLI, not the tuner.
-    env.update(GPUMUX_HOME=str(home), GPUMUX_URL=url, COLUMNS="200", GPUMUX_TUNE="0", **extra)
+    # means the configured default N here: these tests are about the CLI, not the split search.
+    env.update(
+        GPUMUX_HOME=str(home), GPUMUX_URL=url, COLUMNS="200", GPUMUX_SPLIT_SEARCH="0", **extra
+    )
     return env
 
 
@@ -496,14 +498,16 @@ def test_with_no_daemon_a_sweep_runs_on_an_embedded_one(tmp_path: Path) -> None:
         api.health()
 
 
-def test_warm_is_stored_with_the_sweep_whose_trials_run_as_ever(tmp_path: Path) -> None:
+def test_preload_is_stored_with_the_sweep_whose_trials_run_as_ever(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    env = cli_env(home=home, url=f"http://127.0.0.1:{free_port()}", GPUMUX_WARM_PRELOAD="numpy")
-    result = gpumux("sweep", "x=1,2", "--warm", "--", sys.executable, ECHO, env=env, cwd=tmp_path)
+    env = cli_env(home=home, url=f"http://127.0.0.1:{free_port()}", GPUMUX_PRELOAD="numpy")
+    result = gpumux(
+        "sweep", "x=1,2", "--preload", "--", sys.executable, ECHO, env=env, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "2 succeeded" in result.stdout
     with contextlib.closing(sqlite3.connect(home / "gpumux.db")) as db:
-        assert db.execute("SELECT warm FROM sweeps").fetchall() == [(1,)]
+        assert db.execute("SELECT preload FROM sweeps").fetchall() == [(1,)]
 
 
 def test_the_embedded_daemon_waits_for_the_sweeps_of_others(tmp_path: Path) -> None:

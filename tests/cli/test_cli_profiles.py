@@ -79,7 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def store_profile(server: Server, **overrides: Any) -> int:
-    """A profile written straight into the daemon's database, as the tuner would store it."""
+    """A profile written straight into the daemon's database, as the split search would store it."""
     fields: dict[str, Any] = dict(
         device_name="NVIDIA H200",
         fingerprint="c" * 64,
@@ -137,7 +137,7 @@ def column(output: str, first: str, index: int) -> list[str]:
     return [text for text in found if text]
 
 
-def test_profiles_lists_what_the_tuner_stored(server: Server) -> None:
+def test_profiles_lists_what_the_split_search_stored(server: Server) -> None:
     empty = gpumux(server, "profiles")
     assert empty.returncode == 0 and empty.stdout == ""
     assert "no profiles yet" in empty.stderr

@@ -220,7 +220,7 @@ def free_port() -> int:
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     """An embedded daemon and the environment of a CLI user who talks to it."""
     home = tmp_path / "home"
-    settings = Settings(home=home, url=f"http://127.0.0.1:{free_port()}", tune=False)
+    settings = Settings(home=home, url=f"http://127.0.0.1:{free_port()}", split_search=False)
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     env.update(GPUMUX_HOME=str(home), GPUMUX_URL=settings.url, COLUMNS="200")
     with embedded(settings) as running:

@@ -47,8 +47,8 @@ def test_the_api_shows_it_and_the_split_search_leaves_the_trials_out(tmp_path: P
         # Two trials at once whatever this host has; a short window, so that a point would
         # be measured within the trials' lives.
         host_cores=2,
-        tune_warmup=0,
-        tune_window=1,
+        split_settle=0,
+        split_window=1,
     )
     with (
         embedded(settings) as daemon,

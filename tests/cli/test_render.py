@@ -92,12 +92,12 @@ def test_the_search_line_says_how_many_trials_an_adaptive_search_asked_of_its_bu
     assert "tpe:n_startup_trials=4,multivariate=false, 0 of 12 asked" in search_line(tuned)
 
 
-def test_the_summary_says_warm_only_of_a_warm_sweep() -> None:
-    def warm_lines(sweep: SweepPublic) -> list[list[str]]:
-        return [line.split() for line in lines_of(render.sweep_summary(sweep)) if "warm" in line]
+def test_the_summary_says_preload_only_of_a_preload_sweep() -> None:
+    def preload_lines(sweep: SweepPublic) -> list[list[str]]:
+        return [line.split() for line in lines_of(render.sweep_summary(sweep)) if "preload" in line]
 
-    assert warm_lines(a_sweep(warm=True)) == [["warm", "yes"]]
-    assert warm_lines(a_sweep()) == []
+    assert preload_lines(a_sweep(preload=True)) == [["preload", "yes"]]
+    assert preload_lines(a_sweep()) == []
 
 
 def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> None:

@@ -18,7 +18,7 @@ from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import Studies
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership
 from gpumux.storage import trials as trial_store
@@ -75,7 +75,7 @@ def filler(settings: Settings, db: Sessions, node: NodeIdentity) -> SlotFiller:
     return SlotFiller(
         settings=settings,
         sessions=db,
-        searches=Searches(settings, overheads=overheads),
+        searches=SplitSearches(settings, overheads=overheads),
         studies=Studies(),
         launcher=Launcher(settings=settings, sessions=db, url="http://unused", node=node),
         watched=Watched(kill_grace=1.0, heartbeat_timeout=60.0),

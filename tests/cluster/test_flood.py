@@ -26,7 +26,7 @@ from .conftest import NodeFactory, wait_until
 # 2-core machine's scheduling delays (a renewal late by a second) do not: its supervisors stop
 # its trials at the lease less a heartbeat, 8 s after a renewal.
 LEASE = {"GPUMUX_NODE_LEASE": "10", "GPUMUX_NODE_HEARTBEAT": "2"}
-# A flooded node must exit this soon after SIGTERM: its warm stop leaves the trials running and
+# A flooded node must exit this soon after SIGTERM: its graceful stop leaves the trials running and
 # needs only the tick in progress to end. The daemon before the budget, reading a flood's end
 # in one go on its event loop, took over a minute here.
 STOP_BOUND_S = 20.0

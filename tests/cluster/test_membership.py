@@ -231,7 +231,7 @@ def trial_rows(db: Sessions, trial_ids: list[int]) -> list[tuple[TrialStatus, in
 
 
 def test_a_renamed_restart_takes_its_row_and_keeps_its_trials(db: Sessions, tmp_path: Path) -> None:
-    # A warm stop left the trial running; the daemon comes back from the same data directory
+    # A graceful stop left the trial running; the daemon comes back from the same data directory
     # under another hostname: its trial is its own still, not another node's to requeue.
     first = join(db, "old-host")
     trial_ids = claimed_trials(db, tmp_path, first, 1)

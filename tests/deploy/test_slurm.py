@@ -1,4 +1,4 @@
-"""The Slurm batch scripts of deploy/slurm: their shape, and the warm stop at the time limit run
+"""The Slurm batch scripts of deploy/slurm: their shape, and the graceful stop at the time limit run
 for real (bash, a real daemon, a real database and real trials) with Slurm played by a shim."""
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_trials(
+def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_running_trials(
     tmp_path: Path,
 ) -> None:
     """Slurm sends USR1 to the batch shell (--signal=B:USR1@300): every running trial is
@@ -269,9 +269,9 @@ def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_tria
     finally:
         if job.poll() is None:
             end(job)
-    assert "the time limit is near: a warm stop on every node" in output
-    assert "warm stop: launching nothing new, stopping trials" in output
-    assert "cold stop" not in output
+    assert "the time limit is near: a graceful stop on every node" in output
+    assert "graceful stop: launching nothing new, stopping trials" in output
+    assert "immediate stop" not in output
     assert "--overlap" in (tmp_path / "srun.log").read_text()
     sessions = make_sessions(make_engine(f"sqlite:///{database}"))
     with sessions.read() as session:
@@ -290,7 +290,7 @@ def test_the_first_job_on_a_fresh_shared_database_brings_every_node_up_at_once(
     tmp_path: Path, pg_database: str
 ) -> None:
     """srun starts every node of the job at once: on a fresh PostgreSQL database one of them
-    migrates it while the others wait, and all join; USR1 then stops them all warm."""
+    migrates it while the others wait, and all join; USR1 then stops them all gracefully."""
     nodes_dir = tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes"
     job, _, _ = batch_job(
         tmp_path, nodes=NODES_AT_ONCE, GPUMUX_DATABASE_URL=pg_database, GPUMUX_LEAVE_WHEN_IDLE="60"

@@ -18,7 +18,7 @@ from gpumux.processes.reportlines import (
 
 LOG = (
     b"Epoch 1/3\n"
-    b'GPUMUX_REPORT {"step": 0, "samples": 512, "val_loss": 0.5, "note": "warm"}\n'
+    b'GPUMUX_REPORT {"step": 0, "samples": 512, "val_loss": 0.5, "note": "first"}\n'
     b"caf\xc3\xa9 \xe2\x9c\x93 loss=0.4\n"
     b'GPUMUX_REPORT {"step": 1, "val_loss": 0.41, "lr": 1e-3}\r\n'
     b'GPUMUX_REPORT {"val_\xc3\xa9": 2}\n'

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_launcher import OPTIONS, launch_spec, wait_exited
+from test_supervised import OPTIONS, launch_spec, wait_exited
 
-from gpumux.processes.launcher import SupervisedTrial
 from gpumux.processes.procfs import start_ticks
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
+from gpumux.processes.supervised import SupervisedTrial
 
 TIMEOUT_S = 60.0
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpumux.processes import procfs, rundir, supervisor
-from gpumux.processes.launcher import SUPERVISOR_PATH, supervisor_command
+from gpumux.processes.supervised import SUPERVISOR_PATH, supervisor_command
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 # The node lease the tests write, renewed every 0.1 s as the daemon's heartbeat does: long

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from builders import daemon_bearer
 
-from gpumux.processes.spawning import SPAWNER_PATH
+from gpumux.processes.spawner_client import SPAWNER_PATH
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -72,7 +72,7 @@ class DaemonProcess:
     """A `gpumux serve` subprocess on 127.0.0.1 over one data directory.
 
     It keeps its port across restarts, so that trials started by one run reach the next.
-    `env` is added to the environment it starts with (GPUMUX_HOME=home, GPUMUX_TUNE=0, the
+    `env` is added to the environment it starts with (GPUMUX_HOME=home, GPUMUX_SPLIT_SEARCH=0, the
     test's own environment less its GPUMUX_ variables); `args` to the command line; with `uds`
     it also listens on that Unix socket. Its stdout and stderr are appended to `log_path`.
     """
@@ -94,7 +94,7 @@ class DaemonProcess:
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")},
             "GPUMUX_HOME": str(home),
-            "GPUMUX_TUNE": "0",
+            "GPUMUX_SPLIT_SEARCH": "0",
             **(env or {}),
         }
         self.args = list(args)
@@ -188,7 +188,7 @@ class DaemonProcess:
         return httpx.Client(base_url=self.url, timeout=timeout, headers=daemon_bearer(self.home))
 
     def send(self, signum: int) -> None:
-        """Send a signal to the daemon (twice SIGTERM: a cold stop)."""
+        """Send a signal to the daemon (twice SIGTERM: an immediate stop)."""
         assert self.popen is not None, "start() first"
         self.popen.send_signal(signum)
 
@@ -204,7 +204,7 @@ class DaemonProcess:
         return returncode
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
-        """Stop the daemon with a signal (SIGTERM: a warm stop) and return its exit code."""
+        """Stop the daemon with a signal (SIGTERM: a graceful stop) and return its exit code."""
         self.send(signum)
         return self.wait(timeout)
 

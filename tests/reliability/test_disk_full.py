@@ -382,7 +382,7 @@ def test_a_daemon_started_on_a_full_disk_refuses_with_a_clear_message_and_loses_
             sweep_id: wait_until(partial(finished, client, sweep_id), "the sweeps", daemon)
             for sweep_id in sweep_ids
         }
-    # A warm stop closes the database: SQLite removes its -wal and -shm files, which the next
+    # A graceful stop closes the database: SQLite removes its -wal and -shm files, which the next
     # start must create again.
     assert daemon.stop() == 0
     assert not (daemon.home / "gpumux.db-shm").exists()

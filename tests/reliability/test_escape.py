@@ -110,7 +110,7 @@ def test_a_time_limit_stops_the_grandchild(make_daemon: DaemonFactory, tmp_path:
     assert_no_orphans(daemon)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["warm-stop", "kill-9"])
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["graceful-stop", "kill-9"])
 def test_after_a_restart_of_the_daemon_a_cancel_stops_the_grandchild(
     make_daemon: DaemonFactory, tmp_path: Path, stop: signal.Signals
 ) -> None:
@@ -118,7 +118,7 @@ def test_after_a_restart_of_the_daemon_a_cancel_stops_the_grandchild(
     sweep_id, leader, grandchild = start_escaper(daemon, tmp_path, "--ignore-term")
 
     daemon.stop(stop)
-    assert alive(leader) and alive(grandchild), "a warm stop or a crash leaves trials running"
+    assert alive(leader) and alive(grandchild), "a graceful stop or a crash leaves trials running"
     daemon.start()
     cancel(daemon, sweep_id)
     trial = ended_trial(daemon, sweep_id)

@@ -1,4 +1,4 @@
-"""Nothing lost: trials survive a daemon's crash, warm stop and restart, and run once each."""
+"""Nothing lost: trials survive a daemon's crash, graceful stop and restart, and run once each."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def test_a_kill_9_of_the_daemon_loses_no_trial_and_runs_none_twice(
     assert_no_orphans(daemon)
 
 
-def test_a_warm_stop_leaves_trials_running_and_the_next_daemon_adopts_them(
+def test_a_graceful_stop_leaves_trials_running_and_the_next_daemon_adopts_them(
     make_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
     daemon = make_daemon(env=FAST_KILL)
@@ -180,7 +180,7 @@ def test_a_warm_stop_leaves_trials_running_and_the_next_daemon_adopts_them(
     assert_no_orphans(daemon)
 
 
-def test_a_warm_stop_with_stop_trials_requeues_them_and_the_restart_runs_them_again(
+def test_a_graceful_stop_with_stop_trials_requeues_them_and_the_restart_runs_them_again(
     make_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
     daemon = make_daemon(env=FAST_KILL, args=["--stop-trials"])
@@ -300,7 +300,7 @@ def test_a_supervisor_killed_with_9_leaves_its_trial_lost_and_requeued_with_no_o
     first = wait_started(daemon, tmp_path, range(2))
     supervisor = first[1]["ppid"]
     # Forked by the daemon's spawner, it shares the spawner's command line.
-    assert "spawner.py" in command_line(supervisor), command_line(supervisor)
+    assert "spawner_process.py" in command_line(supervisor), command_line(supervisor)
 
     os.kill(supervisor, signal.SIGKILL)
     second = wait_started(daemon, tmp_path, [1], attempt=2)[1]

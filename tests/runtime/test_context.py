@@ -1,4 +1,4 @@
-"""The launcher's contract as the trial reads it."""
+"""The trial contract as the trial reads it."""
 
 from __future__ import annotations
 

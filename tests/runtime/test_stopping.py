@@ -12,8 +12,8 @@ import pytest
 from builders import cpu_trial_env
 
 from gpumux.processes.contract import LaunchSpec
-from gpumux.processes.launcher import SupervisedTrial, SupervisorOptions
 from gpumux.processes.rundir import ExitStatus
+from gpumux.processes.supervised import SupervisedTrial, SupervisorOptions
 from gpumux.runtime import should_stop
 
 from .support import FIXTURES, TIMEOUT_S, run_python, trial_env

@@ -287,7 +287,7 @@ def test_a_trial_past_its_time_limit_fails(harness: Harness, tmp_path: Path) -> 
     assert trial.signal == signal.SIGTERM
 
 
-def test_a_warm_stop_requeues_running_trials_for_the_next_daemon(
+def test_a_graceful_stop_requeues_running_trials_for_the_next_daemon(
     harness: Harness, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pids"
@@ -514,7 +514,7 @@ def exit_after_flag(flag: Path, code: int) -> list[str]:
 
 
 async def start_then_leave(harness: Harness, sweep_id: int) -> None:
-    """Run the scheduler until the sweep's trials run, then warm-stop it, leaving them."""
+    """Run the scheduler until the sweep's trials run, then stop it gracefully, leaving them."""
     stop = asyncio.Event()
     task = asyncio.create_task(harness.scheduler.run(stop))
     await until(
@@ -525,7 +525,7 @@ async def start_then_leave(harness: Harness, sweep_id: int) -> None:
     await harness.scheduler.drain(stop_trials=False)
 
 
-def test_a_warm_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
+def test_a_graceful_stop_leaves_trials_running_and_the_next_scheduler_adopts_them(
     settings: Settings, sessions: Sessions, tmp_path: Path
 ) -> None:
     flag = tmp_path / "flag"

@@ -70,8 +70,8 @@ def test_the_slot_a_higher_n_opens_gets_the_next_trial_before_the_first_ends(
         home=tmp_path / "home",
         url=f"http://127.0.0.1:{free_port()}",
         poll_interval=0.2,
-        tune_warmup=0.3,
-        tune_window=0.6,
+        split_settle=0.3,
+        split_window=0.6,
     )
     stop = tmp_path / "stop"
     workdir = str(tmp_path.resolve())

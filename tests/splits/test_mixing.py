@@ -25,7 +25,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.server.daemon import embedded
 from gpumux.splits.curve import Decision
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
@@ -35,7 +35,7 @@ from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
-TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
+TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
 NUMBERS = itertools.count(100)
 
 
@@ -120,21 +120,21 @@ def test_a_workload_sharing_the_device_is_measured_as_n_times_its_median_trial_r
         # The other workload's samples are not ours: they must not count.
         session.add_all(reports(other, start, range(1, 16), 5000.0))
         session.flush()
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours, mix=mix)
     (point,) = search.curve
     # Each trial holds 1/4 of the device: 4 times the median of 30 and 20 samples/s.
     assert point.split == 4 and point.throughput == pytest.approx(4 * 25.0)
 
 
-def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
+def test_a_phase_closes_once_every_trial_reported_twice_after_the_settle_time(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     ours = make_sweep(sessions, tmp_path, "a.py")
     search = search_of(sessions, ours)
     search.decision = Decision(split=2, settled=False, reason="measuring N=2")
     start = utcnow()
-    end = start + TIMING.warmup + TIMING.window
+    end = start + TIMING.settle + TIMING.window
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=2, queued=3, sweep_id=ours)
         early, late = running(ours, 2, start), running(ours, 2, start)
@@ -144,7 +144,7 @@ def test_a_phase_closes_once_every_trial_reported_twice_after_the_warm_up(
         session.add_all(reports(late, start, range(8, 9), 10.0))
         session.flush()
         search.observe(session=session, now=end, running=2, queued=3, sweep_id=ours)
-        assert search.curve == [], "one trial has reported once since the warm-up"
+        assert search.curve == [], "one trial has reported once since the settle time"
         session.add_all(reports(late, start, range(16, 17), 80.0))
         session.flush()
         # No trial ended: the rates alone close the window.
@@ -160,7 +160,7 @@ def test_reports_read_together_give_no_rate(sessions: Sessions, tmp_path: Path) 
     ours = make_sweep(sessions, tmp_path, "a.py")
     search = search_of(sessions, ours)
     start = utcnow()
-    end = start + TIMING.warmup + TIMING.window
+    end = start + TIMING.settle + TIMING.window
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=1, queued=3, sweep_id=ours)
         trial = running(ours, 1, start)
@@ -204,20 +204,20 @@ def test_two_workloads_on_one_device_both_keep_searching(
 ) -> None:
     first = make_sweep(sessions, tmp_path, "a.py", trials=4)
     second = make_sweep(sessions, tmp_path, "b.py", trials=4)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     device = cpu()
     with sessions.read() as session:
         for sweep_id in (first, second):
             sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
             assert sweep is not None
             # Each starts at the device's 8 cores.
-            assert searches.tuned_splits(session=session, sweep=sweep, devices=[device]) == {
+            assert searches.searched_splits(session=session, sweep=sweep, devices=[device]) == {
                 "cpu": 8
             }
     # Both at N=2 share the device half and half, each trial reporting 40 samples/s of its
     # life, a report a second up to the moment the searches look.
-    warmup, window = settings.tune_warmup, settings.tune_window
-    look = int(warmup + window) + 1
+    settle, window = settings.split_settle, settings.split_window
+    look = int(settle + window) + 1
     start = utcnow()
     with sessions.write.begin() as session:
         for sweep_id in (first, second):
@@ -270,7 +270,7 @@ def test_a_phase_pauses_while_only_another_workload_runs(
         later = pause + timedelta(seconds=1)
         search.observe(session=session, now=later, running=0, queued=3, sweep_id=ours, mix=half)
         assert search.phase_start == start
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=0, queued=3, sweep_id=ours, mix=full)
     (point,) = search.curve
     assert (point.split, point.throughput) == (1, pytest.approx(50.0))
@@ -311,8 +311,8 @@ def test_two_auto_sweeps_share_the_cpu_by_their_shares_and_both_searches_learn(
         url=f"http://127.0.0.1:{port}",
         poll_interval=0.2,
         kill_grace=2.0,
-        tune_warmup=0.3,
-        tune_window=0.6,
+        split_settle=0.3,
+        split_window=0.6,
     )
     # A directory the second user may enter (pytest's own are the test runner's only).
     workdir = Path(tempfile.mkdtemp(prefix="gpumux-mixing-"))

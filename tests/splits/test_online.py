@@ -20,7 +20,7 @@ from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.throughput import CurvePoint
 
-TIMING = Timing(warmup=timedelta(seconds=5), window=timedelta(seconds=10))
+TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
 COMMAND = ["python", "train.py"]
 TOKENS = ["batch_size=32", "lr=1e-3..1e-1"]
 NUMBERS = itertools.count(1)
@@ -93,7 +93,7 @@ def report(trial: Trial, at: datetime, samples: float) -> TrialReport:
 def run_phase(
     sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
 ) -> datetime:
-    """N trials run for warm-up + window, reporting `rate` samples/s in all; returns the end."""
+    """N trials run for settle + window, reporting `rate` samples/s in all; returns the end."""
     split = search.split
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=split, queued=9, sweep_id=1)
@@ -105,7 +105,7 @@ def run_phase(
                 at = start + timedelta(seconds=second)
                 session.add(report(trial, at, rate / split))
         session.flush()
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=split, queued=9, sweep_id=1)
         search.save(session=session)  # as the scheduler does for a search that changed
         for trial in trials:
@@ -125,7 +125,7 @@ def test_the_search_climbs_measures_each_window_settles_at_the_knee_and_stores_i
         now = run_phase(sessions, search, trial_id, now, throughput[search.split])
     assert tried == [1, 2, 3, 5]
     assert search.split == 2 and "knee" in search.decision.reason
-    # Reports in the window (warm-up excluded) over the window's length.
+    # Reports in the window (the settle time excluded) over the window's length.
     assert [round(p.throughput) for p in sorted(search.curve, key=lambda p: p.split)] == [
         100,
         190,
@@ -168,7 +168,7 @@ def test_no_room_for_n_while_work_waits_lowers_the_ceiling(
     with sessions.write.begin() as session:
         start = now + timedelta(minutes=5)
         search.observe(session=session, now=start, running=1, queued=4, sweep_id=1)
-        stuck = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
+        stuck = start + TIMING.settle + TIMING.window + timedelta(seconds=1)
         search.observe(session=session, now=stuck, running=1, queued=4, sweep_id=1)
     assert search.ceiling == 1 and search.decision.settled and search.split == 1
     # What held the trial back may pass (another workload, a user's limit): not kept.
@@ -202,7 +202,7 @@ def test_out_of_memory_is_recognised_from_the_frameworks_messages(tail: str, oom
     assert is_out_of_memory(tail) is oom
 
 
-def test_a_long_trial_is_measured_once_it_reported_twice_after_the_warm_up(
+def test_a_long_trial_is_measured_once_it_reported_twice_after_the_settle_time(
     sessions: Sessions, trial_id: int
 ) -> None:
     search = search_of(sessions)
@@ -212,12 +212,12 @@ def test_a_long_trial_is_measured_once_it_reported_twice_after_the_warm_up(
         trial = running_trial(start - timedelta(seconds=1), 1)
         session.add(trial)
         session.flush()
-        session.add(report(trial, start + timedelta(seconds=3), 100.0))  # in its warm-up
-        session.add(report(trial, start + TIMING.warmup + timedelta(seconds=2), 100.0))
+        session.add(report(trial, start + timedelta(seconds=3), 100.0))  # in its settle time
+        session.add(report(trial, start + TIMING.settle + timedelta(seconds=2), 100.0))
         session.flush()
-        later = start + TIMING.warmup + TIMING.window + timedelta(seconds=1)
+        later = start + TIMING.settle + TIMING.window + timedelta(seconds=1)
         search.observe(session=session, now=later, running=1, queued=5, sweep_id=1)
-        assert search.curve == [], "one report after the warm-up gives no rate"
+        assert search.curve == [], "one report after the settle time gives no rate"
         session.add(report(trial, start + timedelta(seconds=47), 600.0))
         session.flush()
         end = start + timedelta(seconds=50)
@@ -251,7 +251,7 @@ def test_optimizer_steps_are_the_unit_of_a_workload_that_reports_no_samples(
         for second in samples_at:
             session.add(report(trial, start + timedelta(seconds=second), 1000.0))
         session.flush()
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
     # Over its life, from a second before the phase to its last report.
     if not samples_at:
@@ -283,7 +283,7 @@ def test_a_workload_whose_framework_sees_no_gpu_is_not_measured_and_says_why(
         for second in (6, 9, 12):
             session.add(report(trial, start + timedelta(seconds=second), 1000.0))
         session.flush()
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
         # Halted: later windows measure nothing either.
         search.observe(
@@ -307,9 +307,9 @@ def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
     start = utcnow()
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
-        session.add(ended_trial(start, start + TIMING.warmup + timedelta(seconds=3)))
+        session.add(ended_trial(start, start + TIMING.settle + timedelta(seconds=3)))
         session.flush()
-        end = start + TIMING.warmup + TIMING.window
+        end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
     (point,) = search.curve
     assert search.unit == "trials/s"
@@ -333,9 +333,9 @@ def test_the_most_memory_one_trial_held_while_n_ran_is_stored_with_its_point(
         tick(begin, 1, [700])
         tick(begin + timedelta(seconds=3), 1, [900])
         tick(begin + timedelta(seconds=4), 1, [])
-        session.add(ended_trial(begin, begin + TIMING.warmup + timedelta(seconds=3)))
+        session.add(ended_trial(begin, begin + TIMING.settle + timedelta(seconds=3)))
         session.flush()
-        tick(begin + TIMING.warmup + TIMING.window, 1, [800])
+        tick(begin + TIMING.settle + TIMING.window, 1, [800])
         search.save(session=session)
     (point,) = search.curve
     assert point.split == 1 and point.memory_per_trial_mb == 900
@@ -599,7 +599,7 @@ def test_points_measured_before_their_trials_ended_take_their_times_when_the_swe
         search.save(session=session)
 
     # run_phase's trials start a second before their phase and end as it closes.
-    took = (TIMING.warmup + TIMING.window + timedelta(seconds=1)).total_seconds()
+    took = (TIMING.settle + TIMING.window + timedelta(seconds=1)).total_seconds()
     assert [p.seconds_per_trial for p in search.curve] == [took, took]
     with sessions.read() as session:
         (profile,), _ = profile_store.list_profiles(session=session)

@@ -73,8 +73,8 @@ def test_a_new_workload_starts_at_the_n_of_a_similar_workloads_profile(tmp_path:
         home=tmp_path / "home",
         url=f"http://127.0.0.1:{free_port()}",
         poll_interval=0.2,
-        tune_warmup=0.5,
-        tune_window=1.0,
+        split_settle=0.5,
+        split_window=1.0,
     )
     workdir = str(tmp_path.resolve())
     command = [sys.executable, "-c", TRIAL]

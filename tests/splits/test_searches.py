@@ -24,7 +24,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.curve import Decision
 from gpumux.splits.online import SplitSearch
-from gpumux.splits.searches import Searches
+from gpumux.splits.searches import SplitSearches
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
@@ -89,7 +89,7 @@ def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
 
 
 def observe(
-    searches: Searches,
+    searches: SplitSearches,
     session: Session,
     *,
     now: datetime,
@@ -104,7 +104,7 @@ def observe(
 
 
 def search_for(
-    searches: Searches, sessions: Sessions, sweep_id: int, on: DeviceSnapshot
+    searches: SplitSearches, sessions: Sessions, sweep_id: int, on: DeviceSnapshot
 ) -> SplitSearch:
     with sessions.read() as session:
         sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
@@ -149,12 +149,14 @@ def test_another_sweep_holding_the_device_never_lowers_the_searchs_ceiling(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, fixed_id = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     with sessions.read() as session:
         sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         # Nothing measured yet: the search starts at the CPU's core count.
-        assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 8}
+        assert searches.searched_splits(session=session, sweep=sweep, devices=[device()]) == {
+            "cpu": 8
+        }
     with sessions.write.begin() as session:
         (other,) = trial_store.list_trials(session=session, sweep_id=fixed_id)[0]
         lifecycle.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
@@ -181,14 +183,14 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings.model_copy(update={"host_cores": 64}))
-    few_cores = Searches(settings.model_copy(update={"host_cores": 4}))
+    searches = SplitSearches(settings.model_copy(update={"host_cores": 64}))
+    few_cores = SplitSearches(settings.model_copy(update={"host_cores": 4}))
     twins = [device("GPU-a", "NVIDIA H200", "gpu"), device("GPU-b", "NVIDIA H200", "gpu")]
     with sessions.read() as session:
         sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
-        splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
-        on_few = few_cores.tuned_splits(session=session, sweep=sweep, devices=twins)
+        splits = searches.searched_splits(session=session, sweep=sweep, devices=twins)
+        on_few = few_cores.searched_splits(session=session, sweep=sweep, devices=twins)
     # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that,
     # on a host of 64 cores; on one of 4, a trial per core.
     assert splits == {"GPU-a": 13, "GPU-b": 13}
@@ -201,7 +203,7 @@ def test_a_cpu_search_keeps_its_profile_per_model_and_cores(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    search = search_for(Searches(settings), sessions, auto_id, device())
+    search = search_for(SplitSearches(settings), sessions, auto_id, device())
     assert search.device_name == "Test CPU, 8 cores"
     # Two trials per core, as free memory allows at cpu_trial_mb each.
     assert search.ceiling == 16
@@ -212,7 +214,7 @@ def test_the_ceiling_divides_by_the_overhead_placement_budgets(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     overheads = Overheads(configured_mb=settings.overhead_mb)
-    searches = Searches(settings, overheads=overheads)
+    searches = SplitSearches(settings, overheads=overheads)
     gpu = device("GPU-a", "NVIDIA H200", "gpu")
     room = TOTAL_MB - settings.reserve_mb
     assert searches.ceiling(gpu) == room // (settings.min_memory_mb + settings.overhead_mb)
@@ -236,7 +238,7 @@ def test_an_overhead_measured_after_the_search_began_lowers_its_ceiling(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     overheads = Overheads(configured_mb=settings.overhead_mb)
-    searches = Searches(settings, overheads=overheads)
+    searches = SplitSearches(settings, overheads=overheads)
     gpu = device("GPU-a", "NVIDIA H200", "gpu")
     search = search_for(searches, sessions, auto_id, gpu)
     before = search.ceiling
@@ -257,7 +259,7 @@ def test_a_cpu_trial_is_measured_by_the_resident_memory_of_its_process_group(
     hog: subprocess.Popen[str],
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     cpu = device(cores=1)
     search = search_for(searches, sessions, auto_id, cpu)
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
@@ -275,7 +277,7 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     hog: subprocess.Popen[str],
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     listed = (GpuProcess(pid=hog.pid, used_memory_mb=2500), GpuProcess(pid=1, used_memory_mb=900))
     gpu = device("GPU-a", "NVIDIA H200", "gpu", listed, total_mb=ONE_TRIAL_MB)
     search = search_for(searches, sessions, auto_id, gpu)
@@ -292,7 +294,7 @@ def test_without_the_device_listed_no_memory_is_measured(
     hog: subprocess.Popen[str],
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     search = search_for(searches, sessions, auto_id, device(cores=1))
     run_first_trial(sessions, auto_id, device="cpu", pgid=hog.pid)
     with sessions.read() as session:
@@ -317,7 +319,7 @@ def test_a_search_that_fails_leaves_the_others_searching(
             owner=owner_store.get_or_create_owner(session=session, name="alice"),
         )
         other_id = other.id
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     cpu, gpu = device(cores=1), device("GPU-a", "NVIDIA H200", "gpu", total_mb=ONE_TRIAL_MB)
     broken = search_for(searches, sessions, auto_id, cpu)
     healthy = search_for(searches, sessions, other_id, gpu)
@@ -338,7 +340,7 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     cpu = device(cores=1)
     search = search_for(searches, sessions, auto_id, cpu)
     run_first_trial(sessions, auto_id, device="cpu", pgid=1)
@@ -349,7 +351,7 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
     # The look once the window opens reads the reports: a database that cannot answer fails.
     with sqlite3.connect(settings.database_file or "") as broken:
         broken.execute("DROP TABLE trial_reports")
-    later = now + timedelta(seconds=settings.tune_warmup + settings.tune_window)
+    later = now + timedelta(seconds=settings.split_settle + settings.split_window)
     with sessions.read() as session, pytest.raises(OperationalError, match="trial_reports"):
         observe(searches, session, now=later, devices=[cpu], group_of={})
 
@@ -358,7 +360,7 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     cpu = device()
     search = search_for(searches, sessions, auto_id, cpu)
     search.sweep_id = auto_id
@@ -390,7 +392,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = Searches(settings)
+    searches = SplitSearches(settings)
     cpu = device()
     search = search_for(searches, sessions, auto_id, cpu)
     search.sweep_id = auto_id

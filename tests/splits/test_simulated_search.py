@@ -69,8 +69,8 @@ def daemon_of(tmp_path: Path) -> Iterator[Start]:
                 simulated_time_scale=SCALE,
                 host_cores=host_cores,
                 poll_interval=0.1,
-                tune_warmup=0.2,
-                tune_window=0.5,
+                split_settle=0.2,
+                split_window=0.5,
                 kill_grace=2.0,
             )
             daemon = stack.enter_context(embedded(settings))

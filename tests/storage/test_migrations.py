@@ -34,9 +34,9 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012", "0013", "0014",
+    "0012", "0013", "0014", "0015",
 ]  # fmt: skip
-HEAD = "0015"
+HEAD = "0016"
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
@@ -101,6 +101,9 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         row |= {"retries": sweep_id, "priority": 10 * sweep_id}
     if revision >= "0005":
         row |= {"search": "random" if sweep_id == 2 else "grid"}
+    if revision >= "0007":
+        # The second sweep's trials start preloaded: 0007's `warm`, `preload` from 0016.
+        row |= {"warm" if revision < "0016" else "preload": sweep_id == 2}
     return row
 
 
@@ -313,8 +316,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
         # 0015: the random search's draws are its budget, as they were its random_trials.
         assert [s.trial_budget for s in sweeps] == [2, None]
-        # 0007: sweeps written before it start their trials cold.
-        assert [s.warm for s in sweeps] == [False, False]
+        # 0007: sweeps written before it start their trials fresh; 0016 keeps the flag.
+        assert [s.preload for s in sweeps] == [revision >= "0007", False]
 
         trials, _ = trial_store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [
@@ -458,6 +461,25 @@ def test_0015_down_names_the_budget_random_trials_again_and_keeps_it(engine: Eng
         assert [row[0] for row in budgets] == [None, 2]
     assert "trial_budget" not in columns
     assert row_counts(engine) == ROWS
+    assert_sound(engine)
+
+
+def test_0016_renames_warm_to_preload_and_back_keeping_the_flag(engine: Engine) -> None:
+    migrate(engine, "0015")
+    with engine.begin() as connection:
+        populate(connection, "0015")
+    upgrade(engine)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT id, preload FROM sweeps ORDER BY id")).all()
+    assert [(sweep_id, bool(flag)) for sweep_id, flag in rows] == [(1, False), (2, True)]
+
+    migrate(engine, "0015")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
+        rows = connection.execute(text("SELECT id, warm FROM sweeps ORDER BY id")).all()
+    assert "warm" in columns and "preload" not in columns
+    assert [(sweep_id, bool(flag)) for sweep_id, flag in rows] == [(1, False), (2, True)]
     assert_sound(engine)
 
 

@@ -1,4 +1,4 @@
-"""Profiles in the store, and the windowed throughput reads the tuner measures with."""
+"""Profiles in the store, and the windowed throughput reads the split search measures with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Routes for throughput profiles: the curves the tuner measured, per device model and workload."""
+"""Routes for throughput profiles: the curves the split search measured, per device and workload."""
 
 from __future__ import annotations
 

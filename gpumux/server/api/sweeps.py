@@ -69,7 +69,7 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         time_limit_s=sweep.time_limit_s,
         retries=sweep.retries,
         priority=sweep.priority,
-        warm=sweep.warm,
+        preload=sweep.preload,
         trial_count=sweep.trial_count,
         cancel_requested=sweep.cancel_requested,
         created_at=sweep.created_at,

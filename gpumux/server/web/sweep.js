@@ -197,7 +197,7 @@ function splitSearch(sweep) {
     return h("div", { class: "muted" }, `the split is fixed at ${sweep.split} trials per device: no search`);
   }
   if (!sweep.profiles.length) {
-    return h("div", { class: "muted" }, "no measurement yet (or the search is off: GPUMUX_TUNE=0)");
+    return h("div", { class: "muted" }, "no measurement yet (or the search is off: GPUMUX_SPLIT_SEARCH=0)");
   }
   return h("div", null, sweep.profiles.map((profile) => profileBlock(profile, false)));
 }

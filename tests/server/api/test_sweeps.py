@@ -8,7 +8,7 @@ import pytest
 from builders import sweep_body
 
 from gpumux.config import Settings
-from gpumux.splits import curve as tuner
+from gpumux.splits import curve as split_curve
 from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 
@@ -184,7 +184,7 @@ def test_an_auto_sweep_shows_its_workloads_split_search(
         profile_store.save_profile(
             session=session,
             device_name="NVIDIA H200",
-            fingerprint=tuner.workload_fingerprint(
+            fingerprint=split_curve.workload_fingerprint(
                 [auto["workdir"], *auto["command"]], auto["params"]
             ),
             command=auto["command"],

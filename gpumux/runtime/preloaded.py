@@ -1,10 +1,10 @@
-"""Warm start: a parent that has imported the framework forks trials that run a script as __main__.
+"""Preloaded start: a parent that imported the framework forks trials that run a script as __main__.
 
 The parent calls `preload` once; each forked child calls `run_trial`, which becomes the trial as a
-cold start would (its environment, directory, sys.argv, the bootstrap's caps and hooks) and never
+fresh start would (its environment, directory, sys.argv, the bootstrap's caps and hooks) and never
 returns. The caps still apply because importing a framework initialises nothing: TensorFlow
 creates no thread pool and touches no device until its first operation, which the parent never
-runs. The caller does what a cold launch does around the exec: a session of its own, stdin and
+runs. The caller does what a fresh launch does around the exec: a session of its own, stdin and
 the output descriptors, the user, the signal mask. Standard library only, like the runtime.
 """
 
@@ -33,13 +33,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import NoReturn
 
-# Interpreter options a warm child can honour: the trial's environment already sets -u's effect.
+# Interpreter options a preloaded child can honour: the trial's environment sets -u's effect.
 HONOURED_OPTIONS = ("-u",)
-# Read by the dynamic loader when the process started, which for a warm child was the parent.
+# Read by the dynamic loader when the process started, which for a preloaded child was the parent.
 LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 # Read by the interpreter as it starts, into its hash seed, flags, streams, allocator or first
-# sys.path entry: a warm child's interpreter started long ago (isolated, -I), so a trial that
-# sets one starts cold. Not here: PYTHONPATH, PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE (common
+# sys.path entry: a preloaded child's interpreter started long ago (isolated, -I), so a trial that
+# sets one starts fresh. Not here: PYTHONPATH, PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE (common
 # in containers), PYTHONNOUSERSITE and PYTHONUSERBASE, which run_trial applies itself, and those
 # read later from os.environ (PYTHONBREAKPOINT, PYTHONASYNCIODEBUG) or only when interactive.
 STARTUP_VARIABLES = (
@@ -83,7 +83,7 @@ OPENBLAS_SETTERS = (
 
 
 def preload(modules: Iterable[str]) -> list[str]:
-    """Import these modules in the warm parent; the names of the threads they left running."""
+    """Import these modules in the preloading parent; the names of the threads they left running."""
     for name in modules:
         importlib.import_module(name)
     # Only Python's own threads are listed here; native pools (OpenBLAS) are in /proc/self/task.
@@ -97,7 +97,7 @@ def script_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None
 
     `python script.py args` gives [script.py, args]; `python -m module args` gives
     [-m, module, args]. Another program, another interpreter (found on the trial's PATH), or an
-    option the child cannot honour gives None: that command must start cold. A relative
+    option the child cannot honour gives None: that command must start fresh. A relative
     command is found from the current directory, as exec would from the trial's.
     """
     if not argv:
@@ -115,14 +115,16 @@ def script_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None
     return None if rest[0].startswith("-") else rest
 
 
-def cold_reason(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """Why `argv` with the trial's `env` must start cold in this process, or None if it can
-    start warm. Call it before the trial's environment replaces this process's own."""
+def fresh_reason(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why `argv` with the trial's `env` must start fresh in this process, or None if it can
+    start preloaded. Call it before the trial's environment replaces this process's own."""
     if script_argv(argv, env) is None:
         return f"{' '.join(argv)!r} is not `python script.py` with this interpreter"
     for name in LOADER_VARIABLES:
         if env.get(name, "") != os.environ.get(name, ""):
-            return f"its {name} is not the warm spawner's, which its libraries were loaded with"
+            return (
+                f"its {name} is not the preloading spawner's, which its libraries were loaded with"
+            )
     # An empty value is no setting, for the interpreter as here.
     startup = [name for name in STARTUP_VARIABLES if env.get(name)]
     if startup:
@@ -134,9 +136,9 @@ def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn
     """In a forked child: become the trial that `argv` starts, run its script, exit as it did."""
     # First, as for an exec: a relative command or script is found from the trial's directory.
     os.chdir(cwd)
-    reason = cold_reason(argv, env)
+    reason = fresh_reason(argv, env)
     if reason is not None:
-        raise ValueError(f"cannot start warm: {reason}")
+        raise ValueError(f"cannot start preloaded: {reason}")
     script = script_argv(argv, env)
     assert script is not None
     os.environ.clear()
@@ -146,7 +148,7 @@ def run_trial(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> NoReturn
     _add_user_site(env)
     # What a fresh interpreter does with PYTHONDONTWRITEBYTECODE.
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-    # The first report's interval starts with the trial, as at a cold interpreter's start.
+    # The first report's interval starts with the trial, as at a fresh interpreter's start.
     gpumux.runtime._previous_report_at = time.monotonic()
     _cap_openblas(env)
     try:
@@ -189,7 +191,7 @@ def _set_sys_path(script: list[str], env: Mapping[str, str]) -> None:
 
 
 def _add_user_site(env: Mapping[str, str]) -> None:
-    # The warm parent runs isolated, without the user's site-packages (pip install --user),
+    # The preloading parent runs isolated, without the user's site-packages (pip install --user),
     # which `python script.py` has: added after the trial's HOME and user are in place.
     if env.get("PYTHONNOUSERSITE") or not user_site_enabled(sys.prefix):
         return
@@ -260,7 +262,7 @@ def _run_script(script: list[str]) -> int:
         return _exit_code(done.code)
     except KeyboardInterrupt:
         traceback.print_exc()
-        # A cold interpreter ends by the signal it was interrupted by.
+        # A fresh interpreter ends by the signal it was interrupted by.
         return -signal.SIGINT
     except BaseException:
         traceback.print_exc()

@@ -1,18 +1,18 @@
-"""Does a warm start pay? Cold trials (a fresh interpreter) vs. warm ones (forked from a parent
-that has imported the framework), running examples/digits_keras.py.
+"""Does a preloaded start pay? Fresh trials (a new interpreter) vs. preloaded ones (forked from a
+parent that has imported the framework), running examples/digits_keras.py.
 
-    python benchmarks/warm_start.py [--epochs 5] [--repeats 3] [--at-once 1 2 3]
+    python benchmarks/preloaded_start.py [--epochs 5] [--repeats 3] [--at-once 1 2 3]
 
-- cold: `python examples/digits_keras.py` with the environment gpumux's launcher gives a trial
+- fresh: `python examples/digits_keras.py` with the environment gpumux's launcher gives a trial
   (the bootstrap sitecustomize on PYTHONPATH, its caps at TensorFlow's import), as the supervisor
   starts it;
-- warm: one parent imports tensorflow and keras (gpumux.runtime.warm.preload) and forks each
-  trial, which applies the same caps and runs the script as __main__ (warm.run_trial).
+- preloaded: one parent imports tensorflow and keras (gpumux.runtime.preloaded.preload) and forks
+  each trial, which applies the same caps and runs the script as __main__ (preloaded.run_trial).
 Both report to a local report server, as to a daemon: the time to the first epoch's report is
 measured from the launch, and the end from the launch to the exit. At 2 and 3 trials at once
 each gets the CPU device's threads for its split (cores // split). Variants interleaved, medians
-over repeats. Then a correctness check: the caps a warm child applied, and the script's result
-next to a cold run's.
+over repeats. Then a correctness check: the caps a preloaded child applied, and the script's result
+next to a fresh run's.
 """
 
 from __future__ import annotations
@@ -110,13 +110,13 @@ def environment(trial_id: int, split: int, url: str) -> dict[str, str]:
     return trial_env(spec)
 
 
-class WarmParent:
-    """The warm parent: a process that preloaded the framework and forks trials on request."""
+class PreloadingParent:
+    """The preloading parent: a process that preloaded the framework and forks trials on request."""
 
     def __init__(self) -> None:
         started = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--warm-parent"],
+            [sys.executable, __file__, "--preloading-parent"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -143,12 +143,12 @@ class WarmParent:
         self.process.wait(timeout=60)
 
 
-def warm_parent_main() -> None:
-    """The warm parent's loop: preload, then fork a trial per request line, report each end."""
-    from gpumux.runtime import warm
+def preloading_parent_main() -> None:
+    """The preloading parent's loop: preload, then fork a trial per request line, report ends."""
+    from gpumux.runtime import preloaded
 
     started = time.monotonic()
-    python_threads = warm.preload(PRELOAD)
+    python_threads = preloaded.preload(PRELOAD)
     tasks = sorted(os.listdir("/proc/self/task"))
     names = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in tasks]
     ready = {"preload_s": time.monotonic() - started, "threads": python_threads, "tasks": names}
@@ -176,8 +176,8 @@ def warm_parent_main() -> None:
 
 
 def fork_trial(request: dict[str, object]) -> int:
-    """Fork one warm trial in a session of its own, its output in its log; the child's pid."""
-    from gpumux.runtime import warm
+    """Fork one preloaded trial in a session of its own, its output in its log; the child's pid."""
+    from gpumux.runtime import preloaded
 
     pid = os.fork()
     if pid:
@@ -188,7 +188,7 @@ def fork_trial(request: dict[str, object]) -> int:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        warm.run_trial(request["argv"], request["env"], str(request["cwd"]))  # type: ignore[arg-type]
+        preloaded.run_trial(request["argv"], request["env"], str(request["cwd"]))  # type: ignore[arg-type]
     finally:
         os._exit(127)
 
@@ -208,24 +208,24 @@ def run_batch(
     epochs: int,
     url: str,
     reports: Reports,
-    parent: WarmParent,
+    parent: PreloadingParent,
     logs: Path,
     first_id: int,
 ) -> list[Trial]:
-    """`at_once` trials launched together, cold or warm; each one's times."""
+    """`at_once` trials launched together, fresh or preloaded; each one's times."""
     argv = [sys.executable, str(SCRIPT), f"--epochs={epochs}"]
     launched: dict[int, float] = {}
     ended: dict[int, tuple[float, int]] = {}
-    cold: dict[int, subprocess.Popen[bytes]] = {}
+    fresh: dict[int, subprocess.Popen[bytes]] = {}
     for trial_id in range(first_id, first_id + at_once):
         env = environment(trial_id, at_once, url)
         log = logs / f"{variant}-{trial_id}.log"
         launched[trial_id] = time.monotonic()
-        if variant == "warm":
+        if variant == "preloaded":
             parent.launch(trial_id, argv, env, log)
         else:
             with log.open("wb") as output:
-                cold[trial_id] = subprocess.Popen(
+                fresh[trial_id] = subprocess.Popen(
                     argv,
                     env=env,
                     cwd=ROOT,
@@ -235,11 +235,11 @@ def run_batch(
                     start_new_session=True,
                 )
     while len(ended) < at_once:
-        if variant == "warm":
+        if variant == "preloaded":
             trial_id, status, at = parent.ended()
             ended[trial_id] = (at, status)
             continue
-        for trial_id, process in cold.items():
+        for trial_id, process in fresh.items():
             if trial_id not in ended and process.poll() is not None:
                 ended[trial_id] = (time.monotonic(), process.returncode)
         time.sleep(0.01)
@@ -256,19 +256,19 @@ def run_batch(
     ]
 
 
-def correctness(parent: WarmParent, url: str, reports: Reports, logs: Path) -> None:
-    """The caps and the result of a warm child next to a cold run's, at split 2 (1 thread)."""
+def correctness(parent: PreloadingParent, url: str, reports: Reports, logs: Path) -> None:
+    """The caps and the result of a preloaded child next to a fresh run's, at split 2 (1 thread)."""
     probe = logs / "probe.py"
     probe.write_text(PROBE)
     lines: dict[str, list[str]] = {}
-    for variant, trial_id in (("cold", 900), ("warm", 901)):
+    for variant, trial_id in (("fresh", 900), ("preloaded", 901)):
         for what, argv in (
             ("probe", [sys.executable, str(probe)]),
             ("result", [sys.executable, str(SCRIPT), "--epochs=3"]),
         ):
             env = environment(trial_id, 2, url)
             log = logs / f"check-{variant}-{what}.log"
-            if variant == "warm":
+            if variant == "preloaded":
                 parent.launch(trial_id, argv, env, log)
                 parent.ended()
             else:
@@ -288,8 +288,8 @@ def correctness(parent: WarmParent, url: str, reports: Reports, logs: Path) -> N
             ]
     for name, found in lines.items():
         print(f"  {name}: {' | '.join(found)}")
-    same = lines["cold result"] == lines["warm result"]
-    print(f"  the script's result and gpumux's cap lines are the same cold and warm: {same}")
+    same = lines["fresh result"] == lines["preloaded result"]
+    print(f"  the script's result and gpumux's cap lines are the same fresh and preloaded: {same}")
 
 
 def median(values: list[float]) -> float:
@@ -301,27 +301,31 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--at-once", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--warm-parent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--preloading-parent", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.warm_parent:
-        warm_parent_main()
+    if args.preloading_parent:
+        preloading_parent_main()
         return
     reports = Reports()
     httpd, url = serve_reports(reports)
-    parent = WarmParent()
+    parent = PreloadingParent()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
     print(
-        f"warm parent: preloaded {', '.join(PRELOAD)} in {parent.ready['preload_s']:.2f} s "
+        f"preloading parent: preloaded {', '.join(PRELOAD)} in {parent.ready['preload_s']:.2f} s "
         f"(started in {parent.ready['start_s']:.2f} s); Python threads after the import: "
         f"{parent.ready['threads'] or 'none'}; tasks in /proc/self/task: {parent.ready['tasks']}"
     )
     results: dict[tuple[str, int], list[Trial]] = {}
     next_id = 1
-    with tempfile.TemporaryDirectory(prefix="gpumux-warm-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="gpumux-preloaded-") as scratch:
         logs = Path(scratch)
         for repeat in range(args.repeats):
             for at_once in args.at_once:
-                order = ("cold", "warm") if (repeat + at_once) % 2 == 0 else ("warm", "cold")
+                order = (
+                    ("fresh", "preloaded")
+                    if (repeat + at_once) % 2 == 0
+                    else ("preloaded", "fresh")
+                )
                 for variant in order:
                     batch = run_batch(
                         variant, at_once, args.epochs, url, reports, parent, logs, next_id
@@ -336,15 +340,15 @@ def main() -> None:
                         flush=True,
                     )
         print(f"\nper trial, seconds from launch (medians over {args.repeats} repeats):")
-        print(f"{'at once':>7} {'variant':>7} {'1st epoch':>10} {'end':>7} {'saved':>7}")
+        print(f"{'at once':>7} {'variant':>9} {'1st epoch':>10} {'end':>7} {'saved':>7}")
         for at_once in args.at_once:
-            cold_end = median([trial.end_s for trial in results[("cold", at_once)]])
-            for variant in ("cold", "warm"):
+            fresh_end = median([trial.end_s for trial in results[("fresh", at_once)]])
+            for variant in ("fresh", "preloaded"):
                 trials = results[(variant, at_once)]
                 end = median([trial.end_s for trial in trials])
                 first = median([trial.first_epoch_s for trial in trials])
-                saved = f"{1 - end / cold_end:6.0%}" if variant == "warm" else ""
-                print(f"{at_once:>7} {variant:>7} {first:>10.2f} {end:>7.2f} {saved:>7}")
+                saved = f"{1 - end / fresh_end:6.0%}" if variant == "preloaded" else ""
+                print(f"{at_once:>7} {variant:>9} {first:>10.2f} {end:>7.2f} {saved:>7}")
         print("\ncorrectness (split 2: 1 thread):")
         correctness(parent, url, reports, logs)
     parent.close()

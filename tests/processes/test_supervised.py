@@ -16,8 +16,8 @@ from builders import cpu_trial_env
 
 from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec, trial_env
-from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.processes.procfs import start_ticks
+from gpumux.processes.supervised import LaunchError, SupervisedTrial, SupervisorOptions
 
 OPTIONS = SupervisorOptions(kill_grace=1.0, heartbeat_interval=0.1, log_max_bytes=10**6, log_keep=1)
 
@@ -176,7 +176,7 @@ def test_a_line_break_in_a_command_starts_no_line_of_the_daemons_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     forged = "x\n2026-01-01 00:00:00 CRITICAL forged"
-    with caplog.at_level(logging.INFO, logger="gpumux.processes.launcher"):
+    with caplog.at_level(logging.INFO, logger="gpumux.processes.supervised"):
         trial = SupervisedTrial.spawn(
             launch_spec(tmp_path, [sys.executable, "-c", "pass", forged]),
             run_dir=tmp_path / "run",

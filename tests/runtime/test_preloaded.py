@@ -1,4 +1,4 @@
-"""Warm starts: a trial forked from a parent that preloaded its framework runs as a cold one."""
+"""Preloaded start: a trial forked from a parent that imported its framework runs as a fresh one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumux.runtime import warm
+from gpumux.runtime import preloaded
 
 from .support import (
     FIXTURES,
@@ -24,21 +24,21 @@ from .support import (
     trial_env,
 )
 
-WARM_SCRIPT = FIXTURES / "warm_script.py"
+PRELOADED_SCRIPT = FIXTURES / "preloaded_script.py"
 
 
-def run_warm(
+def run_preloaded(
     preload: list[str],
     argv: list[str],
     env: dict[str, str],
     cwd: Path,
     python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
-    """A real warm parent (not a trial itself) that forks one trial; the output of both."""
+    """A real preloading parent (not a trial itself) that forks one trial; the output of both."""
     parent_env = {name: value for name, value in os.environ.items() if name in ("PATH", "HOME")}
     parent_env.update(PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     request = json.dumps({"preload": preload, "argv": argv, "env": env, "cwd": str(cwd)})
-    return run_python([str(FIXTURES / "warm_parent.py"), request], parent_env, cwd, python)
+    return run_python([str(FIXTURES / "preloading_parent.py"), request], parent_env, cwd, python)
 
 
 def child_exit(result: subprocess.CompletedProcess[str]) -> int:
@@ -59,7 +59,7 @@ def test_a_forked_tensorflow_trial_is_capped_and_measured(
 ) -> None:
     argv = [sys.executable, str(FIXTURES / "keras_fit.py")]
 
-    result = run_warm(["tensorflow", "keras"], argv, trial_env(report_server.url), tmp_path)
+    result = run_preloaded(["tensorflow", "keras"], argv, trial_env(report_server.url), tmp_path)
 
     assert child_exit(result) == 0
     assert "parent: python threads []" in result.stdout.splitlines()
@@ -83,7 +83,7 @@ def test_the_first_report_counts_from_the_trials_start_not_the_parents(
 ) -> None:
     argv = [sys.executable, str(FIXTURES / "report_some.py")]
 
-    result = run_warm(["tensorflow"], argv, trial_env(report_server.url), tmp_path)
+    result = run_preloaded(["tensorflow"], argv, trial_env(report_server.url), tmp_path)
 
     assert child_exit(result) == 0
     preloaded = [line for line in result.stdout.splitlines() if "preloaded in" in line]
@@ -106,7 +106,7 @@ def test_a_forked_trial_can_still_configure_tensorflow_devices(tmp_path: Path) -
         "print('script: logical CPUs', len(tf.config.list_logical_devices('CPU')))\n"
     )
 
-    result = run_warm(["tensorflow"], [sys.executable, str(script)], trial_env(None), tmp_path)
+    result = run_preloaded(["tensorflow"], [sys.executable, str(script)], trial_env(None), tmp_path)
 
     assert child_exit(result) == 0
     assert script_lines(result.stdout) == ["script: logical CPUs 2"]
@@ -117,14 +117,14 @@ def test_the_child_runs_the_script_as_main_in_the_trials_place(tmp_path: Path) -
     workdir.mkdir()
     env = trial_env(None)
 
-    result = run_warm(
-        ["json"], [sys.executable, "-u", str(WARM_SCRIPT), "ok", "--x=1"], env, workdir
+    result = run_preloaded(
+        ["json"], [sys.executable, "-u", str(PRELOADED_SCRIPT), "ok", "--x=1"], env, workdir
     )
 
     assert child_exit(result) == 0
     assert script_lines(result.stdout) == [
         "script: __name__ __main__",
-        f"script: argv {[str(WARM_SCRIPT), 'ok', '--x=1']}",
+        f"script: argv {[str(PRELOADED_SCRIPT), 'ok', '--x=1']}",
         f"script: cwd {workdir}",
         f"script: path0 {FIXTURES}",
         "script: trial 7 params {'lr': 0.01}",
@@ -135,16 +135,16 @@ def test_the_child_runs_the_script_as_main_in_the_trials_place(tmp_path: Path) -
 
 
 def test_the_child_runs_a_module_with_dash_m(tmp_path: Path) -> None:
-    argv = ["python", "-m", "warm_script", "ok"]
+    argv = ["python", "-m", "preloaded_script", "ok"]
     env = trial_env(None, PATH=os.path.dirname(sys.executable))
 
-    result = run_warm(["json"], argv, env, FIXTURES)
+    result = run_preloaded(["json"], argv, env, FIXTURES)
 
     assert child_exit(result) == 0
     lines = script_lines(result.stdout)
     assert lines[:4] == [
         "script: __name__ __main__",
-        f"script: argv {[str(WARM_SCRIPT), 'ok']}",
+        f"script: argv {[str(PRELOADED_SCRIPT), 'ok']}",
         f"script: cwd {FIXTURES}",
         f"script: path0 {FIXTURES}",
     ]
@@ -164,19 +164,19 @@ def test_the_child_runs_a_module_with_dash_m(tmp_path: Path) -> None:
 def test_the_child_exits_as_a_cold_interpreter_would(
     how: str, status: int, said: str | None, tmp_path: Path
 ) -> None:
-    argv = [sys.executable, str(WARM_SCRIPT), how]
-    cold = run_python(argv[1:], trial_env(None), tmp_path)
+    argv = [sys.executable, str(PRELOADED_SCRIPT), how]
+    fresh = run_python(argv[1:], trial_env(None), tmp_path)
 
-    result = run_warm(["json"], argv, trial_env(None), tmp_path)
+    result = run_preloaded(["json"], argv, trial_env(None), tmp_path)
 
-    assert child_exit(result) == cold.returncode == status
+    assert child_exit(result) == fresh.returncode == status
     lines = result.stdout.splitlines()
     if said is not None:
         # The script's thread may print anywhere in the message (the traceback is written in
-        # pieces), in a cold interpreter as in a warm one: its line is taken out first.
+        # pieces), in a fresh interpreter as in a preloaded one: its line is taken out first.
         thread_line = "script: thread finished\n"
         assert said in result.stdout.replace(thread_line, ""), result.stdout
-        assert said in cold.stdout.replace(thread_line, ""), cold.stdout
+        assert said in fresh.stdout.replace(thread_line, ""), fresh.stdout
     if how == "raise":
         assert "Traceback (most recent call last):" in lines
     assert ("script: atexit ran" in lines) is (how != "term")
@@ -188,7 +188,7 @@ def test_openblas_loaded_by_the_parent_gets_the_trials_threads(tmp_path: Path) -
     argv = [sys.executable, str(FIXTURES / "openblas_threads.py")]
     env = trial_env(None, OPENBLAS_NUM_THREADS="1")
 
-    result = run_warm(["numpy", "scipy.linalg"], argv, env, tmp_path)
+    result = run_preloaded(["numpy", "scipy.linalg"], argv, env, tmp_path)
 
     assert child_exit(result) == 0
     counts = json.loads(script_lines(result.stdout)[0].removeprefix("script: openblas threads "))
@@ -199,9 +199,13 @@ def test_script_argv_takes_this_interpreter_running_a_script() -> None:
     env = {"PATH": os.path.dirname(sys.executable)}
     python = os.path.basename(sys.executable)
 
-    assert warm.script_argv([python, "train.py", "--lr=1"], env) == ["train.py", "--lr=1"]
-    assert warm.script_argv([sys.executable, "-u", "train.py"], env) == ["train.py"]
-    assert warm.script_argv([python, "-m", "pkg.train", "-x"], env) == ["-m", "pkg.train", "-x"]
+    assert preloaded.script_argv([python, "train.py", "--lr=1"], env) == ["train.py", "--lr=1"]
+    assert preloaded.script_argv([sys.executable, "-u", "train.py"], env) == ["train.py"]
+    assert preloaded.script_argv([python, "-m", "pkg.train", "-x"], env) == [
+        "-m",
+        "pkg.train",
+        "-x",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -212,7 +216,7 @@ def test_script_argv_leaves_other_commands_cold(argv: list[str]) -> None:
     env = {"PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}/usr/bin:/bin"}
     argv = [sys.executable if arg == "PYTHON" else arg for arg in argv]
 
-    assert warm.script_argv(argv, env) is None
+    assert preloaded.script_argv(argv, env) is None
 
 
 def test_script_argv_refuses_another_interpreter(tmp_path: Path) -> None:
@@ -220,18 +224,18 @@ def test_script_argv_refuses_another_interpreter(tmp_path: Path) -> None:
     other.parent.mkdir()
     other.symlink_to(os.path.realpath(sys.executable))
 
-    assert warm.script_argv(["python", "train.py"], {"PATH": str(other.parent)}) is None
+    assert preloaded.script_argv(["python", "train.py"], {"PATH": str(other.parent)}) is None
 
 
-def test_run_trial_refuses_a_command_it_cannot_run_warm(tmp_path: Path) -> None:
+def test_run_trial_refuses_a_command_it_cannot_run_preloaded(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not `python script.py` with this interpreter"):
-        warm.run_trial(["sh", "-c", "true"], {"PATH": "/usr/bin:/bin"}, str(tmp_path))
+        preloaded.run_trial(["sh", "-c", "true"], {"PATH": "/usr/bin:/bin"}, str(tmp_path))
 
 
 @pytest.mark.parametrize(
     ("env", "said"),
     [
-        ({"LD_PRELOAD": "/lib/libfake.so"}, "its LD_PRELOAD is not the warm spawner's"),
+        ({"LD_PRELOAD": "/lib/libfake.so"}, "its LD_PRELOAD is not the preloading spawner's"),
         ({"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "error"}, "PYTHONHASHSEED, PYTHONWARNINGS"),
         ({"PYTHONIOENCODING": "latin-1"}, "it sets PYTHONIOENCODING"),
     ],
@@ -241,14 +245,14 @@ def test_a_trial_that_needs_a_fresh_interpreter_or_loader_starts_cold(
 ) -> None:
     base = {"PATH": os.path.dirname(sys.executable)}
     argv = [sys.executable, "train.py"]
-    assert warm.cold_reason(argv, base) is None
+    assert preloaded.fresh_reason(argv, base) is None
 
-    reason = warm.cold_reason(argv, {**base, **env})
+    reason = preloaded.fresh_reason(argv, {**base, **env})
 
     assert reason is not None and said in reason
 
 
-def test_what_a_warm_child_applies_itself_does_not_make_a_trial_cold() -> None:
+def test_what_a_preloaded_child_applies_itself_does_not_make_a_trial_fresh() -> None:
     env = {
         "PATH": os.path.dirname(sys.executable),
         "PYTHONUNBUFFERED": "1",
@@ -258,18 +262,18 @@ def test_what_a_warm_child_applies_itself_does_not_make_a_trial_cold() -> None:
         "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", ""),
     }
 
-    assert warm.cold_reason([sys.executable, "train.py"], env) is None
+    assert preloaded.fresh_reason([sys.executable, "train.py"], env) is None
 
 
 def test_run_trial_refuses_a_trial_that_must_start_cold(tmp_path: Path) -> None:
     env = {"PATH": os.path.dirname(sys.executable), "PYTHONHASHSEED": "1"}
-    with pytest.raises(ValueError, match="cannot start warm: it sets PYTHONHASHSEED"):
-        warm.run_trial([sys.executable, "train.py"], env, str(tmp_path))
+    with pytest.raises(ValueError, match="cannot start preloaded: it sets PYTHONHASHSEED"):
+        preloaded.run_trial([sys.executable, "train.py"], env, str(tmp_path))
 
 
 def test_the_child_has_the_users_site_packages_as_a_cold_interpreter(tmp_path: Path) -> None:
     # Outside a virtual environment, where `python script.py` has the user's site-packages:
-    # the warm parent runs with the daemon's HOME, the trial with its own.
+    # the preloading parent runs with the daemon's HOME, the trial with its own.
     python = os.path.realpath(sys.executable)
     home = tmp_path / "home"
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -279,18 +283,18 @@ def test_the_child_has_the_users_site_packages_as_a_cold_interpreter(tmp_path: P
     script = tmp_path / "uses.py"
     script.write_text("import users_module\nprint('script:', users_module.WHERE)\n")
     env = trial_env(None, HOME=str(home), PYTHONNOUSERSITE=None)
-    cold = run_python([str(script)], env, tmp_path, python=python)
-    assert script_lines(cold.stdout) == ["script: user site"], cold.stdout
+    fresh = run_python([str(script)], env, tmp_path, python=python)
+    assert script_lines(fresh.stdout) == ["script: user site"], fresh.stdout
 
-    result = run_warm(["json"], [python, str(script)], env, tmp_path, python=python)
+    result = run_preloaded(["json"], [python, str(script)], env, tmp_path, python=python)
 
     assert child_exit(result) == 0
     assert script_lines(result.stdout) == ["script: user site"]
 
 
 def test_a_virtual_environment_without_system_packages_has_no_user_site(tmp_path: Path) -> None:
-    assert warm.user_site_enabled(str(tmp_path))
+    assert preloaded.user_site_enabled(str(tmp_path))
     (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
-    assert not warm.user_site_enabled(str(tmp_path))
+    assert not preloaded.user_site_enabled(str(tmp_path))
     (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = True\n")
-    assert warm.user_site_enabled(str(tmp_path))
+    assert preloaded.user_site_enabled(str(tmp_path))

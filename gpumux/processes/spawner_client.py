@@ -2,16 +2,16 @@
 
 A supervisor forked by the spawner is not the daemon's child: the daemon watches it as it
 watches one it adopted (by its pidfd), and the kernel reaps it. When the spawner does not
-answer, the launch starts its supervisor directly (see launcher.start_supervisor) and a new
+answer, the launch starts its supervisor directly (see supervised.start_supervisor) and a new
 spawner serves the next one; when it answers that it could not fork, the same launch starts
 directly too.
 
-The warm spawner is a second one, for the trials of `--warm` sweeps: `python -I` with the
+The preloading spawner is a second one, for the trials of `--preload` sweeps: `python -I` with the
 daemon's own site-packages (so the framework imports; no PYTHONPATH, no user site: each trial
-adds its own) and the daemon's LD_LIBRARY_PATH and LD_PRELOAD; it preloads gpumux.runtime.warm
+adds its own) and the daemon's LD_LIBRARY_PATH and LD_PRELOAD; it preloads gpumux.runtime.preloaded
 and the framework, so the supervisors it forks start their trials without an exec (see
-supervisor.py). Its imports take seconds: it starts on the first warm trial, and until it says
-it is ready, warm trials start cold from the ordinary spawner.
+supervisor.py). Its imports take seconds: it starts on the first --preload trial, and until it says
+it is ready, --preload trials start fresh from the ordinary spawner.
 """
 
 from __future__ import annotations
@@ -25,26 +25,27 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumux.processes import spawner, supervisor
+from gpumux.processes import spawner_process, supervisor
 
 log = logging.getLogger(__name__)
 
-SPAWNER_PATH = str(Path(spawner.__file__).resolve())
-# Started like the supervisor (see launcher.SUPERVISOR_BOOT): isolated, the package root
+SPAWNER_PATH = str(Path(spawner_process.__file__).resolve())
+# Started like the supervisor (see supervised.SUPERVISOR_BOOT): isolated, the package root
 # appended to sys.path by hand, the spawner's file first so that ps names it.
 SPAWNER_BOOT = (
     "import sys; sys.path.append(sys.argv[1].rsplit('/', 3)[0]); "
-    "from gpumux.processes.spawner import main; sys.exit(main(sys.argv[1:]))"
+    "from gpumux.processes.spawner_process import main; sys.exit(main(sys.argv[1:]))"
 )
-# The warm spawner runs with site-packages, where another gpumux may be installed (an editable
+# The preloading spawner runs with site-packages, where another gpumux may be installed (an editable
 # install of another checkout): its own package is imported first from its root, and the root
 # is then taken off sys.path, so that nothing else there shadows a module.
-WARM_BOOT = (
+PRELOADING_BOOT = (
     "import sys; r = sys.argv[1].rsplit('/', 3)[0]; sys.path.insert(0, r); import gpumux; "
-    "sys.path.remove(r); from gpumux.processes.spawner import main; sys.exit(main(sys.argv[1:]))"
+    "sys.path.remove(r); from gpumux.processes.spawner_process import main; "
+    "sys.exit(main(sys.argv[1:]))"
 )
-# The loader's settings the warm spawner keeps from the daemon's environment (see
-# warm.LOADER_VARIABLES: a trial whose own differ starts cold).
+# The loader's settings the preloading spawner keeps from the daemon's environment (see
+# preloaded.LOADER_VARIABLES: a trial whose own differ starts fresh).
 LOADER_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 # A fork takes a few milliseconds; a spawner silent for this long is hung, and replaced.
 ANSWER_TIMEOUT_S = 5.0
@@ -53,14 +54,14 @@ MAX_ANSWER = 4096
 
 
 def spawner_command(
-    runs_dir: Path, preload: Sequence[str] = (), *, warm: bool = False
+    runs_dir: Path, preload: Sequence[str] = (), *, preloading: bool = False
 ) -> list[str]:
     """The command line of a spawner of supervisors for `runs_dir`; `preload`: modules it
-    imports before its first fork; `warm`: with site-packages, for warm trials."""
+    imports before its first fork; `preloading`: with site-packages, for --preload trials."""
     preloads = [word for name in preload for word in ("--preload", name)]
-    # -u: a warm trial keeps the interpreter's streams, and its output must reach the log as it
-    # is printed, as PYTHONUNBUFFERED (the contract) makes it in a cold one.
-    flags, boot = (["-I", "-u"], WARM_BOOT) if warm else (["-I", "-S"], SPAWNER_BOOT)
+    # -u: a preloaded trial keeps the interpreter's streams, and its output must reach the log as it
+    # is printed, as PYTHONUNBUFFERED (the contract) makes it in a fresh one.
+    flags, boot = (["-I", "-u"], PRELOADING_BOOT) if preloading else (["-I", "-S"], SPAWNER_BOOT)
     return [sys.executable, *flags, "-c", boot, SPAWNER_PATH, str(runs_dir), *preloads]
 
 
@@ -73,14 +74,14 @@ class Spawner:
         *,
         runs_dir: Path,
         preload: Sequence[str] = (),
-        warm: bool = False,
-        warm_spawner: Spawner | None = None,
+        preloading: bool = False,
+        preloading_spawner: Spawner | None = None,
     ) -> None:
         self.runs_dir = runs_dir
         self.preload = tuple(preload)
-        self.warm = warm
-        # The spawner of warm trials, started on the first that asks for it (see serving).
-        self.warm_spawner = warm_spawner
+        self.preloading = preloading
+        # The spawner of --preload trials, started on the first that asks for it (see serving).
+        self.preloading_spawner = preloading_spawner
         # Why this spawner cannot serve (a preload that failed): it is not started again.
         self.failed: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -88,10 +89,12 @@ class Spawner:
         self._ready = False
 
     @classmethod
-    def with_warm(cls, *, runs_dir: Path, warm_preload: Sequence[str]) -> Spawner:
-        """The daemon's spawner, with a warm spawner that preloads `warm_preload`."""
-        warm = cls(runs_dir=runs_dir, preload=(supervisor.WARM_MODULE, *warm_preload), warm=True)
-        return cls(runs_dir=runs_dir, warm_spawner=warm)
+    def with_preloading(cls, *, runs_dir: Path, preload: Sequence[str]) -> Spawner:
+        """The daemon's spawner, with a preloading spawner that preloads `preload`."""
+        preloading = cls(
+            runs_dir=runs_dir, preload=(supervisor.PRELOADED_MODULE, *preload), preloading=True
+        )
+        return cls(runs_dir=runs_dir, preloading_spawner=preloading)
 
     def start(self) -> None:
         """Start the spawner process (OSError when it cannot be started)."""
@@ -99,7 +102,7 @@ class Spawner:
         try:
             # Its own session: the terminal's Ctrl-C is the daemon's to handle, not the spawner's.
             self.process = subprocess.Popen(
-                spawner_command(self.runs_dir, self.preload, warm=self.warm),
+                spawner_command(self.runs_dir, self.preload, preloading=self.preloading),
                 stdin=theirs.fileno(),
                 env=self._environment(),
                 start_new_session=True,
@@ -112,9 +115,10 @@ class Spawner:
         ours.settimeout(ANSWER_TIMEOUT_S)
         self._channel = ours
         self._ready = False
-        if self.warm:
+        if self.preloading:
             log.info(
-                "warm spawner: pid %d imports %s; warm trials start cold until it is ready",
+                "preloading spawner: pid %d imports %s; --preload trials start fresh until it is "
+                "ready",
                 self.process.pid,
                 ", ".join(self.preload),
             )
@@ -122,34 +126,36 @@ class Spawner:
             log.info("spawner: pid %d forks the supervisors", self.process.pid)
 
     def _environment(self) -> dict[str, str]:
-        # The warm spawner loads the framework's libraries for its trials: with the daemon's
+        # The preloading spawner loads the framework's libraries for its trials: with the daemon's
         # loader settings (CUDA from an environment module), which a trial's usually match.
         env = {"PATH": os.defpath}
-        if self.warm:
+        if self.preloading:
             env.update({name: os.environ[name] for name in LOADER_VARIABLES if name in os.environ})
         return env
 
     @property
     def name(self) -> str:
         """What the log calls it."""
-        return "warm spawner" if self.warm else "spawner"
+        return "preloading spawner" if self.preloading else "spawner"
 
     @property
     def running(self) -> bool:
         return self._channel is not None
 
-    def serving(self, *, warm: bool) -> Spawner:
-        """The spawner that forks a trial's supervisor: for a warm trial the warm spawner once
-        it is ready (started here on the first that asks), else this one."""
-        partner = self.warm_spawner
-        if not warm or partner is None or partner.failed is not None:
+    def serving(self, *, preload: bool) -> Spawner:
+        """The spawner that forks a trial's supervisor: for a --preload trial the preloading
+        spawner once it is ready (started here on the first that asks), else this one."""
+        partner = self.preloading_spawner
+        if not preload or partner is None or partner.failed is not None:
             return self
         if not partner.running:
             try:
                 partner.start()
             except OSError as error:
                 partner.failed = str(error)
-                log.warning("warm spawner: cannot start (%s); warm trials start cold", error)
+                log.warning(
+                    "preloading spawner: cannot start (%s); --preload trials start fresh", error
+                )
                 return self
         return partner if partner.is_ready() else self
 
@@ -165,8 +171,8 @@ class Spawner:
         except OSError as error:
             self.failed = str(error)
             log.error(
-                "%s: pid %s cannot serve (%s); its trials start cold: install what it imports "
-                "in the daemon's environment, or set GPUMUX_WARM_PRELOAD",
+                "%s: pid %s cannot serve (%s); its trials start fresh: install what it imports "
+                "in the daemon's environment, or set GPUMUX_PRELOAD",
                 self.name,
                 self.process.pid if self.process is not None else None,
                 error,
@@ -195,13 +201,13 @@ class Spawner:
         if not answer:
             self._replace("it exited")
             return None
-        if answer.startswith(spawner.FAILED):
+        if answer.startswith(spawner_process.FAILED):
             # It could not fork (EAGAIN at a process limit): a direct start may still succeed.
             log.warning(
                 "%s: could not fork the supervisor of %s (%s); it starts directly",
                 self.name,
                 run_dir,
-                answer[len(spawner.FAILED) :].decode(errors="replace"),
+                answer[len(spawner_process.FAILED) :].decode(errors="replace"),
             )
             return None
         return int(answer)
@@ -228,10 +234,10 @@ class Spawner:
         )
 
     def close(self, *, kill: bool = False) -> None:
-        """Stop the spawner and its warm spawner (`kill`: now); the supervisors they forked run
-        on."""
-        if self.warm_spawner is not None:
-            self.warm_spawner.close(kill=kill)
+        """Stop the spawner and its preloading spawner (`kill`: now); the supervisors they forked
+        run on."""
+        if self.preloading_spawner is not None:
+            self.preloading_spawner.close(kill=kill)
         self._stop(kill=kill)
 
     def _stop(self, *, kill: bool) -> None:
@@ -252,10 +258,10 @@ class Spawner:
 
 def expect_ready(message: bytes) -> None:
     """OSError unless `message` is a spawner's READY: it exited, or said why it cannot serve."""
-    if message == spawner.READY:
+    if message == spawner_process.READY:
         return
     if not message:
         raise ConnectionResetError("it exited before it was ready")
-    if message.startswith(spawner.FAILED):
-        raise OSError(message[len(spawner.FAILED) :].decode(errors="replace"))
-    raise OSError(f"it said {message[:100]!r} instead of {spawner.READY!r}")
+    if message.startswith(spawner_process.FAILED):
+        raise OSError(message[len(spawner_process.FAILED) :].decode(errors="replace"))
+    raise OSError(f"it said {message[:100]!r} instead of {spawner_process.READY!r}")

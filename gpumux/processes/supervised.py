@@ -18,7 +18,7 @@ from gpumux.processes import rundir, supervisor
 from gpumux.processes.contract import LaunchSpec, trial_env
 from gpumux.processes.procfs import kill_marked, kill_orphans, start_ticks
 from gpumux.processes.rundir import TrialEnd
-from gpumux.processes.spawning import Spawner
+from gpumux.processes.spawner_client import Spawner
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ def supervisor_spec(
         "kill_grace": options.kill_grace,
         "heartbeat_interval": options.heartbeat_interval,
         "lease_file": options.lease_file,
-        "warm": spec.warm,
+        "preload": spec.preload,
         "banner": f"gpumux: trial {spec.trial_id} attempt {spec.attempt} on "
         f"{spec.device_kind} split {spec.split}: {shlex.join(spec.argv)}\n",
     }
@@ -302,7 +302,7 @@ def with_go_pipe(start: Callable[[int], int | None]) -> tuple[int, int] | None:
 
 def spawn_supervisor(run_dir: Path, go_read: int, own_log: int) -> int:
     """Start a fresh supervisor interpreter for `run_dir`; its pid."""
-    # Not subprocess.Popen: a supervisor left running at a warm stop is no leak.
+    # Not subprocess.Popen: a supervisor left running at a graceful stop is no leak.
     return os.posix_spawn(
         sys.executable,
         supervisor_command(run_dir),

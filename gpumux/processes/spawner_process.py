@@ -1,7 +1,7 @@
 """The spawner: a long-lived helper that forks trial supervisors, so that none pays an
 interpreter's start and its imports (some 25 ms of CPU per trial on a 2-core machine).
 
-The daemon starts one (`python -I -S`, see spawning.spawner_command) in a session of its own,
+The daemon starts one (`python -I -S`, see spawner_client.spawner_command) in a session of its own,
 with one end of a Unix socket as its stdin and its runs directory on its command line (which
 its supervisors, forked without an exec, share: ps names the daemon's data directory for each
 of them). Each request is a run directory in that directory and two
@@ -14,9 +14,9 @@ supervisor does not depend on it: if the spawner dies, its supervisors run on, l
 The spawner exits when the daemon closes its end.
 
 `--preload MODULE` imports a module before the first fork, so that every supervisor (and what
-it forks) starts with it loaded: the warm spawner preloads the framework (see spawning.py). Once
-its preloads are done the spawner says READY, before it reads the first request; a preload that
-fails is said instead (FAILED and why), and the spawner exits.
+it forks) starts with it loaded: the preloading spawner preloads the framework (see
+spawner_client.py). Once its preloads are done the spawner says READY, before it reads the first
+request; a preload that fails is said instead (FAILED and why), and the spawner exits.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     times)."""
     args = argv[2:]
     if len(argv) < 2 or len(args) % 2 or any(flag != "--preload" for flag in args[::2]):
-        print("usage: spawner.py RUNS_DIR [--preload MODULE]... (started by the gpumux daemon)")
+        print("usage: spawner_process.py RUNS_DIR [--preload MODULE]... (started by gpumux)")
         return 2
     channel = socket.socket(fileno=0)
     for name in args[1::2]:
