@@ -52,6 +52,9 @@ IMPORT_PATH = os.pathsep.join([str(Path(gpumux.__file__).parents[1]), *site.gets
 # long one killed process may take to exit.
 KILL_ROUNDS = 5
 EXIT_WAIT_S = 10.0
+# One worker runs the module: its daemon is the one both fuzz runs use, and whose sweeps the
+# confinement test reads.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fuzz")]
 
 
 @dataclass(frozen=True)
