@@ -19,7 +19,7 @@ from gpumux.throughput import CurvePoint
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PLOT_INSTALL = "pip install 'gpumux[plot]'"
+PLOT_INSTALL = "pip install 'matplotlib>=3.7' (in a clone of gpumux: pip install -e '.[plot]')"
 # Eighths of a character cell, so that close values still draw bars of different lengths.
 BLOCKS = " ▏▎▍▌▋▊▉"
 FULL_BLOCK = "█"
