@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from gpumux import __version__, tokenfile
+from gpumux import __version__
+from gpumux.home import tokenfile
 
 STARTUP_DEADLINE_S = 60.0
 ENDPOINTS = (

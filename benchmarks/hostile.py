@@ -48,7 +48,7 @@ from hostile_table import print_table
 from hostile_trials import Cast, census, kill_all, make_cast, remove_users, settle
 from rich.console import Console
 
-from gpumux import tokenfile
+from gpumux.home import tokenfile
 
 # The tests' throwaway cluster (initdb on a Unix socket, as postgres when root), reused here.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -30,7 +30,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gpumux import tokenfile
+from gpumux.home import tokenfile
 
 ROOT = Path(__file__).resolve().parents[1]
 NOOP = ROOT / "examples" / "noop.py"

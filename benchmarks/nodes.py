@@ -40,7 +40,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gpumux import tokenfile
+from gpumux.home import tokenfile
 
 ROOT = Path(__file__).resolve().parents[1]
 # The tests' throwaway cluster (initdb on a Unix socket, as postgres when root), reused here.

@@ -34,7 +34,7 @@ from sweep_makespan import free_port
 
 from gpumux import __version__, fields, sweepspec
 from gpumux.config import Settings
-from gpumux.tokenfile import daemon_token
+from gpumux.home.tokenfile import daemon_token
 
 GOAL_CPU_MS = 100.0
 STARTUP_DEADLINE_S = 60.0

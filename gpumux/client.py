@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
-from gpumux import tokenfile
 from gpumux.config import default_home
+from gpumux.home import tokenfile
 from gpumux.schemas import (
     DevicePublic,
     FieldProblem,
@@ -21,6 +21,7 @@ from gpumux.schemas import (
     LogChunk,
     NodePublic,
     Problem,
+    ProfileMeasured,
     ProfilePublic,
     ProfilesPublic,
     ReportPublic,
@@ -194,11 +195,12 @@ class Client:
         *,
         status: SweepStatus | None = None,
         owner: str | None = None,
+        name: str | None = None,
         offset: int = 0,
         limit: int = 50,
     ) -> SweepsPublic:
-        """A page of sweeps, newest first."""
-        query = _query(status=status, owner=owner, offset=offset, limit=limit)
+        """A page of sweeps (of this name, where given), newest first."""
+        query = _query(status=status, owner=owner, name=name, offset=offset, limit=limit)
         return SweepsPublic.model_validate(self._request("GET", "/sweeps", params=query))
 
     def get_sweep(self, sweep_id: int) -> SweepDetail:
@@ -273,6 +275,11 @@ class Client:
     def get_profile(self, profile_id: int) -> ProfilePublic:
         """One throughput profile with its curve."""
         return ProfilePublic.model_validate(self._request("GET", f"/profiles/{profile_id}"))
+
+    def store_profile(self, measured: ProfileMeasured) -> ProfilePublic:
+        """Keep a curve measured outside a sweep as its workload's profile, settled."""
+        body = measured.model_dump(mode="json")
+        return ProfilePublic.model_validate(self._request("PUT", "/profiles", json=body))
 
 
 def _check_unix_socket(url: str, path: str) -> None:

@@ -14,10 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpumux.devices.simulated.model import ModelError
 from gpumux.devices.simulated.state import load_model, shipped_models
+from gpumux.home.layout import Layout
 
 DEFAULT_PORT = 7683
-SOCKET_NAME = "gpumux.sock"
-DATABASE_NAME = "gpumux.db"
 # A database given as a URL rather than a file: a scheme, then "://" (RFC 3986's scheme syntax).
 URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # Where deploy/gpumux.service serves a shared server's users; the CLI looks there too.
@@ -264,7 +263,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _default_url(self) -> Settings:
         if not self.url:
-            self.url = f"unix:{self.home / SOCKET_NAME}"
+            self.url = f"unix:{self.layout.socket}"
         return self
 
     @property
@@ -294,7 +293,7 @@ class Settings(BaseSettings):
         if not self.database_url and self.db is not None and URL_SCHEME.match(str(self.db)):
             self.database_url = str(self.db)
         elif not self.database_url:
-            file = Path(self.db) if self.db is not None else self.home / DATABASE_NAME
+            file = Path(self.db) if self.db is not None else self.layout.database
             # Quoted: a file name may hold '%', '?' or '#', which a URL reads otherwise.
             self.database_url = f"sqlite:///{quote(str(file))}"
         return self
@@ -317,11 +316,6 @@ class Settings(BaseSettings):
         return [name.strip() for name in self.warm_preload.split(",")]
 
     @property
-    def logs_dir(self) -> Path:
-        """Where trial logs are written, one file per trial attempt."""
-        return self.home / "logs"
-
-    @property
-    def runs_dir(self) -> Path:
-        """Where each trial attempt's supervisor keeps its spec, heartbeat and exit status."""
-        return self.home / "runs"
+    def layout(self) -> Layout:
+        """The paths of the data directory's files."""
+        return Layout(self.home)

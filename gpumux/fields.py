@@ -17,6 +17,7 @@ from gpumux import sweepspec
 MAX_ID = 2**53 - 1
 MAX_COUNT = 2**31 - 1  # attempts, trials, steps
 MAX_SPLIT = 64  # trials on one device
+MAX_SEARCH_OPTIONS = 20  # a sampler's options: Optuna's samplers take at most a dozen
 MAX_NAME_CHARS = 200  # a sweep's name, a metric's name, a pruner (their columns)
 MAX_USER_CHARS = 64  # an owner's name (its column)
 PATH_MAX = 4096  # Linux's, with the terminating NUL

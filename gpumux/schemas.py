@@ -19,8 +19,10 @@ from gpumux.fields import (
     MAX_ENV_ENTRIES,
     MAX_ID,
     MAX_METRICS,
+    MAX_NAME_CHARS,
     MAX_REPORT_SECONDS,
     MAX_SAMPLES,
+    MAX_SEARCH_OPTIONS,
     MAX_SPLIT,
     MAX_TIME_LIMIT_S,
     CommandWord,
@@ -37,6 +39,7 @@ from gpumux.fields import (
     names_in_property_names,
     quoted,
 )
+from gpumux.searchspec import split_spec
 from gpumux.status import NodeState, SearchMethod, SweepStatus, TrialStatus
 from gpumux.throughput import CurvePoint, ThroughputUnit
 
@@ -112,7 +115,15 @@ class SweepCreate(BaseModel):
         default=None,
         description="grid or random (every trial chosen at submission), or an Optuna sampler "
         "that chooses each next trial as a slot frees: tpe, gp, cmaes, qmc (these need "
-        "`trials`); default grid, or random with `trials`",
+        "`trials`); default grid, or random with `trials`. Its options may follow a colon, "
+        "as on the command line: tpe:n_startup_trials=4,multivariate=false",
+    )
+    search_options: dict[ShortText, bool | int | float | ShortText] = Field(
+        default_factory=dict,
+        max_length=MAX_SEARCH_OPTIONS,
+        json_schema_extra=names_in_property_names,
+        description="the sampler's constructor options, over gpumux's own (TPE's start-up: a "
+        "quarter of the budget, 2 to 10); each checked against the sampler's signature",
     )
     prune: ShortText | None = Field(
         default=None,
@@ -153,6 +164,16 @@ class SweepCreate(BaseModel):
         json_integer
     )
     _numbers = field_validator("time_limit_s", mode="before")(json_number)
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_an_id(cls, name: str | None) -> str | None:
+        if name is not None and name.strip().isdecimal():
+            raise ValueError(
+                f"a sweep named {name.strip()!r} could not be told from sweep id "
+                f"{name.strip()}; give a name with a letter in it"
+            )
+        return name
 
     @field_validator("params")
     @classmethod
@@ -221,6 +242,27 @@ class SweepCreate(BaseModel):
             parse_objective(objective)
         return objective
 
+    @model_validator(mode="before")
+    @classmethod
+    def _search_options_apart(cls, data: Any) -> Any:
+        """`search: "tpe:n_startup_trials=4"` is the method and its options in one word."""
+        if not (isinstance(data, dict) and isinstance(search := data.get("search"), str)):
+            return data
+        if ":" not in search:
+            return data
+        if len(search) > MAX_NAME_CHARS:
+            raise ValueError(
+                f"search takes at most {MAX_NAME_CHARS} characters with its options, not "
+                f"{len(search):,}; give fewer options"
+            )
+        if data.get("search_options"):
+            raise ValueError(
+                "the sampler's options are given twice: after search's colon and in "
+                "search_options; keep one"
+            )
+        method, options = split_spec(search, flag="--search", example="n_startup_trials=4")
+        return {**data, "search": method, "search_options": options}
+
     @model_validator(mode="after")
     def _placeholders_named(self) -> SweepCreate:
         names = [token.partition("=")[0] for token in self.params]
@@ -229,6 +271,18 @@ class SweepCreate(BaseModel):
         except sweepspec.SpecError as error:
             raise ValueError(str(error)) from error
         return self
+
+
+# The frameworks whose runtime hook reports that it sees no GPU (gpumux.runtime.frameworks).
+NoGpuFramework = Literal["tensorflow", "torch"]
+
+
+class NoGpuPublic(BaseModel):
+    """A framework that saw no GPU in a sweep's trials placed on one, and what to install."""
+
+    framework: NoGpuFramework
+    trials: int = Field(description="the sweep's trials in which it saw no GPU")
+    fix: str = Field(description="what to install for the framework to see the GPU")
 
 
 class TrialPublic(BaseModel):
@@ -270,6 +324,11 @@ class TrialPublic(BaseModel):
         description="reports over the trial's budget (GPUMUX_REPORT_RATE, _BURST, _ROWS), not "
         "stored; their samples still count",
     )
+    no_gpu: NoGpuFramework | None = Field(
+        default=None,
+        description="the framework that saw no GPU on the GPU gpumux placed the trial on (a "
+        "CPU-only build): the trial trained on the CPU, and the split search left it out",
+    )
 
 
 class TrialsPublic(BaseModel):
@@ -289,6 +348,9 @@ class SweepPublic(BaseModel):
     workdir: str
     trials: int | None
     search: SearchMethod = SearchMethod.grid
+    search_options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="the sampler's options the sweep set"
+    )
     prune: str | None = None
     seed: int
     split: int | Literal["auto"]
@@ -313,6 +375,11 @@ class SweepDetail(SweepPublic):
         default_factory=list,
         description="for --split auto: the split search's curve of this workload per device model",
     )
+    no_gpu: list[NoGpuPublic] = Field(
+        default_factory=list,
+        description="frameworks that saw no GPU in trials gpumux placed on one: they trained "
+        "on the CPU",
+    )
 
 
 class SweepsPublic(BaseModel):
@@ -320,7 +387,7 @@ class SweepsPublic(BaseModel):
     count: int
 
 
-ReportKind = Literal["batch", "epoch", "manual", "line", "steps"]
+ReportKind = Literal["batch", "epoch", "manual", "line", "steps", "device"]
 
 
 class ReportIn(BaseModel):
@@ -331,7 +398,7 @@ class ReportIn(BaseModel):
     kind: ReportKind = Field(
         description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
         "line (a GPUMUX_REPORT line the trial printed), steps (PyTorch's optimizer steps, "
-        "counted by the runtime)"
+        "counted by the runtime), device (what the trial's framework sees of its device)"
     )
     step: int | None = Field(
         default=None,
@@ -359,6 +426,10 @@ class ReportIn(BaseModel):
         le=MAX_SAMPLES,
         allow_inf_nan=False,
         description="optimizer steps taken since the previous report, counted by the runtime",
+    )
+    no_gpu: NoGpuFramework | None = Field(
+        default=None,
+        description="the framework that sees no GPU, though gpumux placed the trial on one",
     )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
@@ -502,6 +573,16 @@ class Health(BaseModel):
     active_trials: int
 
 
+def _curve_points(curve: object) -> object:
+    """A curve's points checked as CurvePoint.from_json checks what is stored: a point arrives
+    as stored JSON (the daemon), as the daemon's answer (the client) or as measured (tune)."""
+    if not isinstance(curve, list):
+        return curve
+    return [
+        point if isinstance(point, CurvePoint) else CurvePoint.from_json(point) for point in curve
+    ]
+
+
 class ProfilePublic(BaseModel):
     """A workload's measured throughput against N on one device model, and the best N."""
 
@@ -510,6 +591,7 @@ class ProfilePublic(BaseModel):
     id: int
     device_name: str
     fingerprint: str
+    workdir: str | None = Field(default=None, description="the directory the command runs in")
     command: list[str]
     param_tokens: list[str] = Field(description="the parameters that change the cost of a trial")
     unit: ThroughputUnit
@@ -530,14 +612,41 @@ class ProfilePublic(BaseModel):
     @field_validator("curve", mode="before")
     @classmethod
     def _checked_points(cls, curve: object) -> object:
-        # A point arrives as stored JSON (the daemon) or as the daemon's answer (the client):
-        # either way it is checked as CurvePoint.from_json checks what is stored.
-        if not isinstance(curve, list):
-            return curve
-        return [
-            point if isinstance(point, CurvePoint) else CurvePoint.from_json(point)
-            for point in curve
-        ]
+        return _curve_points(curve)
+
+
+class ProfileMeasured(BaseModel):
+    """A curve measured outside a sweep (`gpumux tune`), kept as its workload's profile: the
+    next sweep of that command and directory at `auto` starts settled at `best_split`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(
+        min_length=1, max_length=200, description="the key of the device measured (GET /devices)"
+    )
+    device_name: str = Field(
+        min_length=1,
+        max_length=200,
+        description="its name: a device of that name stands for it where none has its key "
+        "(a simulated GPU's key is its daemon's)",
+    )
+    workdir: Workdir = Field(description="absolute directory the command ran in")
+    command: list[CommandWord] = Field(min_length=1, max_length=MAX_COMMAND_WORDS)
+    unit: ThroughputUnit
+    curve: list[CurvePoint] = Field(min_length=1, max_length=MAX_SPLIT)
+    best_split: int = Field(ge=1, le=MAX_SPLIT)
+    reason: ShortText
+
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _checked_points(cls, curve: object) -> object:
+        return _curve_points(curve)
+
+    @model_validator(mode="after")
+    def _best_measured(self) -> ProfileMeasured:
+        if self.best_split not in {point.split for point in self.curve}:
+            raise ValueError(f"best_split {self.best_split} is no N of the curve")
+        return self
 
 
 class ProfilesPublic(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -101,3 +103,40 @@ class SearchMethod(StrEnum):
 class ObjectiveMode(StrEnum):
     min = "min"
     max = "max"
+
+
+_PRUNE_NOTE = re.compile(r"pruned at step (\d+) by the (\S+) pruner \((.+) (\S+)\)")
+
+
+@dataclass(frozen=True)
+class PruneNote:
+    """Why the pruner stopped a trial, as its error records it: the step (from 0) whose objective
+    lost, the pruner (its spec) and that value. One home for the wording the CLI reads back."""
+
+    step: int
+    pruner: str
+    metric: str
+    value: float
+
+    def __str__(self) -> str:
+        return (
+            f"pruned at step {self.step} by the {self.pruner} pruner "
+            f"({self.metric} {self.value:.6g})"
+        )
+
+    @classmethod
+    def parse(cls, error: str | None) -> PruneNote | None:
+        """The note in a trial's error; None for any other error."""
+        found = _PRUNE_NOTE.fullmatch(error or "")
+        if found is None:
+            return None
+        step, pruner, metric, value = found.groups()
+        try:
+            return cls(step=int(step), pruner=pruner, metric=metric, value=float(value))
+        except ValueError:
+            return None
+
+    @property
+    def pruner_name(self) -> str:
+        """The pruner without its options: "asha" for "asha:min_resource=2"."""
+        return self.pruner.partition(":")[0]

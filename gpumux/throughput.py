@@ -15,6 +15,9 @@ STEPS_PER_S: ThroughputUnit = "steps/s"
 # For scripts that report neither: completed trials.
 TRIALS_PER_S: ThroughputUnit = "trials/s"
 THROUGHPUT_UNITS: tuple[ThroughputUnit, ...] = get_args(ThroughputUnit)
+# How an unsettled profile's reason starts when its sweep ended before the search settled:
+# the next sweep of the workload goes on from its curve.
+SWEEP_ENDED = "unsettled: the sweep ended"
 
 
 def throughput_unit(text: str) -> ThroughputUnit:

@@ -21,16 +21,16 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from gpumux import tokenfile
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.home import tokenfile
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import store, tokens
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep
+from gpumux.storage.models import Sweep, token_hash
 
 
 def ample_budget() -> ReportBudget:
@@ -185,7 +185,7 @@ def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int
         session=session,
         trial=trial,
         status=TrialStatus.starting,
-        token_hash=store.token_hash("secret"),
+        token_hash=token_hash("secret"),
         **fields,
     )
     store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
@@ -230,7 +230,7 @@ def bearer(sessions: Sessions, user: str | None = None) -> dict[str, str]:
 
 def daemon_token(home: Path) -> str:
     """The token a daemon keeps for its own user in its data directory."""
-    token = tokenfile.read_token_file(home / tokenfile.DAEMON_TOKEN_NAME)
+    token = tokenfile.daemon_token(home)
     assert token is not None, f"no daemon token in {home}"
     return token
 

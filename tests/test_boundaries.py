@@ -80,3 +80,34 @@ def test_a_forbidden_import_breaks_a_contract(
     assert checked.returncode != 0
     broken = checked.stdout.split("Broken contracts", 1)[1]
     assert contract in broken and module.removesuffix(".py").replace("/", ".") in broken
+
+
+def import_cycles(root: Path) -> list[tuple[str, str]]:
+    """Each pair of modules of the gpumux under `root` that import each other, directly or not
+    (what runs: imports for the type checker left out)."""
+    code = (
+        "import grimp\n"
+        "g = grimp.build_graph('gpumux', exclude_type_checking_imports=True)\n"
+        "for m in sorted(g.modules):\n"
+        "    for i in sorted(g.find_modules_directly_imported_by(m)):\n"
+        "        if i != m and g.chain_exists(importer=i, imported=m):\n"
+        "            print(m, i)\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return [(a, b) for a, b in (line.split() for line in found.stdout.splitlines())]
+
+
+def test_no_two_modules_import_each_other(tmp_path: Path) -> None:
+    assert import_cycles(ROOT) == []
+    root = copy_of_the_package(tmp_path)
+    with (root / "gpumux/storage/models.py").open("a") as models:
+        models.write("\nfrom gpumux.storage import store  # noqa: E402\n")
+    assert ("gpumux.storage.models", "gpumux.storage.store") in import_cycles(root)

@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from gpumux import client as client_module
-from gpumux import tokenfile
 from gpumux.client import (
     ApiError,
     Client,
@@ -23,6 +22,7 @@ from gpumux.client import (
     error_detail,
 )
 from gpumux.config import Settings
+from gpumux.home import tokenfile
 from gpumux.schemas import FieldProblem, Problem, SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
@@ -54,7 +54,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str 
     url = f"http://127.0.0.1:{free_port()}"
     settings = Settings(home=home, url=url, max_grid=MAX_GRID, poll_interval=0.2)
     with embedded(settings) as running:
-        yield running.url, tokenfile.read_token_file(home / tokenfile.DAEMON_TOKEN_NAME)
+        yield running.url, tokenfile.daemon_token(home)
 
 
 @pytest.fixture

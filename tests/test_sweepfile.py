@@ -563,6 +563,11 @@ def test_a_search_that_needs_a_budget_asks_for_run_cap() -> None:
     assert resolve(from_yaml(WANDB_SWEEPDEMO + "run_cap: 7\n")).trials == 7
     with pytest.raises(SweepFileError, match="run_cap: a random search needs a budget"):
         resolve(from_yaml(WANDB_CUSTOM_COMMAND), search="random")
+    # The sampler's options after the method: the method still asks for its budget.
+    with pytest.raises(SweepFileError, match="run_cap: a tpe search needs a budget"):
+        resolve(from_yaml(WANDB_CUSTOM_COMMAND), search="tpe:n_startup_trials=4")
+    kept = resolve(from_yaml(WANDB_SWEEPDEMO), search="TPE:n_startup_trials=4", trials=8)
+    assert (kept.search, kept.trials) == ("TPE:n_startup_trials=4", 8)
 
 
 def test_run_cap_on_a_grid_holds_only_if_the_whole_grid_fits() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumux.tokenfile import (
+from gpumux.home.tokenfile import (
     TokenFileError,
     discover_token,
     read_token_file,

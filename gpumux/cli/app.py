@@ -12,6 +12,7 @@ import typer
 
 from gpumux import __version__
 from gpumux.cli import commands, export, nodes, profiles, token, top, tune
+from gpumux.cli.helptext import PlainCommand, PlainGroup
 from gpumux.cli.state import (
     EXIT_USAGE,
     CliError,
@@ -23,8 +24,8 @@ from gpumux.cli.state import (
 )
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable, InvalidDaemonUrl, InvalidToken
+from gpumux.home.tokenfile import TokenFileError
 from gpumux.sweepspec import SpecError
-from gpumux.tokenfile import TokenFileError
 
 # The daemon answers these for a request it finds malformed: the user's input, so exit 2.
 BAD_INPUT_STATUSES = (400, 422)
@@ -61,6 +62,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=PlainGroup,
 )
 
 
@@ -85,7 +87,7 @@ def _root(
     get_state(ctx).url = url
 
 
-app.command(help=SWEEP_HELP)(user_errors(sweep))
+app.command(help=SWEEP_HELP, cls=PlainCommand)(user_errors(sweep))
 for command in (
     commands.serve,
     commands.ls,
@@ -100,14 +102,15 @@ for command in (
     profiles.profiles,
     tune.tune,
 ):
-    app.command()(user_errors(command))
+    app.command(cls=PlainCommand)(user_errors(command))
 
 token_app = typer.Typer(
     help="API tokens, for reaching the daemon over TCP (made over its Unix socket).",
     no_args_is_help=True,
+    cls=PlainGroup,
 )
-token_app.command()(user_errors(token.create))
-token_app.command()(user_errors(token.revoke))
+token_app.command(cls=PlainCommand)(user_errors(token.create))
+token_app.command(cls=PlainCommand)(user_errors(token.revoke))
 app.add_typer(token_app, name="token")
 
 

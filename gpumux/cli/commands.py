@@ -13,10 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from gpumux import sweepspec
-from gpumux.cli import follow, render
+from gpumux.cli import curves, follow, glance, render, trialview
 from gpumux.cli.connect import connect
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     CliError,
     CliState,
     build_settings,
@@ -26,7 +27,7 @@ from gpumux.cli.state import (
 from gpumux.client import Client
 from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
-from gpumux.lockfile import DaemonError
+from gpumux.home.lockfile import DaemonError
 from gpumux.schemas import parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 
@@ -37,39 +38,68 @@ POLL_S = 0.5
 # The largest TCP port: bind() overflows past it.
 MAX_PORT = 65535
 
-SweepId = Annotated[
-    int,
-    typer.Argument(help="the sweep's id (gpumux ls)", min=1, max=MAX_ID, show_default=False),
+SweepRef = Annotated[
+    str,
+    typer.Argument(
+        metavar="SWEEP",
+        help="the sweep's id, or its --name (your newest sweep of that name); gpumux ls",
+        show_default=False,
+    ),
 ]
 TrialId = Annotated[
     int,
     typer.Argument(
-        help="the trial's id (gpumux show SWEEP)", min=1, max=MAX_ID, show_default=False
+        metavar="TRIAL",
+        help="the trial's id (gpumux show SWEEP)",
+        min=1,
+        max=MAX_ID,
+        show_default=False,
     ),
 ]
-Url = Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")]
+Url = Annotated[str | None, typer.Option(metavar="URL", help="the daemon (default GPUMUX_URL)")]
+
+
+def sweep_id_of(client: Client, sweep: str) -> int:
+    """The id SWEEP names: a number is an id, other text the newest sweep of that name."""
+    if sweep.isdecimal() and sweep.isascii():
+        sweep_id = int(sweep)
+        if not 1 <= sweep_id <= MAX_ID:
+            raise CliError(f"sweep id {sweep} is out of range (1 to {MAX_ID})", EXIT_USAGE)
+        return sweep_id
+    found = client.list_sweeps(name=sweep, limit=1).data
+    if not found:
+        raise CliError(f"no sweep named {render.visible(sweep)!r}; gpumux ls lists your sweeps")
+    return found[0].id
 
 
 def serve(
     ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="address to listen on (TCP)")] = None,
+    host: Annotated[
+        str | None, typer.Option(metavar="ADDRESS", help="address to listen on (TCP)")
+    ] = None,
     port: Annotated[
-        int | None, typer.Option(min=0, max=MAX_PORT, help="port to listen on (TCP)")
+        int | None,
+        typer.Option(metavar="PORT", min=0, max=MAX_PORT, help="port to listen on (TCP; 0: any)"),
     ] = None,
     uds: Annotated[
-        Path | None, typer.Option(help="listen on this Unix socket instead", resolve_path=True)
+        Path | None,
+        typer.Option(metavar="PATH", help="listen on this Unix socket instead", resolve_path=True),
     ] = None,
     db: Annotated[
         str | None,
         typer.Option(
+            metavar="FILE|URL",
             help="the database: an SQLite file, or a URL postgresql+psycopg://USER@HOST/DB "
             "(GPUMUX_DB; default: GPUMUX_DATABASE_URL, else HOME/gpumux.db)",
         ),
     ] = None,
     home: Annotated[
-        Path | None, typer.Option(help="data directory (GPUMUX_HOME)", resolve_path=True)
+        Path | None,
+        typer.Option(metavar="DIR", help="data directory (GPUMUX_HOME)", resolve_path=True),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    log_level: Annotated[
+        str, typer.Option(metavar="LEVEL", help="debug, info, warning or error")
+    ] = "info",
     stop_trials: Annotated[
         bool | None,
         typer.Option(
@@ -124,10 +154,22 @@ def serve(
 
 def ls(
     ctx: typer.Context,
-    status: Annotated[SweepStatus | None, typer.Option(help="only sweeps in this status")] = None,
-    owner: Annotated[str | None, typer.Option(help="only this user's sweeps")] = None,
+    status: Annotated[
+        SweepStatus | None,
+        typer.Option(
+            metavar="STATUS",
+            help="only sweeps in this status: " + ", ".join(SweepStatus),
+            show_default=False,
+        ),
+    ] = None,
+    owner: Annotated[
+        str | None, typer.Option(metavar="USER", help="only this user's sweeps")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every sweep, not the newest few")] = False,
-    limit: Annotated[int, typer.Option(min=1, max=LS_PAGE, help="how many sweeps")] = 20,
+    limit: Annotated[
+        int,
+        typer.Option(metavar="N", min=1, max=LS_PAGE, help=f"how many sweeps (at most {LS_PAGE})"),
+    ] = 20,
     url: Url = None,
 ) -> None:
     """List sweeps, newest first, with their progress."""
@@ -148,7 +190,25 @@ def ls(
 
 def show(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="SWEEP",
+            help="the sweep's id, or its --name (your newest sweep of that name); gpumux ls",
+            show_default=False,
+        ),
+    ] = None,
+    trial_id: Annotated[
+        int | None,
+        typer.Option(
+            "--trial",
+            metavar="TRIAL",
+            min=1,
+            max=MAX_ID,
+            help="show this trial instead, whole: its parameters exact, its reason in full",
+            show_default=False,
+        ),
+    ] = None,
     follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="follow its progress until it ends first")
     ] = False,
@@ -157,9 +217,19 @@ def show(
     ] = False,
     url: Url = None,
 ) -> None:
-    """A sweep's settings, counts by status, best trial, trials, and why trials failed."""
+    """A sweep's settings, counts by status, best trial, learning curves, trials, and why trials
+    failed; or one trial whole (--trial)."""
     state = get_state(ctx)
+    if (sweep_ref is None) == (trial_id is None):
+        raise CliError("show SWEEP or show --trial TRIAL: give one of them", EXIT_USAGE)
     with connect(state, url) as client:
+        if trial_id is not None:
+            trial = client.get_trial(trial_id)
+            sweep = client.get_sweep(trial.sweep_id)
+            state.out.print(trialview.trial_summary(trial, sweep.objective))
+            return
+        assert sweep_ref is not None
+        sweep_id = sweep_id_of(client, sweep_ref)
         if follow_:
             _follow_or_interrupt(state, client, sweep_id)
         sweep = client.get_sweep(sweep_id)
@@ -170,14 +240,18 @@ def show(
             page = client.list_trials(sweep_id, limit=SHOW_ROWS)
             trials, count = page.data, page.count
         failed = client.list_trials(sweep_id, status=TrialStatus.failed, limit=FAILURES_SHOWN)
+        chart = curves.learning_chart(sweep, trials, curves.fetch_curves(client, sweep, trials))
     out = state.out
     out.print(render.sweep_summary(sweep))
     for profile in sweep.profiles:
         out.print(render.search_text(profile))
-    best = render.best_text(sweep.best, sweep.objective)
+    shown = glance.ShortValues.of(trials)
+    best = render.best_text(sweep.best, sweep.objective, shown)
     if best is not None:
         out.print(best)
-    out.print(render.trials_table(trials, objective=sweep.objective, errors=False))
+    if chart is not None:
+        out.print(chart)
+    out.print(render.trials_table(trials, objective=sweep.objective))
     # An adaptive sweep's trial_count is its budget: only the trials it asked exist to list.
     if len(trials) < count:
         out.print(f"... {count - len(trials)} more trials: --all")
@@ -199,7 +273,7 @@ def _follow_or_interrupt(state: CliState, client: Client, sweep_id: int) -> None
 
 def cancel(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="ask for the cancel and return at once")
     ] = False,
@@ -208,6 +282,7 @@ def cancel(
     """Cancel a sweep: drop its queued trials, stop its running ones, and wait for that."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.cancel_sweep(sweep_id)
         if follow.sweep_ended(sweep) and sweep.status != SweepStatus.cancelled:
             state.note(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
@@ -271,13 +346,18 @@ def _print_log(client: Client, trial_id: int, *, follow: bool) -> int:
 
 def best(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON, for scripts")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="print the trial's id alone: gpumux logs $(...)"),
+    ] = False,
     url: Url = None,
 ) -> None:
     """The best trial of a sweep by its objective: parameters, value, command line."""
     state = get_state(ctx)
     with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
         sweep = client.get_sweep(sweep_id)
     if sweep.objective is None:
         raise CliError(
@@ -292,6 +372,9 @@ def best(
             f"({render.counts_text(sweep.counts)}); a trial reports it with "
             f"gpumux.runtime.report({metric}=...) or as a Keras metric"
         )
+    if quiet:
+        sys.stdout.write(f"{trial.id}\n")
+        return
     argv = sweepspec.render_command(sweep.command, trial.params)
     if as_json:
         document = dict(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from gpumux.cli.state import CliError, CliState, EmbeddedDaemon
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.config import SHARED_SOCKET, SOCKET_NAME, Settings
-from gpumux.lockfile import DaemonAlreadyRunning, DaemonError, lock_beside, read_lock_url
+from gpumux.config import SHARED_SOCKET, Settings
+from gpumux.home.lockfile import DaemonAlreadyRunning, DaemonError, lock_beside, read_lock_url
 
 # A daemon that just took the lock writes its URL right after binding its socket.
 LOCK_URL_WAIT_S = 5.0
@@ -54,7 +54,7 @@ def find_daemon(url: str, settings: Settings) -> Client:
         client = _answering(lock_url)
         if client is not None:
             return client
-    if url == f"unix:{settings.home / SOCKET_NAME}" and SHARED_SOCKET.exists():
+    if url == f"unix:{settings.layout.socket}" and SHARED_SOCKET.exists():
         # A shared server's daemon (deploy/gpumux.service), when this user names none.
         client = _answering(f"unix:{SHARED_SOCKET}")
         if client is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from gpumux import sweepspec
-from gpumux.cli.commands import SweepId, Url
+from gpumux.cli.commands import SweepRef, Url, sweep_id_of
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state
 from gpumux.client import Client
@@ -250,7 +250,7 @@ def summary(frozen: Sequence[FrozenTrial]) -> str:
 
 def export(
     ctx: typer.Context,
-    sweep_id: SweepId,
+    sweep_ref: SweepRef,
     optuna_url: Annotated[
         str,
         typer.Option(
@@ -275,8 +275,10 @@ def export(
     gpumux's facts (trial id, attempt, exit code, error) as user attributes.
     """
     state = get_state(ctx)
-    with connect(state, url) as client, state.err.status(f"reading sweep {sweep_id}"):
-        sweep, trials, reports = fetch(client, sweep_id)
+    with connect(state, url) as client:
+        sweep_id = sweep_id_of(client, sweep_ref)
+        with state.err.status(f"reading sweep {sweep_id}"):
+            sweep, trials, reports = fetch(client, sweep_id)
     frozen = study_trials(sweep, trials, reports)
     if not frozen:
         raise CliError(f"no trial of sweep {sweep_id} has started yet; nothing to export")

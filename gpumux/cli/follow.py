@@ -13,7 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from gpumux.cli import render
+from gpumux.cli import glance, render
 from gpumux.client import TRIALS_PAGE, Client
 from gpumux.schemas import SweepDetail, TrialPublic, parse_objective
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
@@ -79,7 +79,7 @@ def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime
     return render.since(sweep.created_at, now) * remaining / done
 
 
-def best_so_far(sweep: SweepDetail) -> Text | None:
+def best_so_far(sweep: SweepDetail, shown: glance.ShortValues | None = None) -> Text | None:
     """ "best so far: trial 7  lr=0.01  val_loss=0.12"; None for a sweep without an objective."""
     if sweep.objective is None:
         return None
@@ -89,7 +89,7 @@ def best_so_far(sweep: SweepDetail) -> Text | None:
         return Text(f"best so far: {UNKNOWN} (no trial has reported {metric} yet)", style="dim")
     return Text.assemble(
         ("best so far: ", "bold"),
-        f"trial {best.id}  {render.params_text(best.params)}  ",
+        f"trial {best.id}  {render.params_text(best.params, shown)}  ",
         (f"{metric}={render.number(best.objective)}", "bold green"),
     )
 
@@ -132,7 +132,7 @@ def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) 
     ended.sort(key=lambda trial: trial.ended_at or now, reverse=True)
     shown = active + ended[:RECENT_FINISHED]
     parts: list[RenderableType] = [progress_view(sweep, trials, now)]
-    best = best_so_far(sweep)
+    best = best_so_far(sweep, glance.ShortValues.of(trials))
     if best is not None:
         parts.append(best)
     parts.extend(render.search_text(profile) for profile in sweep.profiles)
@@ -141,33 +141,51 @@ def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) 
     return Group(*parts)
 
 
-def event_line(sweep: SweepDetail, trial: TrialPublic, done: int, eta: float | None = None) -> Text:
-    """One plain line for a trial that changed status, `done` trials having ended so far."""
+def event_line(
+    sweep: SweepDetail,
+    trial: TrialPublic,
+    done: int,
+    eta: float | None = None,
+    *,
+    shown: glance.ShortValues | None = None,
+    steps: int | None = None,
+) -> Text:
+    """One plain line for a trial that changed status, `done` trials having ended so far; its
+    floats as short as among the trials `shown` with it, its steps counted from 1 (of `steps`,
+    the steps of a whole trial, when known)."""
     total = render.total_count(sweep)
     text = Text(f"[{done}/{total}] trial {trial.id} ")
-    text.append(render.params_text(trial.params))
+    text.append(render.params_text(trial.params, shown))
     text.append(": ")
     text.append_text(render.status_text(trial.status))
     if trial.status in ACTIVE_TRIAL_STATUSES:
-        text.append(f" on {render.device_text(trial)}")
+        text.append(f" in slot {glance.slot_text(trial)}")
     elif trial.status in FINAL_TRIAL_STATUSES:
-        details = [f"after {render.duration(render.trial_seconds(trial))}"]
-        if trial.step is not None:
-            details.append(f"step {trial.step}")
-        if trial.samples_per_s is not None:
-            details.append(f"{render.rate(trial.samples_per_s)} samples/s")
-        if sweep.objective is not None and trial.objective is not None:
-            details.append(
-                render.visible(
-                    f"{sweep.objective.rpartition(':')[0]}={render.number(trial.objective)}"
-                )
-            )
-        if trial.status != TrialStatus.succeeded and trial.error:
-            details.append(render.error_summary(trial.error))
-        text.append(f" ({', '.join(details)})")
+        took = render.duration(render.trial_seconds(trial))
+        pruned = glance.ended_text(trial, steps, took)
+        if pruned:
+            text.append(f" {pruned}")
+        else:
+            text.append(f" ({', '.join(_details(sweep, trial, steps, took))})")
         if eta is not None and done < total:
             text.append(f"; ETA {render.duration(eta)}")
     return text
+
+
+def _details(sweep: SweepDetail, trial: TrialPublic, steps: int | None, took: str) -> list[str]:
+    """What an ended trial's line says in parentheses: its time, step, rate, objective, error."""
+    details = [f"after {took}"]
+    if trial.step is not None:
+        of = f" of {steps}" if steps is not None and trial.step < steps else ""
+        details.append(f"step {glance.step_text(trial.step)}{of}")
+    if trial.samples_per_s is not None:
+        details.append(f"{render.rate(trial.samples_per_s)} samples/s")
+    if sweep.objective is not None and trial.objective is not None:
+        metric = sweep.objective.rpartition(":")[0]
+        details.append(render.visible(f"{metric}={render.number(trial.objective)}"))
+    if trial.status != TrialStatus.succeeded and trial.error:
+        details.append(render.error_summary(trial.error))
+    return details
 
 
 def follow(client: Client, sweep_id: int, console: Console) -> SweepDetail:
@@ -177,11 +195,32 @@ def follow(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     return _follow_lines(client, sweep_id, console)
 
 
+def no_gpu_warnings(sweep: SweepDetail, warned: set[str]) -> list[str]:
+    """A line for each framework that saw no GPU in the sweep's trials on a GPU, the first time
+    it is seen (added to `warned`): they train on the CPU, and what to install."""
+    lines = []
+    for seen in sweep.no_gpu:
+        if seen.framework in warned:
+            continue
+        warned.add(seen.framework)
+        lines.append(
+            f"WARNING: {seen.framework} sees no GPU in trial(s) gpumux placed on a GPU: they "
+            f"train on the CPU, and the split search leaves them out. To use the GPU, install "
+            f"{seen.fix}"
+        )
+    return lines
+
+
 def _follow_live(client: Client, sweep_id: int, console: Console) -> SweepDetail:
     sweep, trials = poll(client, sweep_id)
     now = datetime.now(UTC)
+    warned: set[str] = set()
     with Live(live_view(sweep, trials, now), console=console, transient=True) as live:
-        while not sweep_ended(sweep):
+        while True:
+            for warning in no_gpu_warnings(sweep, warned):
+                live.console.print(warning, soft_wrap=True)
+            if sweep_ended(sweep):
+                break
             time.sleep(POLL_S)
             sweep, trials = poll(client, sweep_id)
             live.update(live_view(sweep, trials, datetime.now(UTC)))
@@ -192,10 +231,13 @@ def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetai
     seen: dict[int, TrialStatus] = {}
     searches: dict[int, str | None] = {}
     best_shown: tuple[int, float | None] | None = None
+    warned: set[str] = set()
     done = 0
     while True:
         sweep, trials = poll(client, sweep_id)
         eta = eta_seconds(sweep, trials, datetime.now(UTC))
+        for warning in no_gpu_warnings(sweep, warned):
+            console.print(warning, soft_wrap=True)
         for profile in sweep.profiles:
             # Each decision of the split search, once: N measured, next N, or settled.
             if searches.get(profile.id, "") != profile.reason:
@@ -207,17 +249,20 @@ def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetai
         ]
         changed.sort(key=lambda t: (t.ended_at is None, t.ended_at, t.number))
         ends = [n for n, trial in enumerate(changed) if trial.status in FINAL_TRIAL_STATUSES]
+        shown = glance.ShortValues.of(trials)
+        steps = glance.steps_per_trial(trials)
         for n, trial in enumerate(changed):
             done += trial.status in FINAL_TRIAL_STATUSES
             # The estimate is as of this poll: it belongs on its last end, not on earlier ones.
             estimate = eta if ends and n == ends[-1] else None
-            console.print(event_line(sweep, trial, done, estimate), soft_wrap=True)
+            line = event_line(sweep, trial, done, estimate, shown=shown, steps=steps)
+            console.print(line, soft_wrap=True)
             seen[trial.id] = trial.status
         # A new best is news once its trial has ended, not at each epoch a running one reports.
-        best, line = sweep.best, best_so_far(sweep)
-        if best is not None and best.status in FINAL_TRIAL_STATUSES and line is not None:
+        best, news = sweep.best, best_so_far(sweep, shown)
+        if best is not None and best.status in FINAL_TRIAL_STATUSES and news is not None:
             if best.objective is not None and (best.id, best.objective) != best_shown:
-                console.print(line, soft_wrap=True)
+                console.print(news, soft_wrap=True)
                 best_shown = (best.id, best.objective)
         if sweep_ended(sweep):
             return sweep

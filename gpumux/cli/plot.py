@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
@@ -14,13 +16,20 @@ from rich.text import Text
 from gpumux.cli.render import NONE, duration
 from gpumux.throughput import CurvePoint
 
-PLOT_INSTALL = "pip install 'gpumux[plot]'"
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PLOT_INSTALL = "pip install 'matplotlib>=3.7' (in a clone of gpumux: pip install -e '.[plot]')"
 # Eighths of a character cell, so that close values still draw bars of different lengths.
 BLOCKS = " ▏▎▍▌▋▊▉"
 FULL_BLOCK = "█"
 MIN_BAR = 8
 # Below this many columns for bars, the time-per-trial bar goes and its value stays.
 TWO_BARS_MIN = 30
+# The smallest a PNG's title gets before its lines are wrapped, and the margin it keeps on
+# either side (a fraction of the figure's width).
+MIN_TITLE_POINTS = 7
+TITLE_MARGIN = 0.02
 
 
 class PlotUnavailable(RuntimeError):
@@ -67,19 +76,29 @@ def curve_table(points: Iterable[CurvePoint], *, unit: str, best_split: int | No
     table.add_column("speed-up", justify="right", no_wrap=True)
     table.add_column("s/trial", justify="right", no_wrap=True)
     table.add_column("memory/trial", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
+    # The best N's mark, in a column of its own only where a point is the best.
+    marked = any(point.split == best_split for point in curve)
+    if marked:
+        table.add_column("", no_wrap=True)
     for point, speedup in zip(curve, speedups(curve), strict=True):
         best = point.split == best_split
-        table.add_row(
+        cells = [
             str(point.split),
             format_throughput(point.throughput),
             NONE if speedup is None else f"{speedup:.2f}x",
             duration(point.seconds_per_trial),
             format_memory(point.memory_per_trial_mb),
-            "best" if best else "",
-            style="bold green" if best else None,
-        )
+        ]
+        if marked:
+            cells.append("best" if best else "")
+        table.add_row(*cells, style="bold green" if best else None)
     return table
+
+
+def eighths(value: float, top: float, cells: int) -> int:
+    """How many eighths of a character cell `value` fills when `top` fills `cells` cells (at
+    least one): the resolution of the block characters both charts draw with."""
+    return max(1, round(value / top * cells * 8))
 
 
 def _bar(value: float | None, top: float, width: int, ascii_only: bool) -> str:
@@ -88,7 +107,7 @@ def _bar(value: float | None, top: float, width: int, ascii_only: bool) -> str:
         return " " * width
     if ascii_only:
         return ("#" * max(1, round(value / top * width))).ljust(width)
-    full, part = divmod(max(1, round(value / top * width * 8)), 8)
+    full, part = divmod(eighths(value, top, width), 8)
     return (FULL_BLOCK * full + (BLOCKS[part] if part else "")).ljust(width)
 
 
@@ -203,6 +222,27 @@ def write_png(
         )
     if best_split is not None:
         rate_axes.legend(loc="best")
-    figure.suptitle(title)
+    _fit_title(figure, title)
     figure.savefig(path, format="png", dpi=120)
     return Path(path)
+
+
+def _fit_title(figure: Figure, title: str) -> None:
+    """The title over the figure, smaller until it fits inside it with a margin (a command and
+    its directory are often wider than the figure); lines still too wide then are wrapped."""
+    text = figure.suptitle(title)
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    room = figure.bbox.width * (1 - 2 * TITLE_MARGIN)
+    size = float(text.get_fontsize())
+    while text.get_window_extent(renderer).width > room and size > MIN_TITLE_POINTS:
+        size -= 1
+        text.set_fontsize(size)
+    width = text.get_window_extent(renderer).width
+    if width > room:
+        longest = max(len(line) for line in title.splitlines())
+        chars = max(1, int(longest * room / width))
+        lines = [
+            "\n".join(textwrap.wrap(line, chars, break_on_hyphens=False)) or line
+            for line in title.splitlines()
+        ]
+        text.set_text("\n".join(lines))

@@ -10,43 +10,60 @@ from typing import Annotated
 import typer
 from rich.console import RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from gpumux.cli import plot
+from gpumux.cli.commands import sweep_id_of
 from gpumux.cli.connect import connect
-from gpumux.cli.render import NONE, local_time
+from gpumux.cli.render import NONE, local_time, visible
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
 from gpumux.client import Client
 from gpumux.fields import MAX_ID
 from gpumux.schemas import ProfilePublic
+from gpumux.throughput import SWEEP_ENDED
 
 PAGE = 500
 
 
 def profiles_table(profiles: Sequence[ProfilePublic]) -> Table:
-    """One row per profile: device model, workload, best N and how far the search got."""
+    """One row per profile: device model, best N or how far the search got, and the workload:
+    its command, the directory it runs in and its cost parameters, each on a line of its own."""
     table = Table(header_style="bold")
     table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("device")
-    table.add_column("command", overflow="fold")
-    table.add_column("cost params", overflow="fold")
-    table.add_column("unit", no_wrap=True)
-    table.add_column("best N", justify="right", no_wrap=True)
-    table.add_column("settled", no_wrap=True)
-    table.add_column("points", justify="right", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
+    table.add_column("device", min_width=8)
+    table.add_column("best N", no_wrap=True)
+    table.add_column("unit")
+    table.add_column("updated")
+    table.add_column("workload", overflow="fold", min_width=16)
     for profile in profiles:
+        workload = Text(visible(shlex.join(profile.command)))
+        if profile.workdir is not None:
+            workload.append(f"\nin {visible(profile.workdir)}", style="dim")
+        if profile.param_tokens:
+            workload.append(f"\ncost: {visible(' '.join(profile.param_tokens))}", style="dim")
         table.add_row(
             str(profile.id),
-            profile.device_name,
-            shlex.join(profile.command),
-            " ".join(profile.param_tokens) or NONE,
+            visible(profile.device_name),
+            _best(profile, short=True),
             profile.unit,
-            NONE if profile.best_split is None else str(profile.best_split),
-            "yes" if profile.settled else "no",
-            str(len(profile.curve)),
             local_time(profile.updated_at, year=False),
+            workload,
         )
     return table
+
+
+def _best(profile: ProfilePublic, *, short: bool = False) -> str:
+    """The best N, or where the search stands: settled, unsettled since its sweep ended, or
+    searching while its sweep runs."""
+    if profile.settled:
+        best = NONE if profile.best_split is None else str(profile.best_split)
+        return best if short else f"{best} (settled)"
+    if (profile.reason or "").startswith(SWEEP_ENDED):
+        if short:
+            return "unsettled"
+        measured = ", ".join(str(point.split) for point in plot.by_split(profile.curve))
+        return f"{f'measured N={measured}' if measured else 'nothing measured'}; {SWEEP_ENDED}"
+    return "searching" if short else f"{NONE} (still searching)"
 
 
 def profile_summary(profile: ProfilePublic) -> Table:
@@ -54,17 +71,16 @@ def profile_summary(profile: ProfilePublic) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    best = NONE if profile.best_split is None else str(profile.best_split)
-    state = "settled" if profile.settled else "still searching"
     rows = [
         ("profile", str(profile.id)),
-        ("device", profile.device_name),
-        ("command", shlex.join(profile.command)),
-        ("cost params", " ".join(profile.param_tokens) or NONE),
+        ("device", visible(profile.device_name)),
+        ("command", visible(shlex.join(profile.command))),
+        ("directory", visible(profile.workdir or NONE)),
+        ("cost params", visible(" ".join(profile.param_tokens)) or NONE),
         ("fingerprint", profile.fingerprint),
-        ("best N", f"{best} ({state})"),
+        ("best N", _best(profile)),
         ("limits", _limits(profile)),
-        ("tuner", profile.reason or NONE),
+        ("tuner", visible(profile.reason or NONE)),
         ("last sweep", NONE if profile.sweep_id is None else str(profile.sweep_id)),
         ("updated", local_time(profile.updated_at)),
     ]
@@ -100,9 +116,12 @@ def write_profile_png(profile: ProfilePublic, path: Path) -> Path:
     """The profile's curve as a PNG at `path`; CliError when it cannot be drawn or written."""
     if not profile.curve:
         raise CliError(f"profile {profile.id} has no measured point to plot yet")
-    title = f"{profile.device_name}: {shlex.join(profile.command)}"
+    lines = [profile.device_name, shlex.join(profile.command)]
+    if profile.workdir is not None:
+        lines.append(f"in {profile.workdir}")
     if profile.param_tokens:
-        title += f" ({' '.join(profile.param_tokens)})"
+        lines.append(f"cost: {' '.join(profile.param_tokens)}")
+    title = "\n".join(lines)
     try:
         return plot.write_png(
             profile.curve,
@@ -129,24 +148,52 @@ def profiles(
         Path | None,
         typer.Option(help="also draw the curve into this PNG file (needs matplotlib)"),
     ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SWEEP",
+            help="show the curve this sweep's workload measured (its id or --name)",
+            show_default=False,
+        ),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every profile, not the newest few")] = False,
     limit: Annotated[int, typer.Option(min=1, max=PAGE, help="how many profiles")] = 20,
     url: Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")] = None,
 ) -> None:
     """Measured throughput against trials per device (N): list them, or show one's curve."""
     state = get_state(ctx)
-    if profile_id is None and png is not None:
-        raise CliError("--png draws one profile: gpumux profiles ID --png FILE", EXIT_USAGE)
+    if profile_id is not None and sweep is not None:
+        raise CliError("a profile's ID or --sweep SWEEP, not both", EXIT_USAGE)
+    if profile_id is None and sweep is None and png is not None:
+        raise CliError(
+            "--png draws one profile: gpumux profiles ID --png FILE, or --sweep SWEEP", EXIT_USAGE
+        )
     with connect(state, url) as client:
-        if profile_id is None:
+        if sweep is not None:
+            profile = _profile_of_sweep(client, sweep)
+        elif profile_id is None:
             _list_profiles(state, client, all_=all_, limit=limit)
             return
-        profile = client.get_profile(profile_id)
+        else:
+            profile = client.get_profile(profile_id)
     for view in profile_views(profile):
         state.out.print(view)
     if png is not None:
         written = write_profile_png(profile, png)
         state.note(f"wrote {written}")
+
+
+def _profile_of_sweep(client: Client, sweep: str) -> ProfilePublic:
+    """The profile a sweep's split search measured its workload in (the newest, where it ran
+    on several device models)."""
+    sweep_id = sweep_id_of(client, sweep)
+    found = client.get_sweep(sweep_id).profiles
+    if not found:
+        raise CliError(
+            f"sweep {sweep_id} has no profile: its split was fixed (--split N), or the search "
+            "is off (GPUMUX_TUNE=0) or measured nothing yet"
+        )
+    return max(found, key=lambda profile: profile.updated_at)
 
 
 def _list_profiles(state: CliState, client: Client, *, all_: bool, limit: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpumux.cli.glance import NONE, ShortValues, reason_text, slot_text, step_text, visible
+from gpumux.cli.glance import error_summary as error_summary
 from gpumux.schemas import (
     DevicePublic,
     ProfilePublic,
@@ -18,10 +19,9 @@ from gpumux.schemas import (
     TrialPublic,
     parse_objective,
 )
+from gpumux.searchspec import spec_text
 from gpumux.status import FINAL_TRIAL_STATUSES, SearchMethod, SweepStatus, TrialStatus
-from gpumux.sweepspec import format_value
 
-NONE = "-"
 STATUS_STYLES = {
     "queued": "dim",
     "starting": "cyan",
@@ -52,19 +52,10 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """`text` with its control characters (escape sequences a trial or a command may hold)
-    written as escapes, so that another user's text cannot drive this terminal."""
-    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
-
-
-def params_text(params: Mapping[str, Any]) -> str:
-    """A trial's parameters as they reach its command: "lr=0.01 bs=32"."""
-    text = " ".join(f"{name}={format_value(value)}" for name, value in params.items())
-    return visible(text) or NONE
+def params_text(params: Mapping[str, Any], shown: ShortValues | None = None) -> str:
+    """A trial's parameters, each float in its short form among those `shown` with it:
+    "lr=0.0798 width=128"."""
+    return (shown or ShortValues([params])).params(params)
 
 
 def number(value: float | None, *, digits: int = 6) -> str:
@@ -134,27 +125,11 @@ def total_count(sweep: SweepPublic) -> int:
 def method_text(sweep: SweepPublic) -> str:
     """How the sweep chooses its trials: "grid", "random, 20 trials", "tpe, 12 of 50 asked"."""
     if sweep.search.adaptive:
-        return f"{sweep.search}, {asked_count(sweep)} of {sweep.trial_count} asked"
+        method = spec_text(str(sweep.search), sweep.search_options)
+        return f"{method}, {asked_count(sweep)} of {sweep.trial_count} asked"
     if sweep.search == SearchMethod.random:
         return f"random, {plural(sweep.trial_count, 'trial')}"
     return "grid"
-
-
-def error_summary(error: str | None) -> str:
-    """One line from a trial's error: how it ended, and the last line of its log."""
-    if not error:
-        return ""
-    head, _, tail = visible(error).partition("\n")
-    head = head.split("; last lines of its log:")[0]
-    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
-    return f"{head}: {last}" if last else head
-
-
-def device_text(trial: TrialPublic) -> str:
-    """Where a trial runs or ran: "cpu/0" (device key / slot)."""
-    if trial.device is None:
-        return NONE
-    return trial.device if trial.slot is None else f"{trial.device}/{trial.slot}"
 
 
 def trial_seconds(trial: TrialPublic, now: datetime | None = None) -> float | None:
@@ -200,42 +175,53 @@ def trials_table(
     errors: bool = True,
     now: datetime | None = None,
 ) -> Table:
-    """A row per trial: a column per swept parameter, status, device, time, samples/s, objective.
+    """A row per trial, one line each: a column per swept parameter (floats short enough to
+    tell apart), status, step, slot, time, samples/s (when reported), objective, and why it
+    ended.
 
     The time of a running trial is counted up to `now` (default the present); a step column
-    (the last step each trial reported) appears when a trial has reported one.
+    (the last step each trial reported, from 1) appears when a trial has reported one. The
+    reason is cut to the width left (whole in `gpumux show --trial`).
     """
     header = objective_header(objective)
     steps = any(trial.step is not None for trial in trials)
-    show_errors = errors and any(trial.error for trial in trials if trial.status != "succeeded")
+    show_reasons = errors and any(trial.error for trial in trials if trial.status != "succeeded")
+    shown = ShortValues.of(trials)
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("trial", justify="right", no_wrap=True)
     names = swept_names(trials)
     for name in names:
-        table.add_column(name, justify="right", no_wrap=True)
+        table.add_column(visible(name), justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
     if steps:
         table.add_column("step", justify="right", no_wrap=True)
-    table.add_column("device", no_wrap=True)
+    table.add_column("slot", no_wrap=True)
     table.add_column("time", justify="right", no_wrap=True)
-    table.add_column("samples/s", justify="right", no_wrap=True)
+    # Left out when no trial reports samples: a column of dashes only narrows the reasons.
+    rates = any(trial.samples_per_s is not None for trial in trials)
+    if rates:
+        table.add_column("samples/s", justify="right", no_wrap=True)
     if header is not None:
-        table.add_column(header, justify="right")
-    if show_errors:
-        table.add_column("error", overflow="fold", style="red")
+        table.add_column(header, justify="right", no_wrap=True)
+    if show_reasons:
+        # Wrappable, so that the table gives it the width the others leave; each cell keeps to
+        # one line and ends in "…" where cut.
+        table.add_column("reason", style="red")
     for trial in trials:
         row: list[RenderableType] = [
             str(trial.id),
-            *(visible(format_value(trial.params[n])) if n in trial.params else NONE for n in names),
+            *(shown.value(n, trial.params[n]) if n in trial.params else NONE for n in names),
             status_text(trial.status),
         ]
         if steps:
-            row.append(NONE if trial.step is None else str(trial.step))
-        row += [device_text(trial), duration(trial_seconds(trial, now)), rate(trial.samples_per_s)]
+            row.append(step_text(trial.step))
+        row += [slot_text(trial), duration(trial_seconds(trial, now))]
+        if rates:
+            row.append(rate(trial.samples_per_s))
         if header is not None:
             row.append(number(trial.objective))
-        if show_errors:
-            row.append(error_summary(trial.error) if trial.status != "succeeded" else "")
+        if show_reasons:
+            row.append(Text(reason_text(trial), no_wrap=True, overflow="ellipsis"))
         table.add_row(*row)
     return table
 
@@ -275,7 +261,7 @@ def sweep_summary(sweep: SweepPublic) -> Table:
         ("status", Text.assemble(status_text(sweep.status), f"  {counts_text(sweep.counts)}")),
         ("command", visible(" ".join(sweep.command))),
         ("params", visible(" ".join(sweep.params)) or NONE),
-        ("search", f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}"),
+        ("search", visible(f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}")),
         *([("prune", visible(str(sweep.prune)))] if sweep.prune not in (None, "none") else []),
         *([("warm", "yes")] if sweep.warm else []),
         ("objective", visible(sweep.objective or NONE)),
@@ -295,8 +281,11 @@ def sweep_summary(sweep: SweepPublic) -> Table:
     return grid
 
 
-def best_text(best: TrialPublic | None, objective: str | None) -> Text | None:
-    """ "best: trial 7  lr=0.01  val_loss=0.123", or why there is none."""
+def best_text(
+    best: TrialPublic | None, objective: str | None, shown: ShortValues | None = None
+) -> Text | None:
+    """ "best: trial 7  lr=0.01  val_loss=0.123" (its floats as short as among those `shown`
+    with it), or why there is none."""
     if objective is None:
         return None
     metric, _ = parse_objective(objective)
@@ -304,7 +293,7 @@ def best_text(best: TrialPublic | None, objective: str | None) -> Text | None:
         return Text(f"best: no trial has reported {metric}", style="yellow")
     return Text.assemble(
         ("best: ", "bold"),
-        f"trial {best.id}  {params_text(best.params)}  ",
+        f"trial {best.id}  {params_text(best.params, shown)}  ",
         (f"{metric}={number(best.objective)}", "bold green"),
     )
 
@@ -346,15 +335,25 @@ def memory(used: int | None, total: int | None) -> str:
     return f"{shown}/{total / 1024:.1f} GiB"
 
 
+def slots_text(device: DevicePublic) -> str:
+    """The device's slots in use and the trial in each: "cpu/0: 5, cpu/1: 8" (N trials share a
+    device, each in a slot; a 2-core CPU at N=4 has slots cpu/0 to cpu/3)."""
+    ordered = sorted(device.trials, key=lambda trial: (trial.slot is None, trial.slot or 0))
+    return ", ".join(
+        f"{device.key}{'' if trial.slot is None else f'/{trial.slot}'}: {trial.trial_id}"
+        for trial in ordered
+    )
+
+
 def devices_table(devices: Sequence[DevicePublic], title: str | None = None) -> Table:
-    """One row per device: memory, utilisation and the trials packed on it."""
+    """One row per device: memory, utilisation and the trials packed on it, by slot."""
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("device")
     table.add_column("name")
     table.add_column("memory used", justify="right")
     table.add_column("util", justify="right")
     table.add_column("trials", justify="right")
-    table.add_column("trial ids", overflow="fold")
+    table.add_column("slots: trial in each", overflow="fold")
     for device in devices:
         util = NONE if device.utilization_pct is None else f"{device.utilization_pct}%"
         name = device.name if device.error is None else f"{device.name} ({device.error})"
@@ -364,7 +363,7 @@ def devices_table(devices: Sequence[DevicePublic], title: str | None = None) -> 
             memory(device.memory_used_mb, device.memory_total_mb),
             util,
             str(len(device.trials)),
-            ", ".join(str(trial.trial_id) for trial in device.trials) or NONE,
+            slots_text(device) or NONE,
         )
     return table
 

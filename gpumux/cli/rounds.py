@@ -25,6 +25,13 @@ class Round:
     makespan_s: float | None
     seconds_per_trial: float | None
     errors: tuple[str, ...] = ()
+    # The median share of a succeeded trial's time spent starting, and its seconds, and the
+    # steps a succeeded trial reported (None: not measurable).
+    startup_share: float | None = None
+    startup_s: float | None = None
+    steps: int | None = None
+    # Seconds between two of its trials' starts, as the daemon launched them one by one.
+    launch_s: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -46,8 +53,15 @@ def seconds(value: float | None) -> str:
     return render.duration(value)
 
 
-def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[int, float]) -> Round:
-    """A round's figures from its ended trials and the samples each reported (by trial id)."""
+def measure_round(
+    split: int,
+    trials: Sequence[TrialPublic],
+    samples: Mapping[int, float],
+    startups: Mapping[int, float] | None = None,
+    steps: Mapping[int, int] | None = None,
+) -> Round:
+    """A round's figures from its ended trials, the samples each reported, and the seconds each
+    took to start and the steps it reported, where known (all by trial id)."""
     ran = [t for t in trials if t.started_at is not None and t.ended_at is not None]
     makespan = None
     if ran:
@@ -59,6 +73,13 @@ def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[in
         (t.ended_at - t.started_at).total_seconds()
         for t in succeeded
         if t.ended_at is not None and t.started_at is not None
+    ]
+    known = startups or {}
+    shares = [
+        known[t.id] / (t.ended_at - t.started_at).total_seconds()
+        for t in succeeded
+        if t.id in known and t.ended_at is not None and t.started_at is not None
+        if t.ended_at > t.started_at
     ]
     failed = [t for t in trials if t.status != TrialStatus.succeeded]
     return Round(
@@ -72,7 +93,26 @@ def measure_round(split: int, trials: Sequence[TrialPublic], samples: Mapping[in
             f"trial {t.id} {t.status}: {render.error_summary(t.error) or 'no error recorded'}"
             for t in failed
         ),
+        startup_share=statistics.median(shares) if shares else None,
+        startup_s=_median([known[t.id] for t in succeeded if t.id in known]),
+        steps=_median_low([(steps or {})[t.id] for t in succeeded if t.id in (steps or {})]),
+        launch_s=_launch_s(ran),
     )
+
+
+def _launch_s(ran: Sequence[TrialPublic]) -> float:
+    starts = sorted(t.started_at for t in ran if t.started_at is not None)
+    if len(starts) < 2:
+        return 0.0
+    return (starts[-1] - starts[0]).total_seconds() / (len(starts) - 1)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _median_low(values: Sequence[int]) -> int | None:
+    return statistics.median_low(values) if values else None
 
 
 def choose_unit(rounds: Sequence[Round]) -> ThroughputUnit:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from gpumux import sweepfile, sweepspec
-from gpumux.cli import follow, render
+from gpumux.cli import follow, glance, render
 from gpumux.cli.connect import Connection, daemon_for_sweep, find_daemon, wait_until_idle
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
@@ -190,7 +190,7 @@ def final_report(console: Console, sweep: SweepDetail, trials: list[TrialPublic]
     if len(ranked) > FINAL_TABLE_ROWS:
         rest = len(ranked) - FINAL_TABLE_ROWS
         console.print(f"... {rest} more trials: gpumux show {sweep.id} --all")
-    best = render.best_text(sweep.best, sweep.objective)
+    best = render.best_text(sweep.best, sweep.objective, glance.ShortValues.of(trials))
     if best is not None:
         console.print(best)
     if sweep.status == SweepStatus.cancelled:
@@ -230,15 +230,17 @@ ConfigOption = Annotated[
 ]
 TrialsOption = Annotated[
     int | None,
-    typer.Option("--trials", min=1, help="random draws, or the budget of an adaptive search"),
+    typer.Option(
+        "--trials", metavar="N", min=1, help="random draws, or the budget of an adaptive search"
+    ),
 ]
 SearchOption = Annotated[
     str | None,
     typer.Option(
         metavar="METHOD",
         help="grid or random (chosen at submission), or tpe, gp, cmaes, qmc (Optuna picks each "
-        "next trial as a slot frees; needs --trials and --objective); default grid, or random "
-        "with --trials",
+        "next trial as a slot frees; needs --trials and --objective), Optuna's options after a "
+        "colon (tpe:n_startup_trials=4); default grid, or random with --trials",
         show_default=False,
     ),
 ]
@@ -267,24 +269,36 @@ def sweep(
     trials: TrialsOption = None,
     search: SearchOption = None,
     prune: PruneOption = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="seed of the random search")] = None,
-    split: Annotated[str, typer.Option(help="trials per device: N or auto")] = "auto",
-    objective: Annotated[
-        str | None, typer.Option(help="METRIC:min or METRIC:max, ranks trials")
+    seed: Annotated[
+        int | None, typer.Option(metavar="N", min=0, help="seed of the random search")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="a name to find the sweep by")] = None,
+    split: Annotated[
+        str, typer.Option(metavar="N|auto", help="trials per device: N or auto")
+    ] = "auto",
+    objective: Annotated[
+        str | None,
+        typer.Option(metavar="METRIC:MODE", help="METRIC:min or METRIC:max, ranks trials"),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(metavar="NAME", help="a name to find the sweep by")
+    ] = None,
     time_limit: Annotated[
         float | None,
-        typer.Option("--time-limit", callback=finite, help="seconds each trial may run"),
+        typer.Option(
+            "--time-limit", metavar="SECONDS", callback=finite, help="seconds each trial may run"
+        ),
     ] = None,
     retries: Annotated[
         int,
         typer.Option(
+            metavar="N",
             help="reruns of a trial whose command fails (lost and out-of-memory trials are "
-            "rerun anyway)"
+            "rerun anyway)",
         ),
     ] = 0,
-    priority: Annotated[int, typer.Option(help="among your sweeps, higher runs first")] = 0,
+    priority: Annotated[
+        int, typer.Option(metavar="N", help="among your sweeps, higher runs first")
+    ] = 0,
     warm: Annotated[
         bool,
         typer.Option(
@@ -297,7 +311,9 @@ def sweep(
     detach: Annotated[
         bool, typer.Option("--detach", help="submit and return at once (needs a daemon)")
     ] = False,
-    url: Annotated[str | None, typer.Option(help="the daemon (default GPUMUX_URL)")] = None,
+    url: Annotated[
+        str | None, typer.Option(metavar="URL", help="the daemon (default GPUMUX_URL)")
+    ] = None,
 ) -> None:
     """Run COMMAND once per point of the parameter space; its --help is SWEEP_HELP."""
     state = get_state(ctx)

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from gpumux import tokenfile
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state, validation_message
+from gpumux.home import tokenfile
 from gpumux.schemas import TokenCreate
 
 Url = Annotated[

@@ -15,7 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from gpumux.cli import render
+from gpumux.cli import glance, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import finite, get_state
 from gpumux.client import Client
@@ -146,6 +146,7 @@ def trials_view(
     table.add_column("samples/s", justify="right", no_wrap=True)
     table.add_column("params", overflow="fold")
     table.add_column("command", overflow="ellipsis", no_wrap=True)
+    shown = glance.ShortValues(params.get(trial.trial_id, {}) for trial in trials)
     for trial in sorted(trials, key=lambda trial: (trial.slot is None, trial.slot, trial.trial_id)):
         sweep = sweeps.get(trial.sweep_id)
         limit = trial.memory_limit_mb
@@ -155,7 +156,7 @@ def trials_view(
             render.NONE if trial.slot is None else str(trial.slot),
             render.NONE if limit is None else f"{limit:,} MiB",
             render.rate(trial.samples_per_s),
-            render.params_text(params.get(trial.trial_id, {})),
+            render.params_text(params.get(trial.trial_id, {}), shown),
             render.NONE if sweep is None else render.visible(shlex.join(sweep.command)),
         )
     return table

@@ -7,28 +7,14 @@ import os
 import shlex
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from gpumux.cli import plot, render
-from gpumux.cli.follow import sweep_ended
-from gpumux.cli.rounds import (
-    Round,
-    best_split,
-    chart_points,
-    choose_unit,
-    measure_round,
-    results_table,
-    seconds,
-)
+from gpumux.cli import plot
 from gpumux.cli.state import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -40,20 +26,18 @@ from gpumux.cli.state import (
     validation_message,
 )
 from gpumux.cli.sweep import OPTION_NAMES, command_env, require_utf8
+from gpumux.cli.tune_result import HostLoad, report
+from gpumux.cli.tune_run import run_rounds
 from gpumux.client import Client
-from gpumux.config import SOCKET_NAME
 from gpumux.devices.probes import NvmlProbe, NvmlUnavailable
 from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.fields import MAX_SPLIT
-from gpumux.lockfile import DaemonError
-from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
+from gpumux.home.layout import Layout
+from gpumux.home.lockfile import DaemonError
+from gpumux.schemas import DevicePublic, SweepCreate
 from gpumux.splits.curve import SEQUENCE
-from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
-from gpumux.throughput import TRIALS_PER_S
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
-POLL_S = 0.25
-ERRORS_SHOWN = 3
 NO_COMMAND = (
     "no command: write gpumux tune [OPTIONS] -- COMMAND, e.g. gpumux tune -- python train.py"
 )
@@ -145,97 +129,12 @@ def _check_png(png: Path) -> None:
         raise CliError(f"--png {png}: no directory {png.parent}", EXIT_USAGE)
 
 
-def _wait(client: Client, created: SweepDetail, split: int, console: Console) -> None:
-    """Show one progress line on a terminal until the sweep of this N ends."""
-    columns = (
-        TextColumn(f"N={split}", style="bold"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[running]} running"),
-        TextColumn("{task.fields[failed]} failed"),
-        TimeElapsedColumn(),
-    )
-    sweep = created
-    # Off a terminal the line after the round says it all; a transient bar would leave blanks.
-    quiet = not console.is_terminal
-    with Progress(*columns, console=console, transient=True, disable=quiet) as progress:
-        task = progress.add_task("", total=created.trial_count, running=0, failed=0)
-        while not sweep_ended(sweep):
-            time.sleep(POLL_S)
-            sweep = client.get_sweep(created.id)
-            counts = sweep.counts
-            progress.update(
-                task,
-                completed=render.finished_count(counts),
-                running=sum(counts.get(status, 0) for status in ACTIVE_TRIAL_STATUSES),
-                failed=counts.get(TrialStatus.failed, 0),
-            )
-
-
-def _trial_samples(state: CliState, client: Client, trial: TrialPublic) -> float:
-    """Samples the trial's last attempt reported."""
-    reports = client.list_reports(trial.id)
-    if reports.count > len(reports.data):
-        state.note(
-            f"trial {trial.id}: only {len(reports.data)} of its {reports.count} reports could "
-            "be read; its samples are undercounted"
-        )
-    return sum(r.samples or 0.0 for r in reports.data if r.attempt == trial.attempt)
-
-
-def run_round(state: CliState, client: Client, sweep_in: SweepCreate) -> Round:
-    """Submit the sweep of one N, wait for it, and measure it; print its outcome in one line."""
-    split = int(sweep_in.split)
-    created = client.create_sweep(sweep_in)
-    _wait(client, created, split, state.out)
-    trials = client.all_trials(created.id)
-    samples = {t.id: _trial_samples(state, client, t) for t in trials if t.started_at is not None}
-    measured = measure_round(split, trials, samples)
-    line = Text(f"N={split}: {measured.succeeded}/{measured.trials} succeeded", style="bold")
-    line.append(f", round {seconds(measured.makespan_s)}")
-    if measured.samples:
-        line.append(f", {plot.format_throughput(measured.samples)} samples reported")
-    state.out.print(line, soft_wrap=True)
-    for error in measured.errors[:ERRORS_SHOWN]:
-        state.out.print(Text(f"  {error}", style="red"), soft_wrap=True)
-    if len(measured.errors) > ERRORS_SHOWN:
-        more = len(measured.errors) - ERRORS_SHOWN
-        state.out.print(Text(f"  ... {render.plural(more, 'more failed trial')}", style="red"))
-    return measured
-
-
-def _device_name(client: Client) -> str:
+def _device(client: Client) -> DevicePublic:
+    """The one device the daemon of its own measures on."""
     devices = client.devices()
-    return ", ".join(f"{device.name} ({device.key})" for device in devices) or "no device"
-
-
-def report(state: CliState, rounds: Sequence[Round], *, device: str, png: Path | None) -> int:
-    """Print the table, the best N and the chart, write the PNG; the exit status earned."""
-    unit = choose_unit(rounds)
-    best = best_split(rounds, unit)
-    out = state.out
-    out.print(results_table(rounds, unit=unit, best=best))
-    if best is None:
-        state.note("no N succeeded: nothing to plot")
-        return 1
-    if unit == TRIALS_PER_S:
-        state.note(
-            "throughput in trials/s: the command reported no samples at some N "
-            "(gpumux.runtime.report(samples=...) and Keras Model.fit report them)"
-        )
-    out.print(Text(f"best: N={best} on {device}", style="bold green"))
-    points = chart_points(rounds, unit)
-    out.print(plot.terminal_chart(points, unit=unit, best_split=best))
-    if png is not None:
-        title = f"{device}: {shlex.join(state.command or [])}"
-        try:
-            written = plot.write_png(points, unit=unit, best_split=best, title=title, path=png)
-        except plot.PlotUnavailable as error:
-            raise CliError(str(error)) from error
-        except OSError as error:
-            raise CliError(f"cannot write {png}: {error.strerror or error}") from error
-        state.note(f"wrote {written}")
-    return 0
+    if not devices:
+        raise CliError("the daemon of gpumux tune sees no device to measure on")
+    return devices[0]
 
 
 def tune(
@@ -283,6 +182,9 @@ def tune(
     )
     if png is not None:
         _check_png(png)
+    # Starting a daemon, probing the devices and migrating a database take seconds on a loaded
+    # host: say so before any of it.
+    state.note("starting a daemon of its own on a temporary database")
     if state.settings.simulated_gpu is not None:
         # Its daemon serves the simulated GPU alone, whatever GPUs the host has.
         chosen = None
@@ -318,28 +220,29 @@ def _measure(
         home=home,
         db=None,
         database_url="",
-        url=f"unix:{home / SOCKET_NAME}",
+        url=f"unix:{Layout(home).socket}",
         uds=None,
         gpus=gpu,
         tune=False,
     )
-    measured: list[Round] = []
+    load = HostLoad()
     try:
         with state.runner.embedded(settings) as running, Client(running.url) as client:
-            device = _device_name(client)
+            device = _device(client)
             each = "N copies" if rounds == 1 else f"{rounds} x N copies"
             state.note(
-                f"measuring N={','.join(str(s.split) for s in sweeps)} on {device}, "
-                f"{each} of the command at each N"
+                f"measuring N={','.join(str(s.split) for s in sweeps)} on {device.name} "
+                f"({device.key}), {each} of the command at each N"
             )
             try:
-                for sweep_in in sweeps:
-                    measured.append(run_round(state, client, sweep_in))
+                measured = run_rounds(state, client, sweeps, load, kind=device.kind, rounds=rounds)
             except KeyboardInterrupt:
                 state.note("interrupted: stopping the trials")
                 raise
+            # The result before the daemon of its own stops: every trial has ended, and the
+            # user need not wait for its shutdown to read it.
+            return report(state, measured, device=device, load=load, png=png)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except DaemonError as error:
         raise CliError(str(error)) from error
-    return report(state, measured, device=device, png=png)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,59 @@ class DeviceSnapshot:
     cpu_count: int | None
     error: str | None = None
     cpu_cores: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """A device as its node's row describes it to the other nodes and the API: written at
+    each heartbeat, read by every node, whatever gpumux version wrote it (`read` gives None
+    for an entry of another shape)."""
+
+    key: str
+    kind: str
+    name: str
+    memory_mb: int | None
+
+    @classmethod
+    def of(cls, device: DeviceSnapshot) -> DeviceSummary:
+        return cls(
+            key=device.key, kind=device.kind, name=device.name, memory_mb=device.memory_total_mb
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The entry stored in the node's row."""
+        return {"key": self.key, "kind": self.kind, "name": self.name, "memory_mb": self.memory_mb}
+
+    @classmethod
+    def read(cls, entry: object) -> DeviceSummary | None:
+        """The summary an entry of a node's row holds; None for one of another shape."""
+        if not isinstance(entry, dict):
+            return None
+        key, kind, name = entry.get("key"), entry.get("kind"), entry.get("name")
+        memory = entry.get("memory_mb")
+        if not (isinstance(key, str) and isinstance(kind, str) and isinstance(name, str)):
+            return None
+        if not (memory is None or type(memory) is int):
+            return None
+        return cls(key=key, kind=kind, name=name, memory_mb=memory)
+
+    def snapshot(self) -> DeviceSnapshot:
+        """The device as it is, idle: what it is, not how busy."""
+        # "gpu:3" is GPU 3; a device of one per host ("cpu") is its kind's first.
+        suffix = self.key.rpartition(":")[2]
+        return DeviceSnapshot(
+            key=self.key,
+            kind=self.kind,
+            index=int(suffix) if suffix.isascii() and suffix.isdigit() else 0,
+            name=self.name,
+            uuid=None,
+            memory_total_mb=self.memory_mb,
+            memory_used_mb=None,
+            memory_free_mb=None,
+            utilization_pct=None,
+            processes=None,
+            cpu_count=None,
+        )
 
 
 def core_blocks(cores: Collection[int], devices: int) -> list[tuple[int, ...]]:

@@ -1,6 +1,11 @@
 """Process identity from /proc: a pid with its start ticks names one process, even after reuse;
 and the processes of a trial, in its process group or escaped from it.
 
+A pid read from /proc may be freed and given to another process before it is signalled. So a
+process is held by a pidfd (Linux 5.3) before what /proc says of it is checked, and signalled
+through that pidfd: if the pid was reused before the pidfd was opened, the check reads the new
+process; if after, the signal reaches no one.
+
 The supervisor imports this module (for start_ticks and descendants): standard library only,
 and little of it.
 """
@@ -10,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 
 def start_ticks(pid: int, *, living: bool = False) -> int | None:
@@ -24,6 +29,29 @@ def start_ticks(pid: int, *, living: bool = False) -> int | None:
     if living and fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+@contextlib.contextmanager
+def held(pid: int) -> Iterator[int | None]:
+    """A pidfd for the process `pid` names now; None when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def send(pidfd: int, signum: int) -> bool:
+    """Signal the process held by `pidfd`; whether it was still there to signal."""
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _stat(pid: int | str) -> list[str] | None:
@@ -96,16 +124,18 @@ def kill_marked(marker: bytes, *, since: int) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as environ:
-                marked = marker in environ.read().split(b"\0")
-        except OSError:
-            continue
-        ticks = start_ticks(int(entry.name), living=True)
-        if marked and ticks is not None and ticks >= since:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+        pid = int(entry.name)
+        with held(pid) as pidfd:
+            if pidfd is None:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as environ:
+                    marked = marker in environ.read().split(b"\0")
+            except OSError:
+                continue
+            ticks = start_ticks(pid, living=True)
+            if marked and ticks is not None and ticks >= since and send(pidfd, signal.SIGKILL):
+                killed.append(pid)
     return killed
 
 
@@ -140,9 +170,9 @@ def kill_orphans(*, pgid: int, started: int) -> list[int]:
         return []
     killed = []
     for pid in group_members({pgid}):
-        ticks = start_ticks(pid)
-        if ticks is not None and ticks >= started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+        with held(pid) as pidfd:
+            ticks = None if pidfd is None else start_ticks(pid)
+            if pidfd is not None and ticks is not None and ticks >= started:
+                if send(pidfd, signal.SIGKILL):
+                    killed.append(pid)
     return killed

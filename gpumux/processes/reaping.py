@@ -14,10 +14,12 @@ import contextlib
 import ctypes
 import os
 
-from gpumux.processes.procfs import descendants
+from gpumux.processes.procfs import descendants, held, send
 
 # prctl(2): orphans among this process's descendants are reparented to it, not to init.
 PR_SET_CHILD_SUBREAPER = 36
+# How many of the trial's processes `signal_trial` holds a pidfd for at once.
+HELD_AT_ONCE = 256
 
 
 def become_subreaper() -> str | None:
@@ -39,16 +41,27 @@ def signal_trial(pgid: int, signum: int) -> tuple[set[int], set[int]]:
     that a supervisor not run as root may not signal."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    escaped, refused = set(), set()
-    for pid in descendants(os.getpid()):
-        try:
-            if os.getpgid(pid) != pgid:
-                os.kill(pid, signum)
-                escaped.add(pid)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            refused.add(pid)
+    escaped: set[int] = set()
+    refused: set[int] = set()
+    found = sorted(descendants(os.getpid()))
+    # A few hundred held at once: a trial of thousands of processes must not run the
+    # supervisor out of file descriptors while it stops them.
+    for start in range(0, len(found), HELD_AT_ONCE):
+        with contextlib.ExitStack() as stack:
+            # Held first, then found among the descendants again: a pid reused by a process
+            # that is not the trial's between the first scan and its pidfd is not in the second.
+            pidfds = {
+                pid: stack.enter_context(held(pid)) for pid in found[start : start + HELD_AT_ONCE]
+            }
+            for pid in descendants(os.getpid()) & pidfds.keys():
+                pidfd = pidfds[pid]
+                try:
+                    if pidfd is not None and os.getpgid(pid) != pgid and send(pidfd, signum):
+                        escaped.add(pid)
+                except ProcessLookupError:
+                    continue
+                except PermissionError:
+                    refused.add(pid)
     return escaped, refused
 
 

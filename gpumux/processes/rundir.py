@@ -32,9 +32,6 @@ STOP_REASON = "stop"
 EXIT_RECORD = "exit.json"
 # The supervisor's own stdout and stderr.
 SUPERVISOR_LOG = "supervisor.log"
-# In the data directory: until when this host's node holds its lease on a shared database;
-# written by the daemon at each heartbeat, read by the supervisors whose spec names it.
-NODE_LEASE = "node.lease"
 # The stop reason a supervisor records when it stops its trial because its node's lease lapsed.
 LEASE_LAPSED = "lease"
 

@@ -29,6 +29,7 @@ def activate() -> None:
 
     def on_torch(torch: ModuleType) -> None:
         frameworks.cap_torch(torch, trial)
+        frameworks.check_torch_sees_gpu(torch, trial)
         _count_torch_steps(torch)
 
     importhook.install({"tensorflow": on_tensorflow, "keras": _on_keras, "torch": on_torch})

@@ -2,19 +2,35 @@
 
 On a GPU the slice is a memory limit and a share of the host's cores as threads; on the CPU device
 it is a thread count. Each function here runs right after its framework is imported (see
-importhook), and says on stderr what it applied.
+importhook), and says on stderr what it applied. A framework that sees no GPU where gpumux placed
+the trial on one (a CPU-only build) trains on the host's CPU: once it trains (not when it is only
+imported: a JAX script may use tensorflow-cpu for its data), that is said loudly and reported to
+the daemon, which leaves the trial's throughput out of the GPU's split search.
 """
 
 from __future__ import annotations
 
 import math
 
+from gpumux.runtime import context
 from gpumux.runtime.context import TrialContext, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
     from types import ModuleType
+
+# What to install where a framework sees no GPU, by the name the daemon stores (the CLI and the
+# dashboard show it too).
+NO_GPU_FIX = {
+    "tensorflow": "pip install 'tensorflow[and-cuda]' (tensorflow-cpu never sees a GPU)",
+    "torch": "a CUDA build of PyTorch: pip install torch from PyPI on Linux, or see "
+    "https://pytorch.org/get-started/locally/",
+}
+
+# The frameworks imported in this process that see no GPU on its trial's GPU, each with the name
+# it is shown by: said and reported when one trains (`training_with`).
+_SEES_NO_GPU: dict[str, str] = {}
 
 TOO_LATE_FIX = (
     "make sure nothing runs a TensorFlow operation before `import tensorflow` returns "
@@ -36,23 +52,64 @@ def cap_tensorflow(tf: ModuleType, trial: TrialContext) -> None:
     if trial.device_kind == "gpu":
         if trial.cpu_threads is not None:
             _set_tensorflow_threads(tf, trial, where="the host's cores")
-        _cap_tensorflow_gpu(tf, trial)
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            _cap_tensorflow_gpu(tf, gpus[0], trial)
+        else:
+            _SEES_NO_GPU["tensorflow"] = "TensorFlow"
     else:
         _cap_tensorflow_cpu(tf, trial)
 
 
-def _cap_tensorflow_gpu(tf: ModuleType, trial: TrialContext) -> None:
+def training_with(framework: str) -> None:
+    """`framework` ("tensorflow", "torch") trains in this process: if it sees no GPU on the
+    trial's GPU, say so and tell the daemon (once)."""
+    shown = _SEES_NO_GPU.pop(framework, None)
+    trial = context.current()
+    if shown is not None and trial is not None:
+        report_no_gpu(framework, shown, trial)
+
+
+def report_no_gpu(framework: str, shown: str, trial: TrialContext) -> None:
+    """Say that `framework` sees no GPU on the GPU gpumux placed this trial on, and tell the
+    daemon (once per process; the daemon keeps the first)."""
+    limit = trial.memory_limit_mb
+    slice_note = f", its {limit} MB slice is not applied" if limit else ""
+    say(
+        f"WARNING: {shown} sees no GPU, though gpumux placed this trial on one: it trains on "
+        f"the CPU{slice_note}, and its throughput is left out of the GPU's split search. "
+        f"To use the GPU, install {NO_GPU_FIX[framework]}"
+    )
+    # Imported here: the reporter's modules cost every trial's start, and most never get here.
+    from gpumux.runtime import reporter
+
+    reporter.submit(
+        kind="device", step=None, samples=None, seconds=None, metrics={}, no_gpu=framework
+    )
+
+
+def check_torch_sees_gpu(torch: ModuleType, trial: TrialContext) -> None:
+    """Note a PyTorch built without CUDA (or ROCm) on a GPU: it can never see the GPU (said
+    at its first optimizer step).
+
+    Only the build is looked at: asking CUDA for its devices here would initialise it in every
+    trial, breaking CUDA in children forked before their first use.
+    """
+    if trial.device_kind != "gpu":
+        return
+    version = getattr(torch, "version", None)
+    if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
+        _SEES_NO_GPU["torch"] = f"PyTorch {getattr(torch, '__version__', '')}".strip()
+
+
+def _cap_tensorflow_gpu(tf: ModuleType, gpu: object, trial: TrialContext) -> None:
     limit = trial.memory_limit_mb
     if limit is None:
         say("tensorflow: no GPUMUX_MEMORY_LIMIT_MB; TensorFlow's GPU memory is left as it is")
         return
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        say(f"WARNING: TensorFlow sees no GPU; the {limit} MB slice is not applied")
-        return
     config = tf.config.LogicalDeviceConfiguration(memory_limit=limit)
     try:
-        tf.config.set_logical_device_configuration(gpus[0], [config])
+        tf.config.set_logical_device_configuration(gpu, [config])
     except RuntimeError as err:
         _warn_too_late(f"its {limit} MB memory limit", err)
         return

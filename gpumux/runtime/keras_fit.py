@@ -14,7 +14,7 @@ import math
 import threading
 import time
 
-from gpumux.runtime import reporter
+from gpumux.runtime import frameworks, reporter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def instrument(keras: ModuleType) -> None:
 
     @functools.wraps(original)
     def fit(*args: Any, **kwargs: Any) -> Any:
+        frameworks.training_with(backend_of(keras))
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -53,6 +54,13 @@ def instrument(keras: ModuleType) -> None:
 
     fit.__gpumux_original__ = original  # type: ignore[attr-defined]
     model_class.fit = fit
+
+
+def backend_of(keras: ModuleType) -> str:
+    """The framework Keras computes with: Keras 3's backend, TensorFlow for tf.keras."""
+    backend = getattr(getattr(keras, "backend", None), "backend", None)
+    name = backend() if callable(backend) else None
+    return name if isinstance(name, str) else "tensorflow"
 
 
 def epoch_size(arguments: Mapping[str, Any]) -> tuple[int | None, int | None]:

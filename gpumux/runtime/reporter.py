@@ -159,9 +159,10 @@ class Reporter:
         seconds: float | None,
         metrics: Mapping[str, object],
         steps: float | None = None,
+        no_gpu: str | None = None,
     ) -> None:
         """Queue one report: metrics at `step`, samples (or optimizer steps) processed in the
-        interval of `seconds`."""
+        interval of `seconds`; `no_gpu`: the framework that sees no GPU on this trial's GPU."""
         numbers, left_out = report_metrics(metrics)
         if left_out is not None:
             self._warn_once("metrics", f"WARNING: {left_out}")
@@ -187,6 +188,8 @@ class Reporter:
         sent_steps = _bounded(steps, MAX_SAMPLES)
         if sent_steps is not None:
             body["steps"] = sent_steps
+        if no_gpu is not None:
+            body["no_gpu"] = no_gpu
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:
@@ -325,12 +328,19 @@ def submit(
     seconds: float | None,
     metrics: Mapping[str, object],
     steps: float | None = None,
+    no_gpu: str | None = None,
 ) -> None:
     """Queue one report for the daemon; a no-op outside gpumux."""
     reporter = current()
     if reporter is not None:
         reporter.submit(
-            kind=kind, step=step, samples=samples, seconds=seconds, metrics=metrics, steps=steps
+            kind=kind,
+            step=step,
+            samples=samples,
+            seconds=seconds,
+            metrics=metrics,
+            steps=steps,
+            no_gpu=no_gpu,
         )
 
 

@@ -14,7 +14,7 @@ import importlib
 import threading
 import time
 
-from gpumux.runtime import reporter
+from gpumux.runtime import frameworks, reporter
 from gpumux.runtime.context import say
 
 TYPE_CHECKING = False
@@ -34,9 +34,13 @@ class StepCounter:
         # rate counts the script's start, as the split search's rates do.
         self._mark = time.monotonic()
         self._steps = 0
+        self._stepped = False
 
     def on_step(self, optimizer: object, args: object, kwargs: object) -> None:
         """PyTorch's post-step hook: count the step, report once an interval has passed."""
+        if not self._stepped:
+            self._stepped = True
+            frameworks.training_with("torch")
         now = time.monotonic()
         with self._lock:
             self._steps += 1

@@ -12,7 +12,7 @@ from typing import Any
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.kinds import KINDS
-from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling import fairshare, placement
 from gpumux.scheduling.launching import Launcher
@@ -95,9 +95,13 @@ class SlotFiller:
                         session=session, sweep=trial.sweep, devices=devices
                     )
             pending = [
-                placement.PendingTrial(trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id])
+                placement.PendingTrial(
+                    trial_id=t.id, split=t.sweep.split, tuned=tuned[t.sweep_id], sweep_id=t.sweep_id
+                )
                 for t in queued
             ]
+            # Only a sweep with a trial waiting can use a credit: its N is in `tuned` already.
+            grown = credits(active, tuned)
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
@@ -125,6 +129,7 @@ class SlotFiller:
             pending=heads_first(pending, self.heads, sweep_of),
             policy=policy,
             our_pids=group_of.keys(),
+            credits=grown,
         )
         self.heads = kept_turns(plan, pending, sweep_of, devices, policy)
         by_key = {device.key: device for device in devices}
@@ -260,6 +265,24 @@ class SlotFiller:
         )
 
 
+def credits(
+    active: Sequence[Trial], tuned: Mapping[int, Mapping[str, int]]
+) -> dict[tuple[str, int], Fraction]:
+    """By device and sweep, the share the sweep's running trials hold beyond the N its split
+    search has since raised on that device: its next trials take the slots the higher N opened
+    at once, not once the trials launched under the lower N end (their phase is not measured
+    anyway). On a device that caps memory, those trials' caps still hold what they got."""
+    grown: dict[tuple[str, int], Fraction] = {}
+    for trial in active:
+        now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
+        launched = trial.split or 1
+        if trial.device is None or trial.sweep.split is not None or not now or now <= launched:
+            continue
+        key = (trial.device, trial.sweep_id)
+        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, launched) - Fraction(1, now)
+    return grown
+
+
 def kept_turns(
     plan: placement.Plan,
     pending: Sequence[placement.PendingTrial],
@@ -305,11 +328,11 @@ def elsewhere(
     for node in others:
         snapshots = []
         for entry in node.devices:
-            snapshot = summary_snapshot(entry)
-            if snapshot is None:
+            summary = DeviceSummary.read(entry)
+            if summary is None or summary.kind not in KINDS:
                 unjudged.append(f"node {node.name} lists a device gpumux cannot judge: {entry!r}")
             else:
-                snapshots.append(snapshot)
+                snapshots.append(summary.snapshot())
         reason = placement.never_fits(trial, snapshots, configured)
         if reason is None and snapshots:
             return Elsewhere(fits=True, why=f"node {node.name}'s devices may fit them")
@@ -318,28 +341,3 @@ def elsewhere(
     if unjudged:
         return Elsewhere(fits=None, why="; ".join(unjudged))
     return Elsewhere(fits=False, why="; ".join(reasons))
-
-
-def summary_snapshot(entry: Any) -> DeviceSnapshot | None:
-    """A device as a node row describes it ({key, kind, name, memory_mb}): what its kind needs
-    to judge a split on it idle; None for an entry not of that shape or of a kind unknown here."""
-    if not isinstance(entry, dict):
-        return None
-    key, kind, name, memory = (entry.get(field) for field in ("key", "kind", "name", "memory_mb"))
-    if not (isinstance(key, str) and isinstance(kind, str) and isinstance(name, str)):
-        return None
-    if kind not in KINDS or not (memory is None or type(memory) is int):
-        return None
-    return DeviceSnapshot(
-        key=key,
-        kind=kind,
-        index=0,
-        name=name,
-        uuid=None,
-        memory_total_mb=memory,
-        memory_used_mb=None,
-        memory_free_mb=None,
-        utilization_pct=None,
-        processes=None,
-        cpu_count=None,
-    )

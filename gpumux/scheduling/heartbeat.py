@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gpumux.config import Settings
-from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSummary
 from gpumux.processes import rundir
 from gpumux.scheduling.launching import node_lease_file
 from gpumux.scheduling.loop import Scheduler
@@ -23,14 +23,6 @@ from gpumux.storage.nodes import NodeIdentity
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def device_summaries(devices: list[DeviceSnapshot]) -> list[dict[str, Any]]:
-    """What a node row says of its devices: key, kind, name and memory, one dict each."""
-    return [
-        {"key": d.key, "kind": d.kind, "name": d.name, "memory_mb": d.memory_total_mb}
-        for d in devices
-    ]
 
 
 def record_lease(settings: Settings, sessions: Sessions, *, renewed_at: float | None) -> None:
@@ -90,7 +82,7 @@ class NodeHeartbeat:
 
     async def beat(self) -> None:
         """One heartbeat: renew (or rejoin after a loss), and expire the lapsed nodes."""
-        devices = device_summaries(self.scheduler.devices)
+        devices = [DeviceSummary.of(device).row() for device in self.scheduler.devices]
         if self.held:
             renewed_at = rundir.boottime()
             self.held, expired = await self._in_thread(self._renew, devices)

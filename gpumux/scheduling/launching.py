@@ -16,7 +16,6 @@ from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.launcher import LaunchError, SupervisedTrial, SupervisorOptions
 from gpumux.processes.spawning import Spawner
@@ -26,7 +25,7 @@ from gpumux.scheduling.watched import Running
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial, utcnow
+from gpumux.storage.models import Sweep, Trial, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 def node_lease_file(settings: Settings, sessions: Sessions) -> Path | None:
     """The file that says until when this node's supervisors may run its trials: only on a
     database other nodes share (none can take a trial from the one daemon on SQLite)."""
-    return settings.home / rundir.NODE_LEASE if sessions.dialect.shared else None
+    return settings.layout.node_lease if sessions.dialect.shared else None
 
 
 class Launcher:
@@ -115,8 +114,9 @@ class Launcher:
     ) -> LaunchSpec:
         """Record the trial as starting in its slot, on this node; the spec its supervisor
         starts it from."""
-        log_name = f"trial-{trial.id}.{trial.attempt}.log"
-        log_path = self.settings.logs_dir / f"sweep-{trial.sweep_id}" / log_name
+        log_path = self.settings.layout.trial_log(
+            sweep_id=trial.sweep_id, trial_id=trial.id, attempt=trial.attempt
+        )
         store.set_trial_status(
             session=session,
             trial=trial,
@@ -127,7 +127,7 @@ class Launcher:
             split=chosen.split,
             memory_limit_mb=chosen.memory_limit_mb,
             cpu_threads=chosen.cpu_threads,
-            token_hash=store.token_hash(token),
+            token_hash=token_hash(token),
             log_path=str(log_path),
             log_scanned=0,
             step=None,

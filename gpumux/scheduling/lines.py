@@ -5,9 +5,11 @@ trial's log like any other output. Each tick, this reads what every running tria
 attempt added to its log since the last look (following rotations by whole-output offset), in
 one slice of at most READ_LIMIT bytes per trial, parses it (`processes/reportlines.py`) and
 records the reports as the API records a report, within the trial's budget
-(`storage/budget.py`), in one short transaction. A flood is read a slice a tick: it neither
-starves the other trials nor makes a transaction long. The offset read up to is stored with
-the trial, so a restarted daemon reads on rather than again.
+(`storage/budget.py`), in one short transaction. A line says no interval: the samples of a
+read's lines are spread over the time since the last read that found lines of the attempt (at
+first, since the attempt started), which gives the trial its samples/s. A flood is read a
+slice a tick: it neither starves the other trials nor makes a transaction long. The offset read
+up to is stored with the trial, so a restarted daemon reads on rather than again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
@@ -22,6 +25,7 @@ from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import utcnow
 from gpumux.storage.reports import Incoming
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,8 @@ class _Reader:
 
     offset: int
     lines: ReportLines = field(default_factory=ReportLines)
+    # When a read last found report lines: their samples were done since then.
+    last_at: datetime | None = None
 
 
 class LogReports:
@@ -104,6 +110,7 @@ class LogReports:
             self._record(found)
         for trial_id in whole:
             self._ended.pop(trial_id, None)
+        self.budget.end(whole)
         return whole
 
     def ended(self, trial_ids: Collection[int]) -> None:
@@ -167,13 +174,34 @@ class LogReports:
                     continue
                 if store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
                     continue
+                now = utcnow()
+                reader = self._readers.get((trial_id, attempt))
+                last = reader.last_at if reader is not None else None
+                # A new reader (a daemon restarted) goes on from the last report recorded.
+                since = last or trial.last_report_at or trial.started_at
+                if reader is not None:
+                    reader.last_at = now
                 report_store.add_line_reports(
                     session=session,
                     trial=trial,
-                    reports=[
-                        Incoming(step=b.step, samples=b.samples, metrics=b.metrics, count=b.lines)
-                        for b in batches
-                    ],
+                    reports=_timed(batches, None if since is None else now - since),
                     budget=self.budget,
                 )
                 trial.log_scanned = scanned
+
+
+def _timed(batches: list[_Batch], elapsed: timedelta | None) -> list[Incoming]:
+    """The batches as reports, the read's interval shared by their samples: each report's
+    samples/s is the read's (lines read together say nothing of their own spacing)."""
+    total = sum(b.samples or 0.0 for b in batches)
+    seconds = elapsed.total_seconds() if elapsed is not None else 0.0
+    return [
+        Incoming(
+            step=b.step,
+            samples=b.samples,
+            metrics=b.metrics,
+            count=b.lines,
+            seconds=seconds * b.samples / total if b.samples and total and seconds > 0 else None,
+        )
+        for b in batches
+    ]

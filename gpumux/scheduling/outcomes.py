@@ -13,7 +13,7 @@ from gpumux.config import Settings
 from gpumux.processes.logfiles import tail_lines
 from gpumux.processes.rundir import ExitStatus, TrialEnd
 from gpumux.splits.online import is_out_of_memory
-from gpumux.status import TrialStatus
+from gpumux.status import PruneNote, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.models import Trial, utcnow
 
@@ -98,7 +98,7 @@ def record_exit(
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
     elif stop is StopReason.prune:
         # The pruner's decision, noted when the trial was stopped (Scheduler.apply_pruners).
-        noted = trial.error if trial.error and trial.error.startswith("pruned at") else None
+        noted = trial.error if PruneNote.parse(trial.error) is not None else None
         error = noted or f"pruned by the {trial.sweep.prune} pruner"
         store.set_trial_status(
             session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended

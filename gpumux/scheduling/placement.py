@@ -1,7 +1,10 @@
 """Which queued trial goes to which device slot, with which memory cap: a pure function.
 
 A trial launched under split N holds 1/N of its device, whatever its workload: a device is full
-when its trials' shares add up to 1, so several workloads pack one device by their own N.
+when its trials' shares add up to 1, so several workloads pack one device by their own N. Once
+the split search raises a sweep's N on a device, the share its trials of the lower N hold beyond
+1/(new N) is the sweep's credit there: its next trials may use it at once (a slot N opened),
+no other sweep's may.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class PendingTrial:
     trial_id: int
     split: int | None
     tuned: Mapping[str, int] = field(default_factory=dict)
+    # The sweep it belongs to: the one whose credit on a device it may use.
+    sweep_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.split is not None and self.split < 1:
@@ -125,6 +130,8 @@ class _Device:
     held_mb: int
     shares: Fraction
     slots: set[int]
+    # Per sweep, the share its trials of a lower N hold beyond the N its search has now chosen.
+    credits: Mapping[int, Fraction] = field(default_factory=dict)
 
     def split_for(self, trial: PendingTrial, policy: PackingPolicy) -> int:
         """The N the trial would run under here: its sweep's, the tuned one, or the default."""
@@ -136,7 +143,10 @@ class _Device:
 
     def short_by(self, trial: PendingTrial, policy: PackingPolicy) -> Fraction:
         """The share of the device that must free before the trial fits (<= 0: it fits)."""
-        return self.shares + Fraction(1, self.split_for(trial, policy)) - 1
+        credit = Fraction(0)
+        if trial.sweep_id is not None:
+            credit = self.credits.get(trial.sweep_id, credit)
+        return self.shares - credit + Fraction(1, self.split_for(trial, policy)) - 1
 
     def wait_rank(self, trial: PendingTrial, policy: PackingPolicy) -> tuple[bool, Fraction, int]:
         """How soon a trial that does not fit here would: share to free, least first; a device
@@ -185,6 +195,7 @@ def _usable_devices(
     running: Sequence[RunningTrial],
     policy: PackingPolicy,
     our_pids: Collection[int],
+    credits: Mapping[tuple[str, int], Fraction],
 ) -> list[_Device]:
     usable = []
     for device in devices:
@@ -209,6 +220,11 @@ def _usable_devices(
                 held_mb=sum((t.memory_limit_mb or 0) + overhead for t in on_device),
                 shares=sum((Fraction(1, t.split) for t in on_device), Fraction(0)),
                 slots={t.slot for t in on_device},
+                credits={
+                    sweep_id: credit
+                    for (key, sweep_id), credit in credits.items()
+                    if key == device.key
+                },
             )
         )
     return usable
@@ -230,6 +246,7 @@ def plan(
     pending: Sequence[PendingTrial],
     policy: PackingPolicy,
     our_pids: Collection[int] = (),
+    credits: Mapping[tuple[str, int], Fraction] | None = None,
 ) -> Plan:
     """Placements for the queue, in its order; a trial that fits nowhere reserves a device.
 
@@ -237,9 +254,11 @@ def plan(
     the one with the least share to free before it fits (ties: the lower index), a device where
     it lacks only memory after every one where it waits for share. Trials behind
     it may still go to other devices, never to a reserved one, so the reserving trial is next
-    there once enough share frees. With one device this is strict FIFO.
+    there once enough share frees. With one device this is strict FIFO. `credits`, by device
+    key and sweep: share a sweep's trials of a lower N hold beyond its new N (filling.credits),
+    free to that sweep's trials alone.
     """
-    usable = _usable_devices(devices, running, policy, our_pids)
+    usable = _usable_devices(devices, running, policy, our_pids, credits or {})
     reserved: dict[str, int] = {}
     placements = []
     for trial in pending:

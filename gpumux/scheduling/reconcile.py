@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def run_dir(settings: Settings, trial: Trial) -> Path:
     """Where the supervisor of the trial's current attempt keeps its records."""
-    return rundir.attempt_dir(settings.runs_dir, trial.id, trial.attempt)
+    return rundir.attempt_dir(settings.layout.runs, trial.id, trial.attempt)
 
 
 def stop_reason(run_dir: Path) -> StopReason | None:

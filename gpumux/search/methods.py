@@ -1,17 +1,18 @@
 """The samplers and pruners a sweep may name, checked before anything is stored.
 
-`--search tpe|gp|cmaes|qmc` picks an Optuna sampler; `--prune median|asha|hyperband[:k=v,...]`
-an Optuna pruner, its options passed through to its constructor. Each refusal says what is
-wrong and what to write instead.
+`--search tpe|gp|cmaes|qmc[:k=v,...]` picks an Optuna sampler and `--prune
+median|asha|hyperband[:k=v,...]` an Optuna pruner, the options passed to its constructor over
+gpumux's own choices. Each refusal says what is wrong and what to write instead.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import re
+import types
+import typing
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import optuna
@@ -27,6 +28,17 @@ from optuna.samplers import BaseSampler
 
 from gpumux.fields import MAX_COUNT
 from gpumux.search.space import distributions_of
+from gpumux.searchspec import (
+    Options,
+    OptionValue,
+    clipped,
+    quoted,
+    spec_text,
+    split_spec,
+)
+
+# Re-exported: the API and the CLI catch it as methods.SearchError.
+from gpumux.searchspec import SearchError as SearchError
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import Param
 
@@ -37,15 +49,26 @@ PRUNERS: dict[str, type[BasePruner]] = {
 }
 NO_PRUNING = "none"
 PRUNE_FORMS = "none, median, asha or hyperband, options after a colon: asha:reduction_factor=3"
-_OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^,=]+)")
+# Each takes a seed and keyword options: called as such, not as BaseSampler.
+SAMPLERS: dict[SearchMethod, Callable[..., BaseSampler]] = {
+    SearchMethod.tpe: optuna.samplers.TPESampler,
+    SearchMethod.gp: optuna.samplers.GPSampler,
+    SearchMethod.cmaes: optuna.samplers.CmaEsSampler,
+    SearchMethod.qmc: optuna.samplers.QMCSampler,
+}
+# Options a sweep sets otherwise: the seed is --seed (a restart reseeds from it).
+_NOT_OPTIONS = frozenset({"self", "seed"})
+_BUILTINS: dict[str, type] = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "None": type(None),
+}
 # A sampler's numpy random state takes a 32-bit seed.
 SEED_MODULUS = 2**32
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-class SearchError(ValueError):
-    """A search or pruner the sweep cannot have; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -53,37 +76,23 @@ class PruneSpec:
     """A pruner by name with the options for its constructor."""
 
     name: str
-    options: dict[str, int | float | str] = field(default_factory=dict)
+    options: Options = field(default_factory=dict)
 
     @property
     def text(self) -> str:
         """The form it was given in, normalised: asha:min_resource=2,reduction_factor=3."""
-        if not self.options:
-            return self.name
-        return f"{self.name}:" + ",".join(f"{k}={v}" for k, v in self.options.items())
+        return spec_text(self.name, dict(self.options))
 
 
 def parse_prune(text: str) -> PruneSpec | None:
     """`asha:min_resource=2` -> PruneSpec; None for `none`. Options are checked by make_pruner."""
-    name, colon, rest = text.strip().partition(":")
-    name = name.strip().lower()
-    if name == NO_PRUNING and not colon:
+    name = text.strip().partition(":")[0].strip().lower()
+    if name == NO_PRUNING and ":" not in text:
         return None
     if name not in PRUNERS:
         raise SearchError(f"unknown pruner {name!r}; use {PRUNE_FORMS}")
-    options: dict[str, int | float | str] = {}
-    if colon:
-        for item in rest.split(","):
-            match = _OPTION.fullmatch(item.strip())
-            if match is None:
-                raise SearchError(
-                    f"pruner option {item.strip()!r} is not NAME=VALUE; e.g. "
-                    f"{name}:{_option_names(PRUNERS[name])[0]}=2"
-                )
-            key, value = match.groups()
-            if key in options:
-                raise SearchError(f"pruner option {key} given twice; keep one")
-            options[key] = _number_or_text(value.strip())
+    example = f"{_option_names(PRUNERS[name])[0]}=2"
+    _, options = split_spec(text, flag="pruner", example=example)
     return PruneSpec(name, options)
 
 
@@ -111,28 +120,128 @@ def startup_trials(budget: int) -> int:
     return max(2, min(10, budget // 4))
 
 
-def make_sampler(method: SearchMethod, *, seed: int, budget: int) -> BaseSampler:
+def gpumux_defaults(method: SearchMethod, *, budget: int) -> Options:
+    """What gpumux sets on a method's sampler, which the sweep's own options override."""
+    if method is SearchMethod.tpe:
+        # Running trials count as if they had the worst value: parallel asks spread out.
+        return {
+            "constant_liar": True,
+            "multivariate": True,
+            "n_startup_trials": startup_trials(budget),
+        }
+    if method is SearchMethod.gp:
+        return {"n_startup_trials": startup_trials(budget)}
+    if method is SearchMethod.cmaes:
+        return {"warn_independent_sampling": False}
+    if method is SearchMethod.qmc:
+        return {"scramble": True, "warn_independent_sampling": False}
+    return {}
+
+
+def make_sampler(
+    method: SearchMethod, *, seed: int, budget: int, options: Mapping[str, OptionValue] = {}
+) -> BaseSampler:
     """A fresh Optuna sampler for an adaptive sweep of `budget` trials, seeded (replays what
-    the sampler allows)."""
-    seed %= SEED_MODULUS
-    startup = startup_trials(budget)
+    the sampler allows), with the sweep's checked options over gpumux's."""
+    if method not in SAMPLERS:
+        raise SearchError(f"{method} is not chosen by a sampler as the sweep runs")
     with warnings.catch_warnings():
         # QMC and GP are marked experimental by Optuna; their use here is deliberate.
         warnings.simplefilter("ignore", ExperimentalWarning)
-        if method is SearchMethod.tpe:
-            # Running trials count as if they had the worst value: parallel asks spread out.
-            return optuna.samplers.TPESampler(
-                seed=seed, constant_liar=True, multivariate=True, n_startup_trials=startup
+        return SAMPLERS[method](
+            seed=seed % SEED_MODULUS, **{**gpumux_defaults(method, budget=budget), **options}
+        )
+
+
+def sampler_options(method: SearchMethod) -> dict[str, type]:
+    """The options `--search METHOD:k=v` may set, each with its type: the sampler's
+    constructor arguments that take a bool, a number or a text (not its seed, --seed's)."""
+    cls = SAMPLERS.get(method)
+    if cls is None:
+        return {}
+    accepted: dict[str, type] = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        kinds = {
+            kind
+            for kind in _types_of(parameter.annotation)
+            if isinstance(kind, type) and kind is not type(None)
+        }
+        if name not in _NOT_OPTIONS and len(kinds) == 1 and kinds <= {bool, int, float, str}:
+            accepted[name] = kinds.pop()
+    return accepted
+
+
+def check_sampler_options(
+    method: SearchMethod, options: Mapping[str, OptionValue], *, budget: int
+) -> Options:
+    """The sweep's sampler options, each of the type its constructor takes ("true" read as a
+    bool); SearchError naming the accepted options for one it has not or would refuse."""
+    if not options:
+        return {}
+    if not method.adaptive:
+        raise SearchError(
+            f"--search {method} takes no options (its draws are seeded by --seed); options "
+            "are for tpe, gp, cmaes and qmc: --search tpe:n_startup_trials=4"
+        )
+    accepted = sampler_options(method)
+    listed = ", ".join(accepted)
+    checked: Options = {}
+    for key, value in options.items():
+        if key == "seed":
+            raise SearchError(f"--search {method}: the seed is --seed, not an option")
+        kind = accepted.get(key)
+        if kind is None:
+            raise SearchError(
+                f"--search {method} has no option {quoted(key)}; its options: {listed}"
             )
-        if method is SearchMethod.gp:
-            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-        if method is SearchMethod.cmaes:
-            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-        if method is SearchMethod.qmc:
-            return optuna.samplers.QMCSampler(
-                scramble=True, seed=seed, warn_independent_sampling=False
-            )
-    raise SearchError(f"{method} is not chosen by a sampler as the sweep runs")
+        checked[key] = _typed(method, key, kind, value)
+    given = f"--search {spec_text(str(method), checked)}"
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", FutureWarning)
+        try:
+            make_sampler(method, seed=0, budget=budget, options=checked)
+        except (TypeError, ValueError) as error:
+            raise SearchError(f"{given}: {clipped(str(error))}") from error
+    for warning in warned:
+        # An option Optuna deprecates would be refused by the release that drops it.
+        said = str(warning.message)
+        if issubclass(warning.category, FutureWarning) and any(key in said for key in checked):
+            raise SearchError(f"{given}: Optuna says: {clipped(said)} Leave it out.")
+    return checked
+
+
+def _types_of(annotation: object) -> tuple[object, ...]:
+    """The types an annotation allows: (int, NoneType) for `int | None`, written as text too
+    (Optuna's modules postpone their annotations); only the builtins are named from text."""
+    if isinstance(annotation, str):
+        return tuple(_BUILTINS.get(part.strip(), part) for part in annotation.split("|"))
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _typed(method: SearchMethod, key: str, kind: type, value: OptionValue) -> OptionValue:
+    """`value` as the `kind` the option takes, or SearchError saying what it takes."""
+    where = f"--search {method}:{key}"
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise SearchError(f"{where} takes true or false; e.g. {method}:{key}=true")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+            return value
+        raise SearchError(
+            f"{where} takes a whole number from 0 to {MAX_COUNT:,}; e.g. {method}:{key}=4"
+        )
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise SearchError(f"{where} takes a finite number; e.g. {method}:{key}=0.5")
+    if isinstance(value, str):
+        return value
+    raise SearchError(f"{where} takes a word; e.g. {method}:{key}=sobol")
 
 
 @dataclass(frozen=True)
@@ -141,11 +250,14 @@ class Search:
 
     method: SearchMethod
     prune: PruneSpec | None
+    # The sampler's options the sweep sets, checked (see check_sampler_options).
+    options: Options = field(default_factory=dict)
 
 
 def check(
     *,
     method: SearchMethod | None,
+    options: Mapping[str, OptionValue] = {},
     prune: str | None,
     trials: int | None,
     objective: str | None,
@@ -163,6 +275,7 @@ def check(
         raise SearchError(f"--search {method} needs a budget of trials: add --trials K")
     if method.adaptive:
         _check_adaptive(method, objective, params)
+    checked = check_sampler_options(method, options, budget=trials or 0)
     spec = parse_prune(prune) if prune is not None else None
     if spec is not None:
         if objective is None:
@@ -171,7 +284,7 @@ def check(
                 "METRIC:min or METRIC:max (the metric the trials report at each step)"
             )
         make_pruner(spec)
-    return Search(method, spec)
+    return Search(method, spec, checked)
 
 
 def _check_adaptive(method: SearchMethod, objective: str | None, params: Sequence[Param]) -> None:
@@ -269,17 +382,3 @@ def _check_rungs(name: str, options: dict[str, int | str]) -> None:
                 f"min_early_stopping_rate steps) lies beyond the last step a trial can report "
                 f"({MAX_COUNT:,}); lower min_early_stopping_rate"
             )
-
-
-def _number_or_text(text: str) -> int | float | str:
-    """An option's value: an int for a whole number (1e3 too), a float, else the text."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    # Neither NaN nor infinity is whole: both stay floats, and are refused as such.
-    return int(number) if number.is_integer() else number

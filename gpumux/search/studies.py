@@ -28,7 +28,13 @@ from sqlalchemy.orm import Session
 from gpumux import sweepspec
 from gpumux.search import methods
 from gpumux.search.space import constants_of, distributions_of
-from gpumux.status import ACTIVE_TRIAL_STATUSES, ObjectiveMode, SearchMethod, TrialStatus
+from gpumux.status import (
+    ObjectiveMode,
+    PruneNote,
+    SearchMethod,
+    TrialStatus,
+)
+from gpumux.storage import studies as study_store
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
 log = logging.getLogger(__name__)
@@ -64,10 +70,14 @@ class SweepStudy:
     optuna_ids: dict[int, int] = field(default_factory=dict)
     # Stored trials whose Optuna trial is still running, with the attempt it stands for.
     open: dict[int, int] = field(default_factory=dict)
-    # The last report of a running trial the study has seen (report ids grow as they commit).
-    report_mark: int = 0
-    # The latest end the study has been told of.
-    ended_mark: datetime | None = None
+    # The sweep's starting and running trials at the last look.
+    active: dict[int, study_store.Running] = field(default_factory=dict)
+    # Per running trial, when it last reported as the pruner last read it: its rows are read
+    # again only once that changes (compared, not ordered: no clock is trusted).
+    reported: dict[int, datetime] = field(default_factory=dict)
+    # Per running trial, the id of its latest report row the pruner read: read again at the
+    # next look, as later reports of its step may have merged into it.
+    report_marks: dict[int, int] = field(default_factory=dict)
     # Trials the pruner has stopped: never judged again.
     decided: set[int] = field(default_factory=set)
 
@@ -159,9 +169,10 @@ class Studies:
             step = self._first_pruned_step(study, trial, values)
             if step is not None:
                 study.decided.add(trial.id)
-                note = (
-                    f"pruned at step {step} by the {sweep.prune} pruner "
-                    f"({study.metric} {values[step]:.6g})"
+                note = str(
+                    PruneNote(
+                        step=step, pruner=str(sweep.prune), metric=study.metric, value=values[step]
+                    )
                 )
                 log.info("sweep %s: trial %s %s", sweep.id, trial.id, note)
                 stopping.append(Pruned(trial.id, step, note))
@@ -169,56 +180,51 @@ class Studies:
 
     def _synced(self, session: Session, sweep: Sweep) -> SweepStudy:
         """The sweep's study, told of the trials that ended since the last look; rebuilt when
-        there is none, or when a trial runs again (its earlier attempt's steps must not count)."""
+        there is none, when it lacks a trial (another node asked it), or when a trial runs again
+        (its earlier attempt's steps must not count). Nothing here trusts another node's clock
+        or the order in which ids commit: the study's running trials are looked up by id."""
+        active = study_store.running_trials(session=session, sweep_id=sweep.id)
         study = self._studies.get(sweep.id)
-        if study is not None:
-            active = session.execute(
-                select(Trial.id, Trial.attempt).where(
-                    Trial.sweep_id == sweep.id, Trial.status.in_(ACTIVE_TRIAL_STATUSES)
-                )
-            ).all()
-            if all(study.open.get(trial_id) == attempt for trial_id, attempt in active):
-                ended = select(Trial).where(Trial.sweep_id == sweep.id, Trial.ended_at.is_not(None))
-                if study.ended_mark is not None:
-                    ended = ended.where(Trial.ended_at >= study.ended_mark)
-                for trial in session.scalars(ended.order_by(Trial.ended_at)):
-                    study.ended_mark = trial.ended_at
-                    if trial.id in study.open and trial.status.is_final:
-                        _finish(session, study, trial)
-                return study
-        study = self._studies[sweep.id] = build(session, sweep)
+        if (
+            study is not None
+            and study_store.trial_count(session=session, sweep_id=sweep.id) == len(study.optuna_ids)
+            and all(study.open.get(trial_id) == run.attempt for trial_id, run in active.items())
+        ):
+            for trial in study_store.ended_among(session=session, trial_ids=list(study.open)):
+                _finish(session, study, trial)
+        else:
+            study = self._studies[sweep.id] = build(session, sweep)
+        study.active = active
         return study
 
     def _new_steps(
         self, session: Session, study: SweepStudy
     ) -> list[tuple[Trial, dict[int, float]]]:
-        """The running trials that reported since the last look, with the objective at each
-        step those reports carried it."""
-        rows = session.execute(
-            select(TrialReport, Trial)
-            .join(Trial, Trial.id == TrialReport.trial_id)
-            .where(
-                Trial.sweep_id == study.sweep_id,
-                Trial.status.in_(ACTIVE_TRIAL_STATUSES),
-                TrialReport.attempt == Trial.attempt,
-                TrialReport.id > study.report_mark,
-                TrialReport.step.is_not(None),
-            )
-            .order_by(TrialReport.id)
-        ).all()
-        reports: dict[int, list[TrialReport]] = {}
-        trials: dict[int, Trial] = {}
-        for report, trial in rows:
-            study.report_mark = max(study.report_mark, report.id)
-            if trial.id in study.open and trial.id not in study.decided:
-                reports.setdefault(trial.id, []).append(report)
-                trials[trial.id] = trial
-        found = []
+        """The running trials with steps the study does not hold yet, or holds with another
+        value (a report merged into the row of its step), with the objective at each."""
+        marks = {}
+        for trial_id, running in study.active.items():
+            at = running.last_report_at
+            if trial_id in study.open and trial_id not in study.decided and at is not None:
+                if study.reported.get(trial_id) != at:
+                    marks[trial_id] = study.report_marks.get(trial_id, 0)
+                    study.reported[trial_id] = at
+        reports: dict[int, list[tuple[int | None, dict[str, Any]]]] = {}
+        for report in study_store.reports_from(session=session, marks=marks):
+            study.report_marks[report.trial_id] = report.id
+            reports.setdefault(report.trial_id, []).append((report.step, report.metrics))
+        changed = {}
         for trial_id, batch in reports.items():
-            values = _by_step(batch, study.metric)
+            held = study.frozen(trial_id).intermediate_values
+            values = {
+                step: value
+                for step, value in _by_step(batch, study.metric).items()
+                if held.get(step) != value
+            }
             if values:
-                found.append((trials[trial_id], values))
-        return found
+                changed[trial_id] = values
+        trials = study_store.trials_by_id(session=session, trial_ids=list(changed))
+        return [(trials[trial_id], values) for trial_id, values in changed.items()]
 
     def _first_pruned_step(
         self, study: SweepStudy, trial: Trial, values: dict[int, float]
@@ -254,7 +260,9 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
     else:
         seed = sweep.seed
     sampler = (
-        methods.make_sampler(sweep.search, seed=seed, budget=sweep.trial_count)
+        methods.make_sampler(
+            sweep.search, seed=seed, budget=sweep.trial_count, options=sweep.search_options or {}
+        )
         if adaptive
         else optuna.samplers.RandomSampler(seed=seed % methods.SEED_MODULUS)
     )
@@ -280,7 +288,7 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
         constants=constants_of(params) if adaptive else {},
     )
     steps = _all_step_values(session, trials, built.metric)
-    # A running trial's steps reach the study through the pruner, one by one (report_mark 0).
+    # A running trial's steps reach the study through the pruner, one by one (no mark yet).
     study.add_trials(
         [
             _frozen(built, trial, {} if not trial.status.is_final else steps.get(trial.id, {}))
@@ -293,10 +301,6 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
         )
         if frozen.state is TrialState.RUNNING:
             built.open[trial.id] = trial.attempt
-        elif trial.ended_at is not None and (
-            built.ended_mark is None or trial.ended_at > built.ended_mark
-        ):
-            built.ended_mark = trial.ended_at
     log.info("sweep %s: study rebuilt from %d trials", sweep.id, len(trials))
     return built
 
@@ -327,6 +331,8 @@ def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
         study.study.tell(number, state=state)
     del study.open[trial.id]
     study.decided.discard(trial.id)
+    study.report_marks.pop(trial.id, None)
+    study.reported.pop(trial.id, None)
 
 
 def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> dict[int, float]:
@@ -340,7 +346,7 @@ def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> 
         )
         .order_by(TrialReport.id)
     )
-    return _by_step(reports, metric)
+    return _by_step(((report.step, report.metrics) for report in reports), metric)
 
 
 def _all_step_values(
@@ -356,13 +362,17 @@ def _all_step_values(
     for report in reports:
         if report.attempt == attempts[report.trial_id]:
             by_trial.setdefault(report.trial_id, []).append(report)
-    return {trial_id: _by_step(rows, metric) for trial_id, rows in by_trial.items()}
+    return {
+        trial_id: _by_step(((row.step, row.metrics) for row in rows), metric)
+        for trial_id, rows in by_trial.items()
+    }
 
 
-def _by_step(reports: Iterable[TrialReport], metric: str) -> dict[int, float]:
+def _by_step(reports: Iterable[tuple[int | None, dict[str, Any]]], metric: str) -> dict[int, float]:
+    """The objective at each step of these (step, metrics) reports: its last value."""
     values: dict[int, float] = {}
-    for report in reports:
-        value: Any = report.metrics.get(metric)
-        if report.step is not None and isinstance(value, int | float):
-            values[report.step] = float(value)
+    for step, metrics in reports:
+        value: Any = metrics.get(metric)
+        if step is not None and isinstance(value, int | float):
+            values[step] = float(value)
     return values

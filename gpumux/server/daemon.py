@@ -16,12 +16,13 @@ from urllib.parse import urlsplit, urlunsplit
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
-from gpumux import accounts, tokenfile
+from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
 from gpumux.devices.simulated.nvml import open_simulated
 from gpumux.devices.snapshot import visible_gpus
-from gpumux.lockfile import (
+from gpumux.home import tokenfile
+from gpumux.home.lockfile import (
     DaemonError,
     acquire_home_lock,
     acquire_lock,
@@ -97,8 +98,8 @@ class Daemon:
         dialect.check_location()
         # The database holds each submitter's environment, the logs their output: owner only.
         self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.settings.logs_dir.mkdir(mode=0o700, exist_ok=True)
-        self.settings.runs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings.layout.logs.mkdir(mode=0o700, exist_ok=True)
+        self.settings.layout.runs.mkdir(mode=0o700, exist_ok=True)
         dialect.prepare_location()
         self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
         try:
@@ -167,7 +168,7 @@ class Daemon:
         """A token for the daemon's own user, kept in its data directory, so that the CLI of
         that user can reach it over TCP without a `gpumux token create`."""
         assert self.sessions is not None
-        path = self.settings.home / tokenfile.DAEMON_TOKEN_NAME
+        path = self.settings.layout.daemon_token
         with contextlib.suppress(tokenfile.TokenFileError):
             kept = tokenfile.read_token_file(path)
             if kept is not None:
@@ -255,7 +256,8 @@ class Daemon:
         if heartbeat is not None:
             heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
         leaving = self._leave_when_idle()
-        log.info("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
+        # Debug: `gpumux serve` has printed where it serves already, once the sockets were bound.
+        log.debug("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
         try:
             await self._until_stopped(scheduler, scheduler_task, stop_scheduling)
         finally:
@@ -358,7 +360,7 @@ class Daemon:
 def start_spawner(settings: Settings) -> Spawner | None:
     """The helper that forks trial supervisors, with its warm partner (started on the first
     warm trial); None (each starts afresh) when it cannot start."""
-    spawner = Spawner.with_warm(runs_dir=settings.runs_dir, warm_preload=settings.warm_modules)
+    spawner = Spawner.with_warm(runs_dir=settings.layout.runs, warm_preload=settings.warm_modules)
     try:
         spawner.start()
     except OSError as error:

@@ -39,6 +39,13 @@ class PeerCredentials:
     gid: int
 
 
+def credentials(authorization: str | None, scheme: str) -> str | None:
+    """What an Authorization header carries after `scheme` (matched in any case, RFC 9110), or
+    None when it names another scheme or nothing."""
+    given, _, rest = (authorization or "").strip().partition(" ")
+    return (rest.strip() or None) if given.lower() == scheme.lower() else None
+
+
 def peer_credentials(sock: socket.socket) -> PeerCredentials:
     """The peer's pid, uid and gid of a connected Unix socket (SO_PEERCRED)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)

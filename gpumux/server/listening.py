@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpumux.config import Settings
-from gpumux.lockfile import DaemonError
+from gpumux.home.lockfile import DaemonError
 
 UNIX_PATH_MAX = 108  # sun_path in struct sockaddr_un, with its terminating NUL
 

@@ -10,6 +10,9 @@ completed trials/s for scripts that report neither; one unit per workload); with
 most memory one trial held, the point goes to the pure tuner for the next N, and the curve is
 stored as the workload's profile so that the next sweep of the workload starts settled.
 
+A workload whose framework sees no GPU on a GPU (a CPU-only build: its trials train on the host's
+CPU) is not measured: the search stops for its sweep, saying why.
+
 A point that cannot be beside the others (tuner.implausible: each trial faster at a larger N, or
 more than the cores that do the work allow) is not stored: it and the points it conflicts with are
 measured again; after `MAX_REJECTED` such points the search stops for the sweep, unsettled and
@@ -44,6 +47,7 @@ from gpumux.storage.models import Profile, Sweep, Trial
 from gpumux.throughput import (
     SAMPLES_PER_S,
     STEPS_PER_S,
+    SWEEP_ENDED,
     TRIALS_PER_S,
     CurvePoint,
     ThroughputUnit,
@@ -119,6 +123,8 @@ class SplitSearch:
     cost_tokens: list[str]
     ceiling: int
     timing: Timing
+    # The directory the command runs in: part of the workload, kept apart in its profile.
+    workdir: str | None = None
     curve: list[CurvePoint] = field(default_factory=list)
     unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
@@ -146,6 +152,8 @@ class SplitSearch:
     halted: str | None = None
     # Whether the profile says already that the sweep ended before the search settled.
     ended: bool = False
+    # The sweep whose ended trials timed the points measured before any ended.
+    timed: int | None = None
     # Whether another workload shared the device during the phase: its N is then this
     # workload's share, not the processes on the device, and no bound of N trials applies.
     mixed: bool = False
@@ -167,6 +175,7 @@ class SplitSearch:
         timing: Timing,
         guess: FirstSplit | None = None,
         cores: int | None = None,
+        workdir: str | None = None,
     ) -> SplitSearch:
         """A search for this workload, from the best prior: its stored profile, a similar
         workload's, else `guess` (the device kind's; none: from N=1)."""
@@ -175,8 +184,11 @@ class SplitSearch:
         search = cls(
             device_key=device_key,
             device_name=device_name,
-            fingerprint=tuner.workload_fingerprint(command, param_tokens),
+            fingerprint=tuner.workload_fingerprint(
+                command if workdir is None else [workdir, *command], param_tokens
+            ),
             command=list(command),
+            workdir=workdir,
             cost_tokens=[t for t in param_tokens if t.partition("=")[0] in cost],
             ceiling=ceiling,
             timing=timing,
@@ -223,6 +235,7 @@ class SplitSearch:
         similar = profile_store.similar_profile(
             session=session,
             device_name=self.device_name,
+            workdir=self.workdir,
             command=self.command,
             fingerprint=self.fingerprint,
         )
@@ -364,13 +377,57 @@ class SplitSearch:
             self.decision.reason,
         )
 
-    def sweep_ended(self) -> bool:
+    def _halt_without_gpu(self, trial: Trial) -> None:
+        """The workload's framework sees no GPU (a CPU-only build): its trials train on the
+        host's CPU, and their rates say nothing of the GPU. The search stops for the sweep at the
+        N it had; the next sweep of the workload measures again."""
+        self.phase_start = None
+        self.halted = (
+            f"unsettled: {trial.no_gpu} sees no GPU in trial {trial.id} (it trains on the CPU); "
+            f"its throughput is not this GPU's, so N stays {self.split}"
+        )
+        self.decision = replace(self.decision, reason=self.halted)
+        log.warning("device %s: %s", self.device_key, self.halted)
+
+    @property
+    def untimed(self) -> bool:
+        """Whether the points have not been timed by the ended trials of the last sweep yet."""
+        return self.sweep_id is not None and self.timed != self.sweep_id
+
+    def time_trials(self, *, session: Session) -> bool:
+        """Once its sweep is over, give each point measured before any of its trials ended
+        (long trials: the window closes on their reports) the median seconds of the sweep's
+        trials that ran to their end under its N here. True: a point changed."""
+        sweep_id = self.sweep_id
+        if sweep_id is None or self.timed == sweep_id:
+            return False
+        self.timed = sweep_id
+        if all(point.seconds_per_trial is not None for point in self.curve):
+            return False
+        times = report_store.run_times(
+            session=session, sweep_id=sweep_id, device=self.device_key, node_id=self.node_id
+        )
+        timed = [
+            point
+            if point.seconds_per_trial is not None or not times.get(point.split)
+            else replace(point, seconds_per_trial=statistics.median(times[point.split]))
+            for point in self.curve
+        ]
+        changed = timed != self.curve
+        self.curve = timed
+        return changed
+
+    def sweep_ended(self, *, session: Session) -> bool:
         """The workload has nothing running or queued here and its sweep is over: an unsettled
         search says so in its profile (True: the profile needs saving), and the next sweep of
         the workload goes on from its curve, measuring again what could not be."""
         if self.decision.settled or self.ended:
             return False
+        self.time_trials(session=session)
         self.ended = True
+        # Why the search stopped, if it did, stays in the profile: a curve without points
+        # says nothing by itself.
+        why = "" if self.halted is None else f" ({self.halted.removeprefix('unsettled: ')})"
         self.rejected = 0
         self.halted = None
         self.phase_start = self.filling_since = None
@@ -378,8 +435,8 @@ class SplitSearch:
         self.decision = replace(
             decision,
             reason=(
-                f"unsettled: the sweep ended after {len(self.curve)} point(s), the next sweep "
-                f"goes on from them; {decision.reason}"
+                f"{SWEEP_ENDED} after {len(self.curve)} point(s){why}, the next "
+                f"sweep goes on from them; {decision.reason}"
             ),
         )
         return True
@@ -416,6 +473,7 @@ class SplitSearch:
             session=session,
             device_name=self.device_name,
             fingerprint=self.fingerprint,
+            workdir=self.workdir,
             command=self.command,
             param_tokens=self.cost_tokens,
             unit=self.unit,
@@ -467,6 +525,10 @@ class SplitSearch:
             )
             if self._ours(trial)
         ]
+        unseen = next((t for t in trials if t.no_gpu is not None), None)
+        if unseen is not None:
+            self._halt_without_gpu(unseen)
+            return None
         ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
         phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
         done = {t.id for t in ended}
@@ -591,7 +653,7 @@ class SplitSearch:
             throughput=throughput,
             seconds_per_trial=per_trial,
             memory_per_trial_mb=self.peak_mb,
-            trials=len(rates) if self.unit == SAMPLES_PER_S else len(durations),
+            trials=len(rates) if self.unit != TRIALS_PER_S else len(durations),
             spread=spread,
         )
 

@@ -84,7 +84,8 @@ class Searches:
                 session=session,
                 device_key=device.key,
                 device_name=model,
-                command=[sweep.workdir, *sweep.command],
+                workdir=sweep.workdir,
+                command=list(sweep.command),
                 param_tokens=sweep.param_tokens,
                 ceiling=ceiling,
                 timing=self.timing,
@@ -119,6 +120,9 @@ class Searches:
         changed = []
         for (model, fingerprint), search in self._searches.items():
             if search.decision.settled:
+                timing = search.untimed and self._sweep_over(session, search)
+                if timing and search.time_trials(session=session):
+                    changed.append(search)
                 continue
             device, here = search.device_key, (search.device_key, fingerprint)
             free = 1 - on.shares[device]
@@ -159,7 +163,7 @@ class Searches:
                 search.phase_start = search.filling_since = None
                 continue
             over = not on.splits[here] and not queued[fingerprint]
-            if over and self._sweep_over(session, search) and search.sweep_ended():
+            if over and self._sweep_over(session, search) and search.sweep_ended(session=session):
                 changed.append(search)
             elif (search.decision, len(search.curve), search.ceiling) != before:
                 changed.append(search)

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,6 +158,19 @@ class ReportBudget:
         with self._lock:
             first, allowance.warned = not allowance.warned, True
         return first
+
+    def end(self, trial_ids: Collection[int]) -> None:
+        """These trials ended: their allowances go (a daemon that runs trials for months holds
+        only its running trials' allowances)."""
+        ended = set(trial_ids)
+        with self._lock:
+            for key in [k for k in self._allowances if k[0] in ended]:
+                del self._allowances[key]
+
+    def __len__(self) -> int:
+        """How many attempts' allowances are held."""
+        with self._lock:
+            return len(self._allowances)
 
     def forget(self) -> None:
         """Count every attempt again from the database (after a failed write)."""

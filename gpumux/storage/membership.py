@@ -21,16 +21,14 @@ from typing import Any
 from sqlalchemy import CursorResult, func, select, type_coerce, update
 from sqlalchemy.orm import Session
 
+from gpumux.home.layout import Layout
 from gpumux.status import ACTIVE_TRIAL_STATUSES, NodeState
 from gpumux.storage import store
 from gpumux.storage.dialects import dialect_for
-from gpumux.storage.models import Node, Trial, UtcDateTime
+from gpumux.storage.models import Node, Trial, UtcDateTime, token_hash
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
-
-# The file in a data directory that names its node across restarts.
-HOME_ID_NAME = "node-id"
 
 
 class NodeNameTaken(RuntimeError):
@@ -39,7 +37,7 @@ class NodeNameTaken(RuntimeError):
 
 def home_id(home: Path) -> str:
     """The random id of this data directory, made on first use and kept in it."""
-    path = home / HOME_ID_NAME
+    path = Layout(home).node_id
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -94,7 +92,7 @@ def join(
         "home_id": home,
         "state": NodeState.active,
         "url": url,
-        "token_hash": store.token_hash(secret),
+        "token_hash": token_hash(secret),
         "pid": pid,
         "devices": list(devices),
         "started_at": now,

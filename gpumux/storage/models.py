@@ -3,6 +3,7 @@ the node daemons that share the database."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -29,6 +30,12 @@ from gpumux.status import NodeState, ObjectiveMode, SearchMethod, SweepStatus, T
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+def token_hash(token: str) -> str:
+    """The stored form of a secret (an API token, a trial's report token, a node's secret):
+    the rows keep only this."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -113,6 +120,8 @@ class Sweep(Base):
     search: Mapped[SearchMethod] = mapped_column(
         _enum_column(SearchMethod), default=SearchMethod.grid, server_default="grid"
     )
+    # The sampler's options the sweep set, checked, e.g. {"n_startup_trials": 4}; None: none.
+    search_options: Mapped[dict[str, Any] | None]
     # The pruner as given, e.g. "asha:min_resource=2"; None: trials run to their end.
     prune: Mapped[str | None] = mapped_column(String(200))
     # An adaptive sweep's Optuna study-level system attributes (a QMC sampler's position).
@@ -213,6 +222,8 @@ class Trial(Base):
     log_scanned: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
     # Reports over the trial's budget (GPUMUX_REPORT_*), not stored: their samples still count.
     reports_dropped: Mapped[int] = mapped_column(WIDE, default=0, server_default="0")
+    # The framework that saw no GPU on the GPU the trial was placed on: its rates are the CPU's.
+    no_gpu: Mapped[str | None] = mapped_column(String(16))
     # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
     optuna_attrs: Mapped[dict[str, Any] | None]
 
@@ -251,6 +262,8 @@ class Profile(Base):
     id: Mapped[int] = mapped_column(WIDE, primary_key=True)
     device_name: Mapped[str] = mapped_column(String(200))
     fingerprint: Mapped[str] = mapped_column(String(64))
+    # The directory the workload's command runs in (None: a profile made without one).
+    workdir: Mapped[str | None] = mapped_column(Text)
     command: Mapped[list[str]]
     param_tokens: Mapped[list[str]]
     unit: Mapped[str] = mapped_column(String(16))

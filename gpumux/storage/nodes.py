@@ -10,8 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpumux.status import ACTIVE_TRIAL_STATUSES, NodeState
-from gpumux.storage import store
-from gpumux.storage.models import Node, Trial
+from gpumux.storage.models import Node, Trial, token_hash
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,6 @@ def node_of_secret(*, session: Session, node_id: int, secret: str) -> Node | Non
     if node is None or node.token_hash is None or node.state is not NodeState.active:
         return None
     # Constant time: how much of a guess matches must not show in how long the answer takes.
-    if not hmac.compare_digest(store.token_hash(secret), node.token_hash):
+    if not hmac.compare_digest(token_hash(secret), node.token_hash):
         return None
     return node

@@ -22,10 +22,16 @@ def get_profile(*, session: Session, device_name: str, fingerprint: str) -> Prof
 
 
 def similar_profile(
-    *, session: Session, device_name: str, command: Sequence[str], fingerprint: str
+    *,
+    session: Session,
+    device_name: str,
+    command: Sequence[str],
+    fingerprint: str,
+    workdir: str | None = None,
 ) -> Profile | None:
-    """The most recently updated settled profile of the same command (its other cost parameters
-    differ) on a device model: where a new workload's search is likeliest to end."""
+    """The most recently updated settled profile of the same command in the same directory (its
+    other cost parameters differ) on a device model: where a new workload's search is likeliest
+    to end."""
     settled = session.scalars(
         select(Profile)
         .where(
@@ -37,7 +43,14 @@ def similar_profile(
         .order_by(Profile.updated_at.desc(), Profile.id.desc())
     )
     # JSON columns compare unreliably in SQL: a device model holds few profiles to scan.
-    return next((profile for profile in settled if profile.command == list(command)), None)
+    return next(
+        (
+            profile
+            for profile in settled
+            if profile.command == list(command) and profile.workdir == workdir
+        ),
+        None,
+    )
 
 
 def get_profile_by_id(*, session: Session, profile_id: int) -> Profile | None:
@@ -60,6 +73,7 @@ def save_profile(
     sweep_id: int | None,
     oom_at: int | None = None,
     ceiling: int | None = None,
+    workdir: str | None = None,
 ) -> Profile:
     """Store the profile of (device model, workload), replacing the one measured before."""
     unit = throughput_unit(unit)
@@ -70,6 +84,7 @@ def save_profile(
         profile = Profile(device_name=device_name, fingerprint=fingerprint, created_at=now)
         session.add(profile)
     profile.updated_at = now
+    profile.workdir = workdir
     profile.command = list(command)
     profile.param_tokens = list(param_tokens)
     profile.unit = unit

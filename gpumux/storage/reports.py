@@ -13,10 +13,9 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas import ReportIn
-from gpumux.status import ACTIVE_TRIAL_STATUSES
+from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage.budget import ReportBudget, Seed, Verdict
-from gpumux.storage.models import Trial, TrialReport, utcnow
-from gpumux.storage.store import token_hash
+from gpumux.storage.models import Trial, TrialReport, token_hash, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +60,15 @@ def add_report(
         )
     if trial.status not in ACTIVE_TRIAL_STATUSES:
         raise ReportRefused(f"trial {trial.id} is {trial.status}, not running")
+    if report_in.no_gpu is not None and trial.no_gpu is None:
+        trial.no_gpu = report_in.no_gpu
+        log.warning(
+            "trial %s: %s sees no GPU on %s, where it was placed: it trains on the CPU, and the "
+            "split search leaves it out",
+            trial.id,
+            report_in.no_gpu,
+            trial.device,
+        )
     report = Incoming(
         step=report_in.step,
         samples=report_in.samples,
@@ -80,7 +88,7 @@ def add_line_reports(
     attempt, within its budget.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
-    no interval, so it sets no samples/s; its samples still count in the split search's windows.
+    no interval: the reader gives each report the seconds its samples took.
     """
     return _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
 
@@ -207,6 +215,16 @@ def _stored(session: Session, trial_id: int, attempt: int) -> Seed:
     return (rows, None, None) if latest is None else (rows, latest[0], latest[1])
 
 
+def no_gpu_counts(*, session: Session, sweep_id: int) -> dict[str, int]:
+    """How many of the sweep's trials saw no GPU where they were placed, by framework."""
+    rows = session.execute(
+        select(Trial.no_gpu, func.count())
+        .where(Trial.sweep_id == sweep_id, Trial.no_gpu.is_not(None))
+        .group_by(Trial.no_gpu)
+    )
+    return {framework: count for framework, count in rows if framework is not None}
+
+
 def list_reports(
     *, session: Session, trial_id: int, offset: int = 0, limit: int = 1000
 ) -> tuple[list[TrialReport], int]:
@@ -236,6 +254,26 @@ def trials_at_split(
         query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
     found = session.scalars(query.order_by(Trial.id))
     return [trial for trial in found if trial.started_at is not None]
+
+
+def run_times(
+    *, session: Session, sweep_id: int, device: str, node_id: int | None = None
+) -> dict[int, list[float]]:
+    """The seconds each trial of a sweep that ran to its end (succeeded) on `device` took, by
+    the N it ran under."""
+    query = select(Trial.split, Trial.started_at, Trial.ended_at).where(
+        Trial.sweep_id == sweep_id,
+        Trial.device == device,
+        Trial.status == TrialStatus.succeeded,
+        Trial.split.is_not(None),
+    )
+    if node_id is not None:
+        query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
+    times: dict[int, list[float]] = {}
+    for split, started, ended in session.execute(query):
+        if split is not None and started is not None and ended is not None and ended > started:
+            times.setdefault(split, []).append((ended - started).total_seconds())
+    return times
 
 
 def report_times(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -30,11 +29,6 @@ log = logging.getLogger(__name__)
 
 class IllegalTransition(RuntimeError):
     """A trial status change that the lifecycle does not allow."""
-
-
-def token_hash(token: str) -> str:
-    """The stored form of a trial's report token."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def get_or_create_owner(*, session: Session, name: str, uid: int | None = None) -> Owner:
@@ -104,6 +98,7 @@ def create_sweep(
     seed: int,
     trial_params: Sequence[dict[str, Any]],
     search: SearchMethod = SearchMethod.grid,
+    search_options: dict[str, Any] | None = None,
     prune: str | None = None,
 ) -> Sweep:
     """A sweep and its queued trials, in the caller's transaction. An adaptive search's trials
@@ -119,6 +114,7 @@ def create_sweep(
         env=sweep_in.env,
         random_trials=sweep_in.trials,
         search=search,
+        search_options=search_options or None,
         prune=prune,
         seed=seed,
         split=None if sweep_in.split == "auto" else sweep_in.split,
@@ -141,10 +137,14 @@ def create_sweep(
     return sweep
 
 
-def _sweeps_query(*, status: SweepStatus | None, owner: str | None) -> Select[Sweep]:
+def _sweeps_query(
+    *, status: SweepStatus | None, owner: str | None, name: str | None = None
+) -> Select[Sweep]:
     query = select(Sweep)
     if status is not None:
         query = query.where(Sweep.status == status)
+    if name is not None:
+        query = query.where(Sweep.name == name)
     if owner is not None:
         query = query.join(Owner).where(Owner.name == owner)
     return query
@@ -155,11 +155,12 @@ def list_sweeps(
     session: Session,
     status: SweepStatus | None = None,
     owner: str | None = None,
+    name: str | None = None,
     offset: int = 0,
     limit: int = 50,
 ) -> tuple[list[Sweep], int]:
-    """A page of sweeps, newest first, and how many match in all."""
-    query = _sweeps_query(status=status, owner=owner)
+    """A page of sweeps (of this name, where given), newest first, and how many match in all."""
+    query = _sweeps_query(status=status, owner=owner, name=name)
     count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     page = session.scalars(query.order_by(Sweep.id.desc()).offset(offset).limit(limit))
     return list(page), count

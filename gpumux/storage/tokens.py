@@ -9,7 +9,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from gpumux.storage import store
-from gpumux.storage.models import ApiToken, Owner, utcnow
+from gpumux.storage.models import ApiToken, Owner, token_hash, utcnow
 
 TOKEN_PREFIX = "gmx_"
 
@@ -21,7 +21,7 @@ def create_token(*, session: Session, owner_name: str, uid: int | None = None) -
     """A new token for the user (created as an owner on first use); only its hash is stored."""
     owner = store.get_or_create_owner(session=session, name=owner_name, uid=uid)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiToken(owner_id=owner.id, token_hash=store.token_hash(token)))
+    session.add(ApiToken(owner_id=owner.id, token_hash=token_hash(token)))
     session.flush()
     return token
 
@@ -32,7 +32,7 @@ def find_token(*, session: Session, token: str) -> ApiToken | None:
         return None
     return session.scalar(
         select(ApiToken).where(
-            ApiToken.token_hash == store.token_hash(token), ApiToken.revoked_at.is_(None)
+            ApiToken.token_hash == token_hash(token), ApiToken.revoked_at.is_(None)
         )
     )
 

@@ -68,8 +68,10 @@ def resolve(
         fix = "add program: train.py (or command:) to the file, or give COMMAND after --"
         raise SweepFileError(file, "program", f"nothing to run; {fix}")
     method = search or sweep_file.search
+    # --search may carry the sampler's options (tpe:n_startup_trials=4): the method is its name.
+    kind = method.partition(":")[0].strip().lower() if method else None
     budget = trials if trials is not None else sweep_file.trials
-    if trials is None and budget is not None and method == SearchMethod.grid:
+    if trials is None and budget is not None and kind == SearchMethod.grid:
         size = sweepspec.grid_size(sweepspec.parse_params(list(params.values())))
         if size > budget:
             fix = "raise or remove run_cap, or use method: random"
@@ -77,11 +79,11 @@ def resolve(
                 file, "run_cap", f"the grid has {sweepspec.describe_count(size)} points; {fix}"
             )
         budget = None  # the cap holds: the whole grid fits in it
-    if method in BUDGETED and budget is None:
+    if kind in BUDGETED and budget is None:
         fix = "add run_cap: K to the file, or --trials K"
-        raise SweepFileError(file, "run_cap", f"a {method} search needs a budget; {fix}")
+        raise SweepFileError(file, "run_cap", f"a {kind} search needs a budget; {fix}")
     ranges = sorted(sweep_file.continuous - given.keys())
-    if ranges and (method == SearchMethod.grid or (method is None and budget is None)):
+    if ranges and (kind == SearchMethod.grid or (kind is None and budget is None)):
         raise SweepFileError(file, f"parameters.{ranges[0]}", GRID_OVER_RANGE)
     if prune is None and sweep_file.prune is not None and not (objective or sweep_file.objective):
         fix = "add metric: {name: val_loss, goal: minimize}, or --objective val_loss:min"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gpumux import tokenfile
+from gpumux.home import tokenfile
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Playwright, ViewportSize
@@ -87,7 +87,7 @@ def daemon(home: Path, settings: Mapping[str, str]) -> Iterator[Served]:
             url = f"http://127.0.0.1:{port}"
             assert line.startswith(f"gpumux: serving on {url}"), line
             assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
-            yield Served(url, tokenfile.read_token_file(home / tokenfile.DAEMON_TOKEN_NAME))
+            yield Served(url, tokenfile.daemon_token(home))
         finally:
             if server.poll() is None:
                 server.send_signal(signal.SIGTERM)

@@ -143,9 +143,10 @@ def test_the_sweep_page_draws_a_learning_curve_per_trial_that_reported_steps(
     assert figure.locator("path.best").get_attribute("data-series") == str(ids[2])
     expect(figure.locator("a path.series-line")).to_have_count(3)
     expect(figure).to_contain_text("every trial that reported steps (3)")
-    # The step each trial reached, in the table's step column (x=4 reported none).
+    # The step each trial reached, in the table's step column, counted from 1 as the user
+    # counts (steps 0..4 are five; x=4 reported none).
     steps = page.locator("table.trials tbody tr td:nth-child(6)")
-    expect(steps).to_have_text(["4", "4", "4", "—"])
+    expect(steps).to_have_text(["5", "5", "5", "—"])
 
 
 def test_an_unreachable_daemon_shows_a_banner(page: Page, tmp_path: Path) -> None:
@@ -232,3 +233,57 @@ def test_another_users_sweeps_in_the_mix_show_their_share_and_not_whose(
         expect(page.locator("tr[data-sweep-id]")).to_have_count(0)
     finally:
         flag.touch()
+
+
+def test_a_framework_that_sees_no_gpu_is_shown_on_the_sweep_and_the_trial(
+    page: Page, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    torch = pytest.importorskip("torch", reason="the trial is a PyTorch loop")
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+        pytest.skip("needs a PyTorch built without CUDA: a CUDA build may see a GPU")
+    simulated = {"GPUMUX_SIMULATED_GPU": "h200-torch-mlp", "GPUMUX_TUNE": "0"}
+    with daemon(tmp_path / "home", simulated) as served:
+        sweep_id = submit(
+            served,
+            tmp_path,
+            [sys.executable, str(FIXTURES / "torch_loop.py"), "{steps}"],
+            params=["steps=10,20"],
+            split=2,
+        )
+        page.goto(served.page(f"#/sweeps/{sweep_id}"))
+        expect(page.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+        expect(page.locator(".warning.no-gpu")).to_contain_text(
+            "torch sees no GPU in 2 trial(s) gpumux placed on a GPU"
+        )
+        page.locator("table.trials tbody tr a").first.click()
+        expect(page.locator(".trial-status")).to_have_text("succeeded")
+        expect(page.locator(".warning.no-gpu")).to_contain_text(
+            "torch sees no GPU, though gpumux placed this trial on GPU-"
+        )
+
+
+def test_a_script_that_prints_its_samples_shows_its_samples_per_second(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    pytest.importorskip("sklearn", reason="the example needs scikit-learn")
+    # examples/digits_mlp.py imports nothing of gpumux: its samples come in GPUMUX_REPORT lines.
+    sweep_id = submit(
+        served,
+        ROOT,
+        [sys.executable, "examples/digits_mlp.py", "--epochs", "2"],
+        params=["width=16,32"],
+        objective="val_loss:min",
+        split=2,
+    )
+    page.goto(served.page(f"#/sweeps/{sweep_id}"))
+    expect(page.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
+    header = page.locator("table.trials thead th")
+    expect(header.nth(6)).to_have_text(re.compile("^samples/s"))
+    rates = page.locator("table.trials tbody tr td:nth-child(7)")
+    expect(rates).to_have_count(2)
+    for n in range(2):
+        expect(rates.nth(n)).to_have_text(re.compile(r"^[\d,]+(\.\d+)?$"))

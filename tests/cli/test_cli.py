@@ -331,6 +331,48 @@ def test_an_unknown_id_is_named_in_the_error(
     assert client.list_sweeps().count == before
 
 
+def test_a_sweep_is_found_by_its_name_the_newest_of_that_name_first(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    name = f"digits-{tmp_path.name}"
+    older = client.create_sweep(
+        SweepCreate(
+            params=["x=1"],
+            command=[sys.executable, REPORT],
+            workdir=str(tmp_path),
+            objective="loss:min",
+            name=name,
+        )
+    )
+    newer = client.create_sweep(
+        SweepCreate(
+            params=["x=2"],
+            command=[sys.executable, REPORT],
+            workdir=str(tmp_path),
+            objective="loss:min",
+            name=name,
+        )
+    )
+    wait_ended(client, older.id)
+    wait_ended(client, newer.id)
+
+    show = gpumux("show", name, env=server.env)
+    best = gpumux("best", name, "--json", env=server.env)
+    by_id = gpumux("best", str(older.id), "--json", env=server.env)
+    cancel = gpumux("cancel", name, env=server.env)
+    missing = gpumux("show", "no-such-sweep", env=server.env)
+
+    assert show.returncode == 0, show.stderr
+    assert re.search(rf"\bsweep\b.*\b{newer.id}\b", show.stdout), show.stdout
+    assert json.loads(best.stdout)["sweep"] == newer.id
+    assert json.loads(by_id.stdout)["sweep"] == older.id
+    quiet = gpumux("best", name, "-q", env=server.env)
+    assert quiet.stdout == f"{json.loads(best.stdout)['trial']}\n", quiet.stderr
+    assert cancel.stderr == f"gpumux: sweep {newer.id} already finished; nothing to cancel\n"
+    assert missing.returncode == 1
+    assert missing.stderr == "error: no sweep named 'no-such-sweep'; gpumux ls lists your sweeps\n"
+
+
 def test_best_without_an_objective_says_how_to_get_one(
     server: Server, client: Client, tmp_path: Path
 ) -> None:

@@ -17,9 +17,8 @@ from gpumux.config import Settings
 from gpumux.schemas import NodePublic
 from gpumux.server.api import create_app
 from gpumux.status import NodeState
-from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Node, utcnow
+from gpumux.storage.models import Node, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -88,7 +87,7 @@ def stored_node(sessions: Sessions, name: str, url: str | None = None) -> NodeId
             home_id=name,
             pid=1,
             url=url,
-            token_hash=store.token_hash(name),
+            token_hash=token_hash(name),
             devices=[H100],
             lease_until=utcnow() + timedelta(minutes=1),
         )

@@ -120,6 +120,23 @@ def row(output: str, first: str) -> str:
     raise AssertionError(f"no row starting with {first!r} in:\n{output}")
 
 
+def cells(line: str) -> list[str]:
+    """The cells of one line of a table drawn with │ between its columns."""
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+def column(output: str, first: str, index: int) -> list[str]:
+    """The lines of one cell of the table row whose first cell is `first`, as wrapped."""
+    lines = output.splitlines()
+    start = lines.index(row(output, first))
+    found = [cells(lines[start])[index]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("│") or cells(line)[0]:
+            break
+        found.append(cells(line)[index])
+    return [text for text in found if text]
+
+
 def test_profiles_lists_what_the_tuner_stored(server: Server) -> None:
     empty = gpumux(server, "profiles")
     assert empty.returncode == 0 and empty.stdout == ""
@@ -135,13 +152,12 @@ def test_profiles_lists_what_the_tuner_stored(server: Server) -> None:
     )
     result = gpumux(server, "profiles")
     assert result.returncode == 0, result.stderr
-    settled = row(result.stdout, str(h200))
-    assert "NVIDIA H200" in settled and "python train.py --epochs=3" in settled
-    assert "bs=128" in settled and "samples/s" in settled
-    assert settled.replace("│", " ").split()[-5:-2] == ["3", "yes", "4"]
-    searching = row(result.stdout, str(cpu))
-    assert "AMD EPYC 9654" in searching and "trials/s" in searching
-    assert searching.replace("│", " ").split()[-5:-2] == ["-", "no", "2"]
+    settled = cells(row(result.stdout, str(h200)))
+    assert settled[:4] == [str(h200), "NVIDIA H200", "3", "samples/s"]
+    assert settled[-1] == "python train.py --epochs=3"
+    assert "cost: bs=128" in column(result.stdout, str(h200), -1)
+    searching = cells(row(result.stdout, str(cpu)))
+    assert searching[:4] == [str(cpu), "AMD EPYC 9654", "searching", "trials/s"]
     assert result.stdout.index("AMD EPYC") < result.stdout.index("NVIDIA H200")
     first = gpumux(server, "profiles", "--limit", "1")
     assert str(cpu) in first.stdout and "NVIDIA H200" not in first.stdout
@@ -165,6 +181,64 @@ def test_a_profile_shows_its_curve_as_a_table_and_a_chart_in_80_columns(server: 
     assert "◀ best" in row(chart, "3") and "best" not in row(chart, "5")
 
 
+def test_the_list_shows_a_profiles_command_and_its_directory_apart(server: Server) -> None:
+    workdir = "/home/alice/experiments/digits"
+    command = ["python", "examples/digits_keras.py", "--epochs", "10"]
+    profile_id = store_profile(
+        server, device_name="NVIDIA RTX 4090", workdir=workdir, command=command
+    )
+
+    result = gpumux(server, "profiles", columns=120)
+
+    assert result.returncode == 0, result.stderr
+    assert all(len(line) <= 120 for line in result.stdout.splitlines()), result.stdout
+    assert column(result.stdout, str(profile_id), -1) == [
+        "python examples/digits_keras.py --epochs 10",
+        f"in {workdir}",
+        "cost: bs=128",
+    ]
+    shown = gpumux(server, "profiles", str(profile_id), columns=100).stdout
+    assert row(shown, "command").split()[1:] == ["python", *command[1:]]
+    assert row(shown, "directory").split()[1:] == [workdir]
+
+
+def test_a_profile_whose_sweep_ended_unsettled_says_so_and_what_it_measured(
+    server: Server,
+) -> None:
+    profile_id = store_profile(
+        server,
+        device_name="NVIDIA V100",
+        curve=[CURVE[2], CURVE[1]],
+        best_split=None,
+        settled=False,
+        reason="unsettled: the sweep ended after 2 point(s), the next sweep goes on from them; "
+        "measuring N=5",
+    )
+
+    shown = gpumux(server, "profiles", str(profile_id), columns=100).stdout
+    listed = gpumux(server, "profiles", columns=120).stdout
+
+    assert " ".join(row(shown, "best").split()[2:]) == (
+        "measured N=2, 3; unsettled: the sweep ended"
+    )
+    assert cells(row(listed, str(profile_id)))[2] == "unsettled"
+    nothing = store_profile(
+        server,
+        device_name="NVIDIA P100",
+        curve=[],
+        best_split=None,
+        settled=False,
+        reason="unsettled: the sweep ended after 0 point(s), the next sweep goes on from them",
+    )
+    shown_nothing = gpumux(server, "profiles", str(nothing), columns=100).stdout
+    assert " ".join(row(shown_nothing, "best").split()[2:]) == (
+        "nothing measured; unsettled: the sweep ended"
+    )
+    # No best point: the curve's table has no column for its mark.
+    header = next(line for line in shown.splitlines() if "memory/trial" in line)
+    assert cells(header.replace("┃", "│"))[-1] == "memory/trial"
+
+
 def test_a_profile_says_the_limits_the_next_sweep_stays_under(server: Server) -> None:
     plain = store_profile(server, device_name="NVIDIA T4")
     limited = store_profile(server, device_name="NVIDIA L40S", oom_at=8, ceiling=6)
@@ -183,11 +257,59 @@ def test_a_profile_is_drawn_into_a_png(server: Server, tmp_path: Path) -> None:
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
 
 
+def test_a_pngs_title_fits_inside_the_image_however_long_the_workload(
+    server: Server, tmp_path: Path
+) -> None:
+    image = pytest.importorskip("matplotlib.image", reason="the PNG needs matplotlib")
+    profile_id = store_profile(
+        server,
+        device_name="AMD EPYC 7B13 64-Core Processor",
+        workdir="/home/a-newcomer/src/gpumux/experiments/2026-11-26/digits",
+        command=["/home/a-newcomer/src/gpumux/.venv/bin/python", "examples/digits_keras.py"]
+        + ["--epochs", "10", "--batch-size", "{batch_size}", "--learning-rate", "{lr}"],
+        param_tokens=["batch_size=32", "width=128"],
+    )
+    path = tmp_path / "curve.png"
+    assert gpumux(server, "profiles", str(profile_id), "--png", str(path)).returncode == 0
+
+    pixels = image.imread(path)[:, :, :3]
+    ink = pixels.min(axis=2) < 0.5
+    # The title is what is drawn above the first axes' top edge, a row mostly inked.
+    top = next(y for y in range(ink.shape[0]) if ink[y].mean() > 0.5)
+    title = ink[:top]
+    assert title.any(), "a title is drawn"
+    # Text cut at an edge leaves ink within a few pixels of it; a title that fits keeps clear.
+    margin = ink.shape[1] // 100
+    assert not title[:, :margin].any() and not title[:, -margin:].any(), "clipped at a side"
+
+
+def test_a_sweeps_profile_is_found_by_the_sweeps_name(server: Server) -> None:
+    command = [sys.executable, "-c", "pass"]
+    for options in (["--name", "searched"], ["--split", "2", "--name", "fixed"]):
+        submitted = gpumux(server, "sweep", "x=1", *options, "--detach", "--", *command)
+        assert submitted.returncode == 0, submitted.stderr
+    deadline = time.monotonic() + DEADLINE_S
+    # The search stores the workload's profile by the time its sweep has ended.
+    while (shown := gpumux(server, "profiles", "--sweep", "searched", columns=200)).returncode:
+        assert "has no profile" in shown.stderr, shown.stderr
+        assert time.monotonic() < deadline, "the sweep's search stored no profile"
+        time.sleep(0.2)
+    unsearched = gpumux(server, "profiles", "--sweep", "fixed")
+
+    assert row(shown.stdout, "command").split()[1:] == command
+    # The sweep runs where it was submitted: this test's directory.
+    assert row(shown.stdout, "directory").split()[1:] == [os.getcwd()]
+    assert unsearched.returncode == 1
+    assert "has no profile: its split was fixed" in unsearched.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
         (["profiles", "999"], 1, "profile 999 not found"),
         (["profiles", "--png", "x.png"], 2, "--png draws one profile"),
+        (["profiles", "1", "--sweep", "x"], 2, "a profile's ID or --sweep SWEEP, not both"),
+        (["profiles", "--sweep", "nameless"], 1, "no sweep named 'nameless'"),
     ],
 )
 def test_profile_errors_are_one_line(

@@ -11,7 +11,7 @@ from rich.console import Console, RenderableType
 
 from gpumux.cli import follow
 from gpumux.schemas import SweepDetail, TrialPublic
-from gpumux.status import SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import PruneNote, SearchMethod, SweepStatus, TrialStatus
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -221,7 +221,7 @@ def test_event_lines_carry_the_eta_until_the_last_trial() -> None:
     assert "ETA" not in last.plain
     started = trial(2, TrialStatus.running, started=0)
     assert follow.event_line(sweep([started], total=4), started, 0, eta=37.5).plain == (
-        "[0/4] trial 102 lr=0.002 bs=32: running on cpu/0"
+        "[0/4] trial 102 lr=0.002 bs=32: running in slot cpu/0"
     )
 
 
@@ -254,12 +254,17 @@ def test_an_adaptive_sweep_cancelled_short_of_its_budget_ends_complete() -> None
     assert last.plain == "[3/3] trial 103 lr=0.003 bs=32: cancelled (after 20.0s)"
 
 
-def test_a_pruned_trial_says_the_step_it_reached() -> None:
-    pruned = trial(
-        2, TrialStatus.pruned, started=0, ended=5, objective=0.9, step=3, error="pruned at step 3"
-    )
-    line = follow.event_line(sweep([pruned], budget=8), pruned, 1, eta=40.0)
+def test_a_pruned_trial_says_in_one_phrase_at_which_step_it_lost_and_where_it_stopped() -> None:
+    note = str(PruneNote(step=1, pruner="asha:min_resource=2", metric="loss", value=0.247823))
+    pruned = trial(2, TrialStatus.pruned, started=0, ended=5, objective=0.9, step=6, error=note)
+    line = follow.event_line(sweep([pruned], budget=8), pruned, 1, eta=40.0, steps=10)
+    # The API's steps 1 and 6 are the user's 2nd and 7th: the pruner judged step 2's loss, and
+    # the trial had reported up to step 7 by the time it was stopped.
     assert line.plain == (
-        "[1/8] trial 102 lr=0.002 bs=32: pruned (after 5.0s, step 3, loss=0.9, pruned at step 3)"
-        "; ETA 40.0s"
+        "[1/8] trial 102 lr=0.002 bs=32: pruned at step 2 of 10 by asha: loss 0.2478 "
+        "(stopped at step 7, after 5.0s); ETA 40.0s"
+    )
+    at_once = trial(3, TrialStatus.pruned, started=0, ended=5, step=1, error=note)
+    assert follow.event_line(sweep([at_once], budget=8), at_once, 1).plain == (
+        "[1/8] trial 103 lr=0.003 bs=32: pruned at step 2 by asha: loss 0.2478 (after 5.0s)"
     )

@@ -81,6 +81,14 @@ def test_the_search_line_says_how_many_trials_an_adaptive_search_asked_of_its_bu
     assert [line.split() for line in summary if line.startswith("prune")] == [["prune", "asha"]]
     assert "2 running, 3 succeeded, 2 pruned" in " ".join(summary)
     assert not [line for line in lines_of(render.sweep_summary(a_sweep())) if "prune" in line]
+    tuned = a_sweep(
+        search=SearchMethod.tpe,
+        search_options={"n_startup_trials": 4, "multivariate": False},
+        trials=12,
+        trial_count=12,
+        counts={},
+    )
+    assert "tpe:n_startup_trials=4,multivariate=false, 0 of 12 asked" in search_line(tuned)
 
 
 def test_the_summary_says_warm_only_of_a_warm_sweep() -> None:
@@ -97,7 +105,8 @@ def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> No
     header = [cell.strip() for cell in lines[1].split("┃")[1:-1]]
     assert header[:4] == ["trial", "lr", "status", "step"]
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if "│" in line]
-    assert [row[2:4] for row in rows] == [["pruned", "4"], ["succeeded", "20"]]
+    # Counted from 1, as the user counts epochs: the API's step 20 is the 21st.
+    assert [row[2:4] for row in rows] == [["pruned", "5"], ["succeeded", "21"]]
     no_steps = lines_of(
         render.trials_table([a_trial(1, TrialStatus.succeeded, None)], objective=None)
     )

@@ -187,6 +187,45 @@ def test_a_search_or_pruner_the_daemon_refuses_is_shown_with_its_reason(
     assert client.list_sweeps().count == before
 
 
+# A W&B program whose loss is its --x at every step: a larger x loses, and trains slower.
+LOSS_IS_X = """
+import json, sys, time
+x = float(sys.argv[1].removeprefix("--x="))
+for step in range(40):
+    print("GPUMUX_REPORT " + json.dumps({"step": step, "loss": x}), flush=True)
+    time.sleep(0.05 * x)
+"""
+HYPERBAND_FILE = """
+program: train.py
+method: grid
+metric: {name: loss, goal: minimize}
+parameters:
+  x: {values: [1, 9]}
+early_terminate: {type: hyperband, min_iter: 2, max_iter: 2, eta: 2}
+"""
+
+
+def test_a_wandb_hyperband_stops_the_losing_trial_at_min_iter(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    cwd = project(tmp_path, HYPERBAND_FILE)
+    (cwd / "train.py").write_text(LOSS_IS_X)
+    # One trial at a time, in the grid's order: the loser reaches step 2 after the winner.
+    args = ("sweep", "--config", "sweep.yaml", "--split", "1", "--detach")
+    result = gpumux(*args, env=user_env(server), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    sweep = wait_ended(client, submitted(result.stdout, "2 trials queued"))
+    assert sweep.prune == "hyperband:min_resource=2,max_resource=2,reduction_factor=2"
+    winner, loser = sorted(client.all_trials(sweep.id), key=lambda trial: trial.number)
+    assert (winner.params, winner.status, winner.step) == ({"x": 1}, TrialStatus.succeeded, 39)
+    # One bracket (min_iter = max_iter): its first rung, min_iter, is where the loser stops.
+    assert (loser.params, loser.status) == ({"x": 9}, TrialStatus.pruned), loser
+    assert loser.error is not None and loser.error.startswith(
+        f"pruned at step 2 by the {sweep.prune} pruner (loss 9)"
+    ), loser.error
+    assert loser.step is not None and 2 <= loser.step < 39, loser
+
+
 def test_search_and_prune_are_stored_as_given(
     server: Server, client: Client, tmp_path: Path
 ) -> None:
@@ -198,3 +237,26 @@ def test_search_and_prune_are_stored_as_given(
     assert result.returncode == 0, result.stderr
     sweep = wait_ended(client, submitted(result.stdout, "2 trials queued"))
     assert (sweep.search, sweep.prune, sweep.trial_count) == (SearchMethod.random, "median", 2)
+
+
+def test_the_samplers_options_on_the_command_line_reach_the_daemon_and_gpumux_show(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    args = ["--search", "tpe:n_startup_trials=4,multivariate=false", "--trials", "2"]
+    result = gpumux(
+        "sweep", "x=1..4", *args, "--objective", "loss:min", "--detach",
+        "--", sys.executable, "-c", "pass",
+        env=server.env, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sweep = client.cancel_sweep(submitted(result.stdout, "a tpe search of 2 trials"))
+    assert sweep.search is SearchMethod.tpe
+    assert sweep.search_options == {"n_startup_trials": 4, "multivariate": False}
+    show = gpumux("show", str(sweep.id), env=server.env)
+    assert "tpe:n_startup_trials=4,multivariate=false" in show.stdout, show.stdout
+    refused = gpumux(
+        "sweep", "x=1..4", "--search", "tpe:startup=4", "--trials", "2", "--objective",
+        "loss:min", "--", sys.executable, "-c", "pass", env=server.env, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--search tpe has no option 'startup'; its options: consider_prior," in refused.stderr

@@ -13,12 +13,13 @@ from builders import stored_sweep
 from sqlalchemy import select, update
 
 from gpumux.config import Settings
+from gpumux.home.layout import Layout
 from gpumux.splits.searches import ActiveTrials
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import membership, store
 from gpumux.storage import reports as report_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Node, Trial
+from gpumux.storage.models import Node, Trial, token_hash
 from gpumux.storage.nodes import NodeIdentity
 
 LEASE_S = 30.0
@@ -82,7 +83,7 @@ def test_join_registers_the_node_with_a_hashed_secret_and_a_lease(db: Sessions) 
     node = join(db, devices=[{"key": "cpu", "kind": "cpu", "name": "CPU", "memory_mb": 1}])
     stored = row(db, node)
     assert (node.name, node.incarnation, stored.state) == ("gpu1", 1, NodeState.active)
-    assert stored.token_hash == store.token_hash(node.secret) != node.secret
+    assert stored.token_hash == token_hash(node.secret) != node.secret
     assert stored.devices == [{"key": "cpu", "kind": "cpu", "name": "CPU", "memory_mb": 1}]
     assert stored.lease_until - stored.heartbeat_at == timedelta(seconds=LEASE_S)
 
@@ -191,7 +192,7 @@ def test_leave_waits_for_the_active_trials(db: Sessions, tmp_path: Path) -> None
 def test_home_id_is_made_once(tmp_path: Path) -> None:
     made = membership.home_id(tmp_path)
     assert membership.home_id(tmp_path) == made
-    assert (tmp_path / membership.HOME_ID_NAME).stat().st_mode & 0o777 == 0o600
+    assert Layout(tmp_path).node_id.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_lease_must_outlast_two_heartbeats(tmp_path: Path) -> None:

@@ -6,7 +6,14 @@ import signal
 import subprocess
 import sys
 
-from gpumux.processes.procfs import group_members, kill_marked, kill_orphans, start_ticks
+from gpumux.processes.procfs import (
+    group_members,
+    held,
+    kill_marked,
+    kill_orphans,
+    send,
+    start_ticks,
+)
 
 
 def test_a_group_id_reused_by_another_process_is_not_killed_as_leftovers() -> None:
@@ -44,3 +51,54 @@ def test_processes_carrying_an_attempts_token_are_killed_and_no_others() -> None
         for process in (marked, other):
             process.kill()
             process.wait()
+
+
+def test_a_process_held_before_it_is_reaped_is_never_signalled_under_a_reused_pid() -> None:
+    # A pid read from /proc may name another process by the time it is signalled; a pidfd
+    # names the process it was opened on, so a signal sent through it once that process is
+    # reaped reaches no one, whichever process holds the pid now.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with held(child.pid) as pidfd:
+        assert pidfd is not None
+        assert send(pidfd, signal.SIGKILL)
+        child.wait()
+        assert not send(pidfd, signal.SIGKILL)
+
+
+def test_a_trial_of_more_processes_than_the_supervisor_may_hold_open_is_signalled_whole() -> None:
+    # Run as a supervisor would be: its children are the trial's processes, each in a group of
+    # its own (escaped), more of them than the file descriptors it may open.
+    code = """
+import os, resource, signal
+from gpumux.processes.reaping import HELD_AT_ONCE, signal_trial
+count = HELD_AT_ONCE + 100
+resource.setrlimit(resource.RLIMIT_NOFILE, (HELD_AT_ONCE + 50, HELD_AT_ONCE + 50))
+children = []
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1), os.dup2(devnull, 2)
+        os.setpgid(0, 0)
+        signal.pause()
+        os._exit(0)
+    children.append(pid)
+try:
+    escaped, refused = signal_trial(children[0], signal.SIGTERM)
+finally:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+ends = [os.waitpid(pid, 0)[1] for pid in children]
+killed = sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGTERM for s in ends)
+print(count, len(escaped), len(refused), killed)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    count, escaped, refused, killed = map(int, done.stdout.split())
+    assert (refused, killed) == (0, count)
+    assert escaped >= count - 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -115,3 +117,49 @@ def test_noop_trial_runs_and_says_nothing(report_server: ReportServer, tmp_path:
     assert gpumux_lines(result.stdout) == []
     assert result.stdout == ""
     assert report_server.requests == []
+
+
+def _digits_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("digits_keras", EXAMPLES / "digits_keras.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_digits_keras_keeps_kerass_default_off_a_gpu_host_or_when_told(tmp_path: Path) -> None:
+    digits = _digits_module()
+    environ: dict[str, str] = {}
+    assert digits.choose_keras_backend(environ, tmp_path / "no-driver") is None
+    told = {"KERAS_BACKEND": "jax"}
+    assert digits.choose_keras_backend(told, tmp_path) is None
+    assert environ == {} and told == {"KERAS_BACKEND": "jax"}
+
+
+def test_digits_keras_runs_keras_on_a_pytorch_that_sees_the_gpu_where_tensorflow_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digits = _digits_module()
+    if not digits._installed("tensorflow-cpu") or digits._installed("tensorflow"):
+        pytest.skip("needs TensorFlow's CPU build alone, as gpumux's .[tf] installs it")
+    # No GPU here: a PyTorch whose CUDA sees one stands in for a GPU host's.
+    torch = ModuleType("torch")
+    torch.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    torch.cuda = SimpleNamespace(is_available=lambda: True)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    home = {"KERAS_HOME": str(tmp_path)}
+    environ = dict(home)
+
+    assert digits.choose_keras_backend(environ, tmp_path) == "torch"
+    assert environ == {**home, "KERAS_BACKEND": "torch"}
+
+    # Keras's own default in keras.json (it writes one at its first import) is no choice;
+    # another backend there is the user's.
+    (tmp_path / "keras.json").write_text('{"backend": "tensorflow", "floatx": "float32"}')
+    assert digits.choose_keras_backend(dict(home), tmp_path) == "torch"
+    (tmp_path / "keras.json").write_text('{"backend": "jax"}')
+    assert digits.choose_keras_backend(dict(home), tmp_path) is None
+    (tmp_path / "keras.json").unlink()
+
+    torch.cuda = SimpleNamespace(is_available=lambda: False)  # type: ignore[attr-defined]
+    assert digits.choose_keras_backend(dict(home), tmp_path) is None

@@ -13,7 +13,7 @@ import pytest
 from gpumux.runtime import frameworks
 from gpumux.runtime.context import TrialContext
 
-from .support import FIXTURES, gpumux_lines, run_python, trial_env
+from .support import FIXTURES, ReportServer, gpumux_lines, run_python, trial_env
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 NO_TORCH = "PyTorch is not installed here (pip install torch) so its hook cannot be exercised"
@@ -144,16 +144,114 @@ def test_tensorflow_gpu_initialised_too_early_says_so(capsys: pytest.CaptureFixt
     assert err.count("\n") == 1
 
 
-def test_tensorflow_without_a_visible_gpu_warns(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorflow_without_a_visible_gpu_warns_once_it_trains(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frameworks, "_SEES_NO_GPU", {})
+    monkeypatch.setattr(frameworks.context, "current", gpu_trial)
     config = RecordingTfConfig()
     config.list_physical_devices = lambda device_type: []  # type: ignore[method-assign]
 
     frameworks.cap_tensorflow(stand_in_tensorflow(config), gpu_trial())
+    # Imported only (tf.data beside JAX, say): nothing to say yet; another framework training
+    # says nothing of TensorFlow.
+    frameworks.training_with("torch")
+    assert (config.calls, capsys.readouterr().err) == ([], "")
 
-    assert config.calls == []
-    assert "WARNING: TensorFlow sees no GPU; the 4096 MB slice is not applied" in (
-        capsys.readouterr().err
+    frameworks.training_with("tensorflow")
+    frameworks.training_with("tensorflow")
+    assert capsys.readouterr().err == (
+        "gpumux: WARNING: TensorFlow sees no GPU, though gpumux placed this trial on one: it "
+        "trains on the CPU, its 4096 MB slice is not applied, and its throughput is left out of "
+        f"the GPU's split search. To use the GPU, install {frameworks.NO_GPU_FIX['tensorflow']}\n"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed here"
+)
+def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemon(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    # CUDA_VISIBLE_DEVICES names no GPU this process may see: a CUDA build of TensorFlow
+    # sees none either, as its CPU build never does.
+    env = trial_env(
+        report_server.url,
+        GPUMUX_DEVICE_KIND="gpu",
+        GPUMUX_MEMORY_LIMIT_MB="4096",
+        GPUMUX_DEVICE_MEMORY_MB="143771",
+        CUDA_VISIBLE_DEVICES="GPU-00000000-0000-0000-0000-000000000000",
+    )
+    imported = "import tensorflow as tf; print('script: done', flush=True)"
+    trained = (
+        "import keras, numpy as np\n"
+        "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer='sgd', loss='mse')\n"
+        "model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, verbose=0)\n"
+    )
+
+    quiet = run_python(["-c", imported], env, tmp_path)
+    assert quiet.returncode == 0, quiet.stdout
+    assert "sees no GPU" not in quiet.stdout
+    assert [r for r in report_server.reports if r["kind"] == "device"] == []
+
+    result = run_python(["-c", trained], env, tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert (
+        "gpumux: WARNING: TensorFlow sees no GPU, though gpumux placed this trial on one: it "
+        "trains on the CPU, its 4096 MB slice is not applied, and its throughput is left out of "
+        f"the GPU's split search. To use the GPU, install {frameworks.NO_GPU_FIX['tensorflow']}"
+    ) in gpumux_lines(result.stdout)
+    device_reports = [r for r in report_server.reports if r["kind"] == "device"]
+    assert [r["no_gpu"] for r in device_reports] == ["tensorflow"]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    import torch
+
+    env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu")
+    quiet = run_python(["-c", "import torch; print('script: done')"], env, tmp_path)
+    assert quiet.returncode == 0, quiet.stdout
+    assert "sees no GPU" not in quiet.stdout
+    assert [r for r in report_server.reports if r["kind"] == "device"] == []
+    script = (
+        "import torch\n"
+        "weight = torch.nn.Parameter(torch.zeros(1))\n"
+        "optimizer = torch.optim.SGD([weight], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    optimizer.zero_grad(); (weight - 1).pow(2).sum().backward(); optimizer.step()\n"
+    )
+
+    result = run_python(["-c", script], env, tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    warnings = [line for line in gpumux_lines(result.stdout) if "sees no GPU" in line]
+    device_reports = [r for r in report_server.reports if r["kind"] == "device"]
+    if torch.version.cuda is not None or torch.version.hip is not None:
+        # A GPU build: whether it sees the GPU is CUDA's to say when the script asks.
+        assert (warnings, device_reports) == ([], [])
+        return
+    assert warnings == [
+        f"gpumux: WARNING: PyTorch {torch.__version__} sees no GPU, though gpumux placed this "
+        "trial on one: it trains on the CPU, and its throughput is left out of the GPU's split "
+        f"search. To use the GPU, install {frameworks.NO_GPU_FIX['torch']}"
+    ]
+    assert [(r["no_gpu"], r["trial_id"], r["attempt"]) for r in device_reports] == [("torch", 7, 2)]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_torch_on_the_cpu_device_reports_nothing_of_gpus(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    result = run_python(["-c", "import torch"], trial_env(report_server.url), tmp_path)
+
+    assert result.returncode == 0, result.stdout
+    assert [r for r in report_server.reports if r["kind"] == "device"] == []
 
 
 @pytest.mark.slow
@@ -218,18 +316,21 @@ def test_torch_on_the_cpu_device_gets_its_threads(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
-def test_torch_on_a_gpu_gets_threads_for_its_share_of_the_hosts_cores(tmp_path: Path) -> None:
+def test_torch_on_a_gpu_gets_threads_for_its_share_of_the_hosts_cores(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
     # More than torch would take by itself: the count seen must be gpumux's.
     threads = (os.cpu_count() or 1) + 1
     script = "import torch; print(f'script: torch threads {torch.get_num_threads()}')"
-    env = trial_env(None, GPUMUX_DEVICE_KIND="gpu", GPUMUX_CPU_THREADS=str(threads))
+    # A daemon to answer: a CPU-only torch on a GPU tells it so.
+    env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu", GPUMUX_CPU_THREADS=str(threads))
 
     result = run_python(["-c", script], env, tmp_path)
 
     assert result.returncode == 0, result.stdout
     lines = result.stdout.splitlines()
     assert f"gpumux: torch: the host's cores, {threads} thread(s) (split 2)" in lines
-    assert lines[-1] == f"script: torch threads {threads}"
+    assert f"script: torch threads {threads}" in lines
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)

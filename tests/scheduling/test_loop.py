@@ -24,6 +24,7 @@ from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
@@ -122,7 +123,7 @@ def wait_for_file(path: Path, what: str) -> None:
 def supervisor_pid(settings: Settings, trial: Trial) -> int:
     """The pid of the supervisor of the trial's current attempt, as its run directory says."""
     record = json.loads(
-        (settings.runs_dir / f"{trial.id}.{trial.attempt}" / "supervisor.json").read_text()
+        (settings.layout.runs / f"{trial.id}.{trial.attempt}" / "supervisor.json").read_text()
     )
     return int(record["pid"])
 
@@ -415,8 +416,8 @@ def test_a_trial_whose_log_cannot_be_written_fails_and_the_rest_run_on(
     harness: Harness, settings: Settings
 ) -> None:
     blocked = harness.submit("x=1,2", command=["true"], split=2)
-    settings.logs_dir.mkdir(parents=True)
-    (settings.logs_dir / f"sweep-{blocked}").write_text("a file where a directory should be")
+    settings.layout.logs.mkdir(parents=True)
+    (settings.layout.logs / f"sweep-{blocked}").write_text("a file where a directory should be")
     fine = harness.submit("x=1,2", command=["true"], split=2)
     asyncio.run(harness.scheduler.run_until_idle())
     for trial in harness.trials(blocked):
@@ -556,7 +557,7 @@ def test_a_trial_that_ends_while_no_daemon_runs_is_recorded_with_its_exit_status
     sweep_id = first.submit(command=exit_after_flag(flag, 0))
     asyncio.run(start_then_leave(first, sweep_id))
     (trial,) = first.trials(sweep_id)
-    run_dir = settings.runs_dir / f"{trial.id}.1"
+    run_dir = settings.layout.runs / f"{trial.id}.1"
     flag.touch()
     wait_for_file(run_dir / "exit.json", "the supervisor never recorded the exit")
 
@@ -650,7 +651,7 @@ def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
             session=session, trial=trial, status=TrialStatus.queued, attempt=2, pid=None
         )
     flag.touch()
-    run_dir = settings.runs_dir / "1.1"
+    run_dir = settings.layout.runs / "1.1"
     wait_for_file(run_dir / "exit.json", "attempt 1 never ended")
 
     second = Harness(settings, sessions, tmp_path)
@@ -681,7 +682,7 @@ def test_why_gpumux_stopped_a_trial_outlives_the_daemon_that_stopped_it(
         await first.scheduler.drain(stop_trials=False)
 
     asyncio.run(stop_then_leave())
-    run_dir = settings.runs_dir / "1.1"
+    run_dir = settings.layout.runs / "1.1"
     wait_for_file(run_dir / "exit.json", "the supervisor did not kill the trial")
 
     second = Harness(settings, sessions, tmp_path)
@@ -706,7 +707,7 @@ def test_a_trial_its_supervisor_stopped_for_a_lapsed_lease_is_requeued_not_faile
         task = asyncio.create_task(harness.scheduler.run(stop))
         await until(pidfile.exists, "the trial to start")
         (first,) = harness.trials(sweep_id)
-        run_dir = settings.runs_dir / f"{first.id}.{first.attempt}"
+        run_dir = settings.layout.runs / f"{first.id}.{first.attempt}"
         # What the supervisor's fence does: record why, then kill the group at once.
         (run_dir / rundir.STOP_REASON).write_text(rundir.LEASE_LAPSED)
         os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
@@ -720,3 +721,19 @@ def test_a_trial_its_supervisor_stopped_for_a_lapsed_lease_is_requeued_not_faile
     trial = asyncio.run(scenario())
     assert trial.attempt == 2 and trial.failures == 0
     assert trial.status is TrialStatus.cancelled
+
+
+def test_the_report_budget_holds_no_allowance_of_an_ended_trial(harness: Harness) -> None:
+    work = (
+        "import json\n"
+        "for step in range(3):\n"
+        "    print('GPUMUX_REPORT', json.dumps({'step': step, 'loss': 1 / (step + 1)}), flush=True)"
+    )
+    sweep_id = harness.submit("x=1..4", command=[sys.executable, "-c", work], split=2)
+    asyncio.run(harness.scheduler.run_until_idle())
+    trials = harness.trials(sweep_id)
+    assert {t.status for t in trials} == {TrialStatus.succeeded}
+    with harness.sessions.read() as session:
+        counts = [report_store.list_reports(session=session, trial_id=t.id)[1] for t in trials]
+    assert counts == [3] * len(trials)
+    assert len(harness.scheduler.budget) == 0

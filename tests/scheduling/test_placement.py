@@ -149,6 +149,29 @@ def test_running_trials_count_against_the_split() -> None:
     assert [(p.trial_id, p.slot) for p in placed] == [(1, 1), (2, 3)]
 
 
+def test_a_raised_n_frees_its_slot_for_the_same_sweep_only() -> None:
+    # Sweep 7's trial runs under N=1 on the CPU; its search has since raised N to 2.
+    running = running_on("cpu", [0], cap=None, split=1)
+    credit = {("cpu", 7): Fraction(1, 1) - Fraction(1, 2)}
+    own = PendingTrial(trial_id=1, split=None, tuned={"cpu": 2}, sweep_id=7)
+    other = PendingTrial(trial_id=2, split=None, tuned={"cpu": 2}, sweep_id=8)
+    request = dict(devices=[cpu()], running=running, policy=POLICY, credits=credit)
+    (placed,) = place(pending=[own], **request)
+    assert (placed.trial_id, placed.slot, placed.split) == (1, 1, 2)
+    assert place(pending=[other], **request) == []
+    # The credit is the slot N opened, not more: a second trial of the sweep waits.
+    second = replace(own, trial_id=3)
+    assert [p.trial_id for p in place(pending=[own, second], **request)] == [1]
+    # On a GPU the trial of the lower N still holds the memory its cap gave it.
+    whole = running_on("GPU-0", [0], cap=USABLE, split=1)
+    gpu_credit = {("GPU-0", 7): Fraction(1, 2)}
+    on_gpu = replace(own, tuned={"GPU-0": 2})
+    assert (
+        place(devices=[gpu()], running=whole, pending=[on_gpu], policy=POLICY, credits=gpu_credit)
+        == []
+    )
+
+
 def test_a_slot_is_reused_after_its_trial_leaves() -> None:
     full = running_on("GPU-0", [0, 1, 2, 3], cap=19237)
     assert place(devices=[gpu()], running=full, pending=queue(1, 4), policy=POLICY) == []

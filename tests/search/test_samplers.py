@@ -3,18 +3,33 @@ model-based sampler asks nearer a known optimum than random search once its star
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
 import statistics
 
 import optuna
 import pytest
 
-from gpumux.search.methods import make_sampler, startup_trials
+from gpumux.search.methods import (
+    SAMPLERS,
+    check_sampler_options,
+    make_sampler,
+    sampler_options,
+    startup_trials,
+)
 from gpumux.search.space import distributions_of
+from gpumux.searchspec import OptionValue
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import parse_params
 
 BUDGET = 24
+CLASSES: dict[SearchMethod, type[optuna.samplers.BaseSampler]] = {
+    SearchMethod.tpe: optuna.samplers.TPESampler,
+    SearchMethod.gp: optuna.samplers.GPSampler,
+    SearchMethod.cmaes: optuna.samplers.CmaEsSampler,
+    SearchMethod.qmc: optuna.samplers.QMCSampler,
+}
 SEEDS = range(8)
 
 
@@ -41,6 +56,47 @@ def test_each_method_gets_its_own_sampler_and_options() -> None:
     assert gp._n_startup_trials == startup_trials(BUDGET)
 
 
+@pytest.mark.parametrize(
+    ("method", "given", "attributes"),
+    [
+        (
+            SearchMethod.tpe,
+            {"n_startup_trials": 4, "constant_liar": "false"},
+            # multivariate: gpumux's own, kept where the sweep does not set it.
+            {"_n_startup_trials": 4, "_constant_liar": False, "_multivariate": True},
+        ),
+        (
+            SearchMethod.gp,
+            {"deterministic_objective": "true", "n_startup_trials": 5},
+            {"_deterministic": True, "_n_startup_trials": 5},
+        ),
+        (
+            SearchMethod.cmaes,
+            {"popsize": 6, "n_startup_trials": 3},
+            {"_popsize": 6, "_n_startup_trials": 3},
+        ),
+        (SearchMethod.qmc, {"qmc_type": "halton"}, {"_qmc_type": "halton", "_scramble": True}),
+    ],
+)
+def test_a_samplers_options_reach_the_sampler_over_gpumuxs(
+    method: SearchMethod, given: dict[str, OptionValue], attributes: dict[str, object]
+) -> None:
+    options = check_sampler_options(method, given, budget=BUDGET)
+    sampler = make_sampler(method, seed=1, budget=BUDGET, options=options)
+    assert isinstance(sampler, CLASSES[method])
+    assert {name: getattr(sampler, name) for name in attributes} == attributes
+
+
+def test_every_option_listed_is_one_the_sampler_takes() -> None:
+    assert set(SAMPLERS) == set(CLASSES)
+    for method, cls in CLASSES.items():
+        taken = inspect.signature(cls).parameters
+        listed = sampler_options(method)
+        assert listed and "seed" not in listed and set(listed) <= set(taken), method
+    assert sampler_options(SearchMethod.tpe)["n_startup_trials"] is int
+    assert sampler_options(SearchMethod.tpe)["multivariate"] is bool
+
+
 def _loss(params: dict[str, float]) -> float:
     """A bowl with its bottom at lr=10**-2.5, momentum 0.7."""
     return (math.log10(params["lr"]) + 2.5) ** 2 + 4 * (params["momentum"] - 0.7) ** 2
@@ -60,8 +116,19 @@ def _distances_after_startup(sampler: optuna.samplers.BaseSampler) -> list[float
     return losses
 
 
-# GP is left out: its 8 x 18 asks take minutes on two cores.
-@pytest.mark.parametrize("method", [SearchMethod.tpe, SearchMethod.cmaes])
+@pytest.mark.parametrize(
+    "method",
+    [
+        SearchMethod.tpe,
+        SearchMethod.cmaes,
+        pytest.param(
+            SearchMethod.gp,
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("torch") is None, reason="Optuna's GPSampler needs torch"
+            ),
+        ),
+    ],
+)
 def test_a_model_based_sampler_asks_nearer_the_optimum_than_random(method: SearchMethod) -> None:
     model = [
         statistics.median(_distances_after_startup(make_sampler(method, seed=s, budget=BUDGET)))

@@ -52,7 +52,8 @@ def report(
                 metrics={metric: loss},
             )
         )
-        trial.step = step
+        # As every report's transaction does (storage/reports.py).
+        trial.step, trial.last_report_at = step, utcnow()
 
 
 def test_asked_trials_are_stored_within_the_space_up_to_the_budget(

@@ -196,6 +196,23 @@ def test_an_admin_named_in_gpumux_admins_sees_and_reads_both(served_to: Served) 
         assert carol.get(owner.path("/sweeps/{sweep}")).json()["owner"] == owner.account.name
 
 
+def test_a_name_finds_the_callers_own_sweep_even_for_an_admin(served_to: Served) -> None:
+    alice, carol = served_to.alice, served_to.carol
+    body = {"params": ["x=1"], "command": ["true"], "workdir": WORKDIR, "env": {}, "name": "quick"}
+    alices = alice.client.post("/sweeps", json=body)
+    assert alices.status_code == 201, alices.text
+    # `gpumux cancel quick` by an admin must not reach alice's sweep of that name.
+    assert listed(carol, name="quick") == []
+    carols = carol.post("/sweeps", json=body)
+    assert carols.status_code == 201, carols.text
+    assert [id_ for id_, _ in listed(carol, name="quick")] == [carols.json()["id"]]
+    assert listed(carol, name="quick", owner=alice.account.name) == [
+        (alices.json()["id"], alice.account.name)
+    ]
+    digits = alice.client.post("/sweeps", json={**body, "name": "2024"})
+    assert digits.status_code == 422 and "could not be told from sweep id 2024" in digits.text
+
+
 def test_a_daemon_that_is_not_root_refuses_users_it_does_not_accept(
     sessions: Sessions, cast: Cast, tmp_path: Path
 ) -> None:

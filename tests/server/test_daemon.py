@@ -15,7 +15,7 @@ from builders import daemon_bearer
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
-from gpumux.lockfile import DaemonAlreadyRunning, DaemonError
+from gpumux.home.lockfile import DaemonAlreadyRunning, DaemonError
 from gpumux.server.daemon import Daemon, embedded
 from gpumux.server.listening import bind_tcp, listen_where_clients_look
 from gpumux.storage.models import Node

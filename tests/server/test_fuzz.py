@@ -30,7 +30,7 @@ from reliability.conftest import DaemonProcess
 
 import gpumux
 from gpumux.accounts import UnknownUser, UserAccount
-from gpumux.tokenfile import daemon_token
+from gpumux.home.tokenfile import daemon_token
 
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")
 FIXED_SEED = 14
@@ -226,13 +226,16 @@ def _config(daemon: ConfinedDaemon, directory: Path) -> Path:
         lines.append(f"hooks = {json.dumps(str(HOOKS))}")
     # A sweep's rules across fields (a range's low end below its high end, a {name} that names a
     # parameter, a grid under GPUMUX_MAX_GRID, a pruner with an objective) are more than JSON
-    # Schema can say: a schema-valid sweep may be refused with a documented 422.
-    lines += [
-        "[[operations]]",
-        'include-name = "POST /sweeps"',
-        'checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "409", '
-        '"422", "429"]',
-    ]
+    # Schema can say: a schema-valid sweep may be refused with a documented 422. So may a
+    # measured profile (its best N one of its curve's, each point's N of 1 or more, the device
+    # one of the daemon's).
+    for operation in ("POST /sweeps", "PUT /profiles"):
+        lines += [
+            "[[operations]]",
+            f'include-name = "{operation}"',
+            'checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "409", '
+            '"422", "429"]',
+        ]
     path = directory / "schemathesis.toml"
     path.touch(mode=0o600)
     path.write_text("\n".join(lines) + "\n")

@@ -34,6 +34,7 @@ from gpumux.server.identity import (
     PeerH11Protocol,
     PeerHttpProtocol,
     accepted,
+    credentials,
     is_admin,
     peer_credentials,
     request_peer,
@@ -496,3 +497,24 @@ def test_accepted_users(tmp_path: Path) -> None:
     daemon_user = pwd.getpwuid(1).pw_name
     assert f"runs as {daemon_user} and does not serve alice" in reason
     assert "GPUMUX_ACCEPT_USERS" in reason
+
+
+@pytest.mark.parametrize(
+    ("header", "scheme", "expected"),
+    [
+        ("Bearer abc", "Bearer", "abc"),
+        ("bearer  abc ", "Bearer", "abc"),
+        ("BEARER abc", "bearer", "abc"),
+        ("Node 3:secret", "Node", "3:secret"),
+        ("Node 3:secret", "Bearer", None),
+        ("Bearer", "Bearer", None),
+        ("Bearer   ", "Bearer", None),
+        ("Basic dXNlcjpwYXNz", "Bearer", None),
+        ("", "Bearer", None),
+        (None, "Bearer", None),
+    ],
+)
+def test_an_authorization_header_gives_its_credentials_for_its_scheme_only(
+    header: str | None, scheme: str, expected: str | None
+) -> None:
+    assert credentials(header, scheme) == expected

@@ -352,14 +352,24 @@ class Watched:
 
 
 def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
-    """Poll until both sweeps finish, checking that the CPU's shares never pass 1."""
+    """Poll until both sweeps finish, checking that the CPU's shares never pass 1 (each trial
+    counted at the highest N its sweep runs at: a raised N's slots are free at once)."""
     seen = Watched()
     fingerprints: dict[str, str] = {}
     deadline = time.monotonic() + 240
     while True:
         with sessions.read() as session:
             active = [t for t in store.active_trials(session=session) if t.device is not None]
-            held = sum((Fraction(1, t.split or 1) for t in active), Fraction(0))
+            # A trial of a lower N gives up its share beyond the N its sweep's search raised
+            # (placement's credit): each counts at the highest N its sweep runs at there.
+            highest: dict[tuple[int, str | None], int] = {}
+            for t in active:
+                key = (t.sweep_id, t.device)
+                highest[key] = max(highest.get(key, 1), t.split or 1)
+            held = sum(
+                (Fraction(1, max(t.split or 1, highest[t.sweep_id, t.device])) for t in active),
+                Fraction(0),
+            )
             assert held <= 1, [(t.sweep_id, t.split) for t in active]
             if {t.sweep_id for t in active} == set(sweeps):
                 seen.side_by_side = True

@@ -49,7 +49,8 @@ def search_of(sessions: Sessions) -> SplitSearch:
             session=session,
             device_key="cpu",
             device_name="Test CPU",
-            command=[sweep.workdir, *sweep.command],
+            workdir=sweep.workdir,
+            command=sweep.command,
             param_tokens=sweep.param_tokens,
             ceiling=8,
             timing=TIMING,
@@ -256,12 +257,47 @@ def test_optimizer_steps_are_the_unit_of_a_workload_that_reports_no_samples(
     if not samples_at:
         assert search.unit == "steps/s"
         assert [p.throughput for p in search.curve] == [pytest.approx(120.0 / 13)]
+        # Measured on the running trial's rate: its point counts that trial, and is stored.
+        assert [p.trials for p in search.curve] == [1]
+        with sessions.write.begin() as session:
+            search.save(session=session)
     elif len(samples_at) > 1:
         assert search.unit == "samples/s"
         assert [p.throughput for p in search.curve] == [pytest.approx(3000.0 / 13)]
     else:
         # Samples win, even when too rare for a rate yet: the window waits for them.
         assert search.unit == "samples/s" and search.curve == []
+
+
+def test_a_workload_whose_framework_sees_no_gpu_is_not_measured_and_says_why(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
+        trial = running_trial(start - timedelta(seconds=1), 1)
+        trial.no_gpu = "tensorflow"
+        session.add(trial)
+        session.flush()
+        for second in (6, 9, 12):
+            session.add(report(trial, start + timedelta(seconds=second), 1000.0))
+        session.flush()
+        end = start + TIMING.warmup + TIMING.window
+        search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
+        # Halted: later windows measure nothing either.
+        search.observe(
+            session=session, now=end + TIMING.window * 2, running=1, queued=5, sweep_id=1
+        )
+    assert search.curve == [] and not search.decision.settled and search.split == 1
+    assert search.decision.reason == (
+        f"unsettled: tensorflow sees no GPU in trial {trial.id} (it trains on the CPU); its "
+        "throughput is not this GPU's, so N stays 1"
+    )
+    with sessions.read() as session:
+        assert search.sweep_ended(session=session)
+    # The profile the sweep leaves says why it has no point.
+    assert "(tensorflow sees no GPU in trial" in search.decision.reason
 
 
 def test_a_script_that_reports_nothing_is_measured_as_n_over_the_trial_duration(
@@ -340,7 +376,13 @@ def test_reports_of_absurd_samples_never_put_an_infinite_throughput_in_the_curve
 
 
 def save_profile(
-    sessions: Sessions, tokens: list[str], *, best: int | None, settled: bool, **limits: int
+    sessions: Sessions,
+    tokens: list[str],
+    *,
+    best: int | None,
+    settled: bool,
+    oom_at: int | None = None,
+    ceiling: int | None = None,
 ) -> int:
     """A profile of train.py with these cost parameters on the test CPU, as a search stores it."""
     with sessions.write.begin() as session:
@@ -356,7 +398,8 @@ def save_profile(
             settled=settled,
             reason="knee",
             sweep_id=None,
-            **limits,
+            oom_at=oom_at,
+            ceiling=ceiling,
         )
         return profile.id
 
@@ -528,8 +571,9 @@ def test_a_sweep_that_ends_before_its_search_settled_leaves_a_profile_that_says_
     run_phase(sessions, search, trial_id, utcnow(), 100.0)
     assert not search.decision.settled and search.split == 2
 
-    assert search.sweep_ended()
-    assert not search.sweep_ended(), "said once"
+    with sessions.read() as session:
+        assert search.sweep_ended(session=session)
+        assert not search.sweep_ended(session=session), "said once"
     assert search.decision.reason == (
         "unsettled: the sweep ended after 1 point(s), the next sweep goes on from them; "
         "measuring N=2"
@@ -538,6 +582,32 @@ def test_a_sweep_that_ends_before_its_search_settled_leaves_a_profile_that_says_
         search.save(session=session)
     again = search_of(sessions)
     assert again.split == 2 and [p.split for p in again.curve] == [1]
+
+
+def test_points_measured_before_their_trials_ended_take_their_times_when_the_sweep_ends(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    run_phase(sessions, search, trial_id, now, 190.0)
+    # Each window closed on its trials' reports, before any of them ended.
+    assert [p.seconds_per_trial for p in search.curve] == [None, None]
+
+    with sessions.write.begin() as session:
+        assert search.sweep_ended(session=session)
+        search.save(session=session)
+
+    # run_phase's trials start a second before their phase and end as it closes.
+    took = (TIMING.warmup + TIMING.window + timedelta(seconds=1)).total_seconds()
+    assert [p.seconds_per_trial for p in search.curve] == [took, took]
+    with sessions.read() as session:
+        (profile,), _ = profile_store.list_profiles(session=session)
+        assert [point["seconds_per_trial"] for point in profile.curve] == [took, took]
+        assert profile.workdir is not None and profile.command == COMMAND
+    # The next sweep of the workload goes on from the unsettled profile: at N=3, above both.
+    again = search_of(sessions)
+    assert not again.decision.settled and again.split == 3
+    assert [p.seconds_per_trial for p in again.curve] == [took, took]
 
 
 def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(

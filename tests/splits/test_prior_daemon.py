@@ -42,7 +42,7 @@ def device_model(settings: Settings) -> str:
     return kind_of(device).model_name(device)
 
 
-def save_similar_profile(settings: Settings, command: list[str]) -> int:
+def save_similar_profile(settings: Settings, workdir: str, command: list[str]) -> int:
     """A settled profile of the same command with another batch size, in a fresh database."""
     settings.home.mkdir(parents=True)
     engine = make_engine(settings.database_url)
@@ -52,7 +52,8 @@ def save_similar_profile(settings: Settings, command: list[str]) -> int:
             profile = profile_store.save_profile(
                 session=session,
                 device_name=device_model(settings),
-                fingerprint=workload_fingerprint(command, ["batch_size=64"]),
+                fingerprint=workload_fingerprint([workdir, *command], ["batch_size=64"]),
+                workdir=workdir,
                 command=command,
                 param_tokens=["batch_size=64"],
                 unit="trials/s",
@@ -77,7 +78,7 @@ def test_a_new_workload_starts_at_the_n_of_a_similar_workloads_profile(tmp_path:
     )
     workdir = str(tmp_path.resolve())
     command = [sys.executable, "-c", TRIAL]
-    similar = save_similar_profile(settings, [workdir, *command])
+    similar = save_similar_profile(settings, workdir, command)
     with (
         embedded(settings) as daemon,
         httpx.Client(

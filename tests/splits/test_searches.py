@@ -22,12 +22,14 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
+from gpumux.splits.curve import Decision
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
+from gpumux.throughput import CurvePoint
 
 COMMAND = ["python", "train.py"]
 TOTAL_MB = 80_000
@@ -373,3 +375,43 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
     assert queued == between == [], "its trials wait, or its sweep goes on: nothing to say yet"
     assert ended == [search] and again == []
     assert search.decision.reason.startswith("unsettled: the sweep ended after 0 point(s)")
+
+
+def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_sweep_is_over(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = Searches(settings)
+    cpu = device()
+    search = search_for(searches, sessions, auto_id, cpu)
+    search.sweep_id = auto_id
+    # Measured while its long trials ran: no trial had ended when the window closed.
+    search.curve = [CurvePoint(split=2, throughput=10.0), CurvePoint(split=3, throughput=10.1)]
+    search.decision = Decision(split=2, settled=True, reason="knee")
+    started = utcnow() - timedelta(minutes=5)
+    with sessions.write.begin() as session:
+        trials = store.list_trials(session=session, sweep_id=auto_id)[0]
+        for trial, seconds, status in zip(
+            trials,
+            [60, 80, 100, 90, 5, 70],
+            [*[TrialStatus.succeeded] * 4, TrialStatus.failed, TrialStatus.succeeded],
+            strict=True,
+        ):
+            trial.status, trial.device = status, "cpu"
+            trial.split = 2 if seconds != 70 else 3
+            trial.started_at, trial.ended_at = started, started + timedelta(seconds=seconds)
+    with sessions.read() as session:
+        running = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    with sessions.write.begin() as session:
+        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        sweep.status = SweepStatus.finished
+    with sessions.read() as session:
+        over = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+
+    assert running == [], "its sweep goes on: its trials have not all ended"
+    assert over == [search] and again == []
+    # The median of the trials that ran to their end under each N (the failed one left out).
+    assert [p.seconds_per_trial for p in search.curve] == [85.0, 70.0]
+    assert search.decision.settled and search.split == 2

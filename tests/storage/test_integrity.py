@@ -15,7 +15,7 @@ from builders import stored_sweep
 from sqlalchemy import select
 
 from gpumux.config import Settings
-from gpumux.lockfile import DaemonError
+from gpumux.home.lockfile import DaemonError
 from gpumux.server.daemon import embedded
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import make_engine, make_sessions

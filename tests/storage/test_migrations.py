@@ -28,10 +28,15 @@ from gpumux.storage import store, tokens
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
-from gpumux.storage.models import Base
+from gpumux.storage.models import Base, token_hash
 
-EARLIER = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
-HEAD = "0011"
+EARLIER = [
+    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
+    "0012", "0013",
+]  # fmt: skip
+HEAD = "0014"
+# Before 0013 the split search stored a profile's directory as the first word of its command.
+WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
 QUEUED_AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 STARTED_AT = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)
@@ -170,7 +175,7 @@ def populate(connection: Connection, revision: str) -> None:
             "id": 1,
             "device_name": "NVIDIA H200",
             "fingerprint": "f" * 64,
-            "command": json.dumps(["python", "train.py"]),
+            "command": json.dumps([WORKDIR, "python", "train.py"]),
             "param_tokens": json.dumps(["lr"]),
             "unit": "samples/s",
             "curve": json.dumps([{"split": 1, "throughput": 100.0}]),
@@ -181,12 +186,15 @@ def populate(connection: Connection, revision: str) -> None:
             "created_at": stored(QUEUED_AT),
             "updated_at": stored(ENDED_AT),
         }
+        if revision >= "0013":
+            # From 0013 the directory is a column of its own, no longer the command's first word.
+            profile.update(command=json.dumps(["python", "train.py"]), workdir=WORKDIR)
         insert(connection, "profiles", [profile])
     if revision >= "0003":
         token = {
             "id": 1,
             "owner_id": 1,
-            "token_hash": store.token_hash(TOKEN),
+            "token_hash": token_hash(TOKEN),
             "created_at": stored(QUEUED_AT),
             "last_used_at": None,
             "revoked_at": None,
@@ -318,6 +326,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [(r.step, r.metrics) for r in reports] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
         # 0011: reports and trials from before it counted no optimizer steps.
         assert [r.steps for r in reports] == [None, None] and succeeded.steps_per_s is None
+        # 0012: trials from before it saw a GPU, as far as anyone knew.
+        assert [t.no_gpu for t in trials] == [None, None]
         assert store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]
@@ -329,6 +339,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         if profile is not None:
             # 0006's limits are unknown for a profile measured before them: nothing is avoided.
             assert (profile.best_split, profile.oom_at, profile.ceiling) == (1, None, None)
+            # 0013: the directory moves out of the command into a column of its own.
+            assert (profile.workdir, profile.command) == (WORKDIR, ["python", "train.py"])
         owner = tokens.resolve_token(session=session, token=TOKEN)
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
@@ -405,6 +417,26 @@ def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine
     with make_sessions(engine).read() as session:
         profile = profile_store.get_profile_by_id(session=session, profile_id=1)
         assert profile is not None and (profile.oom_at, profile.ceiling) == (None, None)
+
+
+def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engine) -> None:
+    migrate(engine, "0012")
+    with engine.begin() as connection:
+        populate(connection, "0012")
+    upgrade(engine)
+
+    migrate(engine, "0012")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
+        command = connection.execute(text("SELECT command FROM profiles")).scalar_one()
+    assert "workdir" not in columns
+    assert (json.loads(command) if isinstance(command, str) else command) == [
+        WORKDIR,
+        "python",
+        "train.py",
+    ]
+    assert_sound(engine)
 
 
 def test_upgrade_is_idempotent(sessions: Sessions) -> None:

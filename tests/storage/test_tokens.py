@@ -9,8 +9,7 @@ from sqlalchemy import func, select
 
 from gpumux.config import Settings
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import ApiToken, Owner, utcnow
-from gpumux.storage.store import token_hash
+from gpumux.storage.models import ApiToken, Owner, token_hash, utcnow
 from gpumux.storage.tokens import (
     TOKEN_PREFIX,
     create_token,

@@ -78,11 +78,6 @@ class Caller:
         return self.admin or owner == self.account.name
 
 
-def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
 def get_caller(request: Request, state: StateDep) -> Caller:
     """Identify the caller: SO_PEERCRED on the Unix socket, a token over TCP; never the body."""
     peer = identity.request_peer(request.scope)
@@ -102,7 +97,7 @@ def get_caller(request: Request, state: StateDep) -> Caller:
 
 
 def _account_of_token(request: Request, state: AppState) -> accounts.UserAccount:
-    token = _bearer(request)
+    token = identity.credentials(request.headers.get("authorization"), "Bearer")
     if token is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

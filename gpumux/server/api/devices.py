@@ -9,8 +9,8 @@ from fractions import Fraction
 
 from fastapi import APIRouter, Depends
 
-from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial, NodeDevice
+from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
+from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
 from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.storage import nodes, store
@@ -85,21 +85,9 @@ def list_devices(state: StateDep, session: ReadSessionDep, caller: CallerDep) ->
 def heartbeat_snapshots(node: Node) -> list[DeviceSnapshot]:
     """A node's devices as its last heartbeat wrote them: what they are, not how busy."""
     return [
-        DeviceSnapshot(
-            key=device.key,
-            kind=device.kind,
-            # "gpu:3" is GPU 3; a device of one per host ("cpu") is its kind's first.
-            index=int(suffix) if (suffix := device.key.rpartition(":")[2]).isdigit() else 0,
-            name=device.name,
-            uuid=None,
-            memory_total_mb=device.memory_mb,
-            memory_used_mb=None,
-            memory_free_mb=None,
-            utilization_pct=None,
-            processes=None,
-            cpu_count=None,
-        )
-        for device in (NodeDevice.model_validate(entry) for entry in node.devices)
+        summary.snapshot()
+        for summary in map(DeviceSummary.read, node.devices)
+        if summary is not None
     ]
 
 

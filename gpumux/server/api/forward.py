@@ -9,6 +9,7 @@ from fastapi import HTTPException, status
 from pydantic import ValidationError
 
 from gpumux.schemas import LogChunk
+from gpumux.server import identity
 from gpumux.status import NodeState
 from gpumux.storage.models import Node, Trial, utcnow
 from gpumux.storage.nodes import NodeIdentity, lease_is_live
@@ -27,9 +28,8 @@ def node_authorization(node: NodeIdentity) -> str:
 
 def parse_node_authorization(header: str) -> tuple[int, str] | None:
     """The node id and secret of a `Node <id>:<secret>` header, or None for anything else."""
-    scheme, _, credentials = header.partition(" ")
-    node_id, _, secret = credentials.strip().partition(":")
-    if scheme.lower() != NODE_SCHEME.lower() or not node_id.isascii() or not node_id.isdigit():
+    node_id, _, secret = (identity.credentials(header, NODE_SCHEME) or "").partition(":")
+    if not node_id.isascii() or not node_id.isdigit():
         return None
     return (int(node_id), secret) if secret else None
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
 
+from gpumux.devices.snapshot import DeviceSummary
 from gpumux.fields import MAX_ID
 from gpumux.schemas import LogChunk, NodeDevice, NodePublic
 from gpumux.server.api.deps import ReadSessionDep, StateDep, TrialId, get_caller
@@ -36,7 +37,11 @@ def list_nodes(session: ReadSessionDep) -> list[NodePublic]:
             incarnation=node.incarnation,
             url=node.url,
             pid=node.pid,
-            devices=[NodeDevice.model_validate(device) for device in node.devices],
+            devices=[
+                NodeDevice(**summary.row())
+                for summary in map(DeviceSummary.read, node.devices)
+                if summary is not None
+            ],
             started_at=node.started_at,
             heartbeat_at=node.heartbeat_at,
             lease_until=node.lease_until,

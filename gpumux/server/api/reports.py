@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Response, status
 
 from gpumux.schemas import ReportIn
+from gpumux.server import identity
 from gpumux.server.api.deps import StateDep
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.storage import reports as report_store
@@ -26,8 +27,8 @@ def post_report(
     authorization: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Record a running trial's throughput and metrics (Authorization: Bearer <trial token>)."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = identity.credentials(authorization, "Bearer")
+    if token is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "reports need 'Authorization: Bearer <GPUMUX_TRIAL_TOKEN>'",

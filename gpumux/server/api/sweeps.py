@@ -10,8 +10,10 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from gpumux import accounts, sweepspec
-from gpumux.fields import MAX_USER_CHARS
+from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
+from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas import (
+    NoGpuPublic,
     ProfilePublic,
     SweepCreate,
     SweepDetail,
@@ -35,6 +37,7 @@ from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage import store
 from gpumux.storage.models import Sweep
 
@@ -57,6 +60,7 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         workdir=sweep.workdir,
         trials=sweep.random_trials,
         search=sweep.search,
+        search_options=sweep.search_options or {},
         prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
@@ -81,10 +85,18 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
         profiles = profile_store.workload_profiles(
             session=session, fingerprint=sweep_fingerprint(sweep)
         )
+    no_gpu = report_store.no_gpu_counts(session=session, sweep_id=sweep.id)
     return SweepDetail(
         **sweep_public(sweep, counts).model_dump(),
         best=TrialPublic.model_validate(best) if best else None,
         profiles=[ProfilePublic.model_validate(profile) for profile in profiles],
+        no_gpu=[
+            NoGpuPublic.model_validate(
+                {"framework": framework, "trials": trials, "fix": NO_GPU_FIX[framework]}
+            )
+            for framework, trials in sorted(no_gpu.items())
+            if framework in NO_GPU_FIX
+        ],
     )
 
 
@@ -137,6 +149,7 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
         params = sweepspec.parse_params(sweep_in.params)
         search = methods.check(
             method=sweep_in.search,
+            options=sweep_in.search_options,
             prune=sweep_in.prune,
             trials=sweep_in.trials,
             objective=sweep_in.objective,
@@ -161,6 +174,7 @@ def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> S
             seed=seed,
             trial_params=trial_params,
             search=search.method,
+            search_options=search.options,
             prune=search.prune.text if search.prune else None,
         )
         detail = sweep_detail(session, sweep)
@@ -176,16 +190,24 @@ def list_sweeps(
     owner: Annotated[
         str | None, Query(max_length=MAX_USER_CHARS, description="whose (admins: anyone's)")
     ] = None,
+    name: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_NAME_CHARS,
+            description="only sweeps of this name (the caller's own, unless owner is given)",
+        ),
+    ] = None,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SweepsPublic:
-    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status."""
+    """The caller's sweeps (an admin's: everyone's), newest first, with counts by status; by
+    name, the caller's own (a name is a user's word for their sweep), unless owner is given."""
     if owner is not None:
         refuse_unless_owner(caller, owner, "the sweeps")
-    elif not caller.admin:
+    elif not caller.admin or name is not None:
         owner = caller.name
     sweeps, count = store.list_sweeps(
-        session=session, status=status_, owner=owner, offset=offset, limit=limit
+        session=session, status=status_, owner=owner, name=name, offset=offset, limit=limit
     )
     counts = store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
     return SweepsPublic(

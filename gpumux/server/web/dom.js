@@ -69,6 +69,11 @@ export function facts(pairs) {
   );
 }
 
+// A step as the user counts it, from 1 (the API keeps Optuna's steps, from 0).
+export function userStep(step) {
+  return step === null || step === undefined ? null : step + 1;
+}
+
 export function fmtNum(value) {
   if (value === null || value === undefined) return "—";
   if (typeof value !== "number") return String(value);

@@ -23,6 +23,7 @@ import {
   sweepHref,
   sweepTotal,
   trialHref,
+  userStep,
 } from "./dom.js";
 
 const MAX_TRIALS = 10000;
@@ -58,7 +59,8 @@ function trialsTable(sweep, trials, names, sort, onSort) {
     { key: "status", label: "status", value: (t) => t.status, cell: (t) => badge(t.status) },
     ...names.map((name) => ({ key: "p:" + name, label: name, num: true, value: (t) => t.params[name], cell: (t) => fmtValue(t.params[name]) })),
     { key: "objective", label: sweep.objective ? `objective (${sweep.objective})` : "objective", num: true, value: (t) => t.objective },
-    { key: "step", label: "step", num: true, value: (t) => t.step },
+    // Steps as the user counts them, from 1 (the API keeps Optuna's, from 0).
+    { key: "step", label: "step", num: true, value: (t) => userStep(t.step) },
     { key: "samples_per_s", label: "samples/s", num: true, value: (t) => t.samples_per_s },
     { key: "duration", label: "duration", num: true, value: (t) => seconds(t.started_at, t.ended_at), cell: (t) => fmtDuration(seconds(t.started_at, t.ended_at)) },
     { key: "device", label: "device", value: (t) => t.device },
@@ -167,13 +169,25 @@ export function profileBlock(profile, withWorkload) {
     profile.reason ? h("div", { class: "small muted" }, profile.reason) : null,
     withWorkload
       ? facts([
-          ["workload", h("code", null, profile.command.join(" "))],
+          ["command", h("code", null, profile.command.join(" "))],
+          ["directory", profile.workdir !== null ? h("code", null, profile.workdir) : "—"],
           ["cost parameters", profile.param_tokens.join(" ") || "—"],
           ["measured by", profile.sweep_id !== null ? link(sweepHref(profile.sweep_id), `sweep ${profile.sweep_id}`) : "—"],
           ["updated", fmtTime(profile.updated_at)],
         ])
       : null,
     h("div", { class: "charts compact" }, curveFigures(profile)),
+  );
+}
+
+// Frameworks that saw no GPU in trials placed on one: they trained on the CPU.
+function noGpuWarnings(sweep) {
+  return sweep.no_gpu.map((seen) =>
+    h(
+      "div",
+      { class: "warning no-gpu" },
+      `${seen.framework} sees no GPU in ${seen.trials} trial(s) gpumux placed on a GPU: they train on the CPU, and the split search leaves them out. To use the GPU, install ${seen.fix}`,
+    ),
   );
 }
 
@@ -236,7 +250,7 @@ function curvePoints(trial, reports, metric) {
       byStep.set(r.step, r.metrics[metric]);
     }
   }
-  return [...byStep.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y }));
+  return [...byStep.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x: x + 1, y }));
 }
 
 // One line per trial: the objective against the step; pruned trials dashed, ending in a dot;
@@ -257,7 +271,7 @@ function learningCurves(sweep, { chosen, reporting, reports }) {
     const end = points[points.length - 1];
     end.mark = t.status === "pruned" || points.length === 1;
     for (const p of points) p.title = `trial ${t.id} (${t.status}): ${metric} = ${fmtNum(p.y)} at step ${p.x}`;
-    const pruned = t.status === "pruned" ? `, pruned at step ${end.x}` : "";
+    const pruned = t.status === "pruned" ? `, stopped at step ${end.x}` : "";
     series.push({
       line: true,
       dots: false,
@@ -313,6 +327,7 @@ export function sweepView(id) {
     replace(root, 
       h("div", { class: "crumbs" }, link("#/", "Overview"), "/ ", `sweep ${sweep.id}`),
       h("h1", null, `Sweep ${sweep.id}`, sweep.name ? h("span", { class: "muted" }, sweep.name) : null, badge(sweep.status, "sweep-status")),
+      noGpuWarnings(sweep),
       h(
         "div",
         { class: "columns" },

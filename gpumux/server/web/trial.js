@@ -17,6 +17,7 @@ import {
   replace,
   seconds,
   sweepHref,
+  userStep,
 } from "./dom.js";
 
 const MAX_LOG_CHARS = 512 * 1024;
@@ -37,7 +38,7 @@ function metricCharts(trial, reports) {
   const rated = current.filter((r) => r.samples_per_s !== null);
   if (rated.length) {
     figures.push(figure("samples/s", chart({
-      series: [{ line: true, points: rated.map((r) => ({ x: when(r), y: r.samples_per_s, title: `${fmtNum(r.samples_per_s)} samples/s (${r.kind}${r.step !== null ? ", step " + r.step : ""})` })) }],
+      series: [{ line: true, points: rated.map((r) => ({ x: when(r), y: r.samples_per_s, title: `${fmtNum(r.samples_per_s)} samples/s (${r.kind}${r.step !== null ? ", step " + userStep(r.step) : ""})` })) }],
       x,
       y: { label: "samples/s", zero: true },
     })));
@@ -45,7 +46,7 @@ function metricCharts(trial, reports) {
   names.forEach((name, index) => {
     const points = current
       .filter((r) => typeof r.metrics[name] === "number")
-      .map((r) => ({ x: when(r), y: r.metrics[name], title: `${name} = ${fmtNum(r.metrics[name])}${r.step !== null ? " (step " + r.step + ")" : ""}` }));
+      .map((r) => ({ x: when(r), y: r.metrics[name], title: `${name} = ${fmtNum(r.metrics[name])}${r.step !== null ? " (step " + userStep(r.step) + ")" : ""}` }));
     figures.push(figure(name, chart({ series: [{ line: true, cls: `s${(index + 1) % 4}`, points }], x, y: { label: name } })));
   });
   const earlier = reports.length - current.length;
@@ -76,6 +77,9 @@ export function trialView(id) {
     replace(head, 
       h("div", { class: "crumbs" }, link("#/", "Overview"), "/ ", link(sweepHref(trial.sweep_id), `sweep ${trial.sweep_id}`), "/ ", `trial ${trial.id}`),
       h("h1", null, `Trial ${trial.id}`, h("span", { class: "muted" }, `#${trial.number} of sweep ${trial.sweep_id}`), badge(trial.status, "trial-status")),
+      trial.no_gpu
+        ? h("div", { class: "warning no-gpu" }, `${trial.no_gpu} sees no GPU, though gpumux placed this trial on ${trial.device}: it trains on the CPU, and the split search leaves it out`)
+        : null,
       h(
         "div",
         { class: "columns" },
@@ -85,7 +89,7 @@ export function trialView(id) {
           facts([
             [sweep.objective ? `objective (${sweep.objective})` : "objective", fmtNum(trial.objective)],
             ["samples/s", fmtNum(trial.samples_per_s)],
-            [trial.status === "pruned" ? "pruned at step" : "last step", trial.step],
+            [trial.status === "pruned" ? "stopped at step" : "last step", userStep(trial.step)],
             ["device", trial.device],
             ["slot / split", trial.slot !== null ? `${trial.slot} of ${trial.split}` : null],
             ["memory slice", trial.memory_limit_mb ? fmtMb(trial.memory_limit_mb) : null],

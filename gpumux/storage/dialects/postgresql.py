@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
+from gpumux.home.layout import Layout
 from gpumux.storage.dialects.base import MIGRATION_LOCK_WAIT_S, DatabaseError, Dialect
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class PostgresqlDialect(Dialect):
 
     def lock_path(self, home: Path) -> Path:
         """In the data directory: each node's daemon holds its own; the server is shared."""
-        return home / "database.lock"
+        return Layout(home).database_lock
 
     def check_location(self) -> None:
         """Nothing to check before connecting: the server is reached over the network."""

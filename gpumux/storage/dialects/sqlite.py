@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import URL, ColumnElement, DateTime, SQLColumnExpression, exc, func
 from sqlalchemy.engine import Connection
 
-from gpumux.lockfile import lock_beside
+from gpumux.home.lockfile import lock_beside
 from gpumux.storage.dialects.base import DatabaseError, Dialect
 from gpumux.storage.dialects.mounts import require_local_filesystem
 

@@ -7,12 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import optuna
 import pytest
 from builders import sweep_body
 from test_sweeps import sweep_count
 from test_trials import report, running_trial
 
+from gpumux.search.studies import build
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep
 
 
 def test_an_adaptive_sweep_is_stored_with_its_budget_and_no_trial_yet(
@@ -41,6 +44,45 @@ def test_an_adaptive_sweep_is_stored_with_its_budget_and_no_trial_yet(
     )
     assert sweep["trial_count"] == 12 and sweep["counts"] == {} and sweep["status"] == "queued"
     assert api.get(f"/sweeps/{sweep['id']}/trials").json()["count"] == 0
+
+
+def test_the_samplers_options_are_stored_after_the_method_and_rebuild_its_sampler(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    body = sweep_body(
+        tmp_path,
+        "lr=1e-4..1e-1",
+        search="TPE:n_startup_trials=4,multivariate=false,n_ei_candidates=1e1",
+        trials=12,
+        objective="loss:min",
+    )
+    created = api.post("/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    assert sweep["search"] == "tpe"
+    # Typed as the sampler takes them: whole numbers (1e1 too) and a bool.
+    options = {"n_startup_trials": 4, "multivariate": False, "n_ei_candidates": 10}
+    assert sweep["search_options"] == options
+    assert api.get(f"/sweeps/{sweep['id']}").json()["search_options"] == options
+    # As a daemon started afresh builds it, from what the database kept.
+    with sessions.read() as session:
+        stored = session.get(Sweep, sweep["id"])
+        assert stored is not None
+        sampler = build(session, stored).study.sampler
+    assert isinstance(sampler, optuna.samplers.TPESampler)
+    assert (sampler._n_startup_trials, sampler._multivariate) == (4, False)
+    assert sampler._n_ei_candidates == 10
+    # What gpumux sets and the sweep did not: kept.
+    assert sampler._constant_liar is True
+
+
+def test_the_samplers_options_may_come_apart_from_the_method(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    body = sweep_body(tmp_path, "lr=1e-4..1e-1", search="qmc", trials=4, objective="loss:min")
+    created = api.post("/sweeps", json=body | {"search_options": {"qmc_type": "halton"}})
+    assert created.status_code == 201, created.text
+    assert created.json()["search_options"] == {"qmc_type": "halton"}
 
 
 def test_grid_and_random_keep_their_defaults(api: httpx.Client, tmp_path: Path) -> None:
@@ -74,6 +116,57 @@ def test_grid_and_random_keep_their_defaults(api: httpx.Client, tmp_path: Path) 
             {"search": "tpe", "trials": 4, "params": ["opt=adam"]},
             "--search tpe has nothing to search",
         ),
+        (
+            {"search": "tpe:startup=4", "trials": 4},
+            "--search tpe has no option 'startup'; its options: consider_prior, prior_weight, "
+            "consider_magic_clip, consider_endpoints, n_startup_trials, n_ei_candidates, "
+            "multivariate, group, warn_independent_sampling, constant_liar",
+        ),
+        (
+            {"search": "tpe:n_startup_trials=2.5", "trials": 4},
+            "--search tpe:n_startup_trials takes a whole number from 0 to 2,147,483,647; "
+            "e.g. tpe:n_startup_trials=4",
+        ),
+        (
+            {"search": "tpe:n_startup_trials=-1", "trials": 4},
+            "--search tpe:n_startup_trials takes a whole number from 0",
+        ),
+        (
+            {"search": "tpe:multivariate=yes", "trials": 4},
+            "--search tpe:multivariate takes true or false; e.g. tpe:multivariate=true",
+        ),
+        (
+            {"search": "gp", "search_options": {"n_startup_trials": True}, "trials": 4},
+            "--search gp:n_startup_trials takes a whole number",
+        ),
+        (
+            {"search": "cmaes:sigma0=nan", "trials": 4},
+            "--search cmaes:sigma0 takes a finite number",
+        ),
+        ({"search": "tpe:seed=3", "trials": 4}, "--search tpe: the seed is --seed, not an option"),
+        ({"search": "tpe:n_startup_trials", "trials": 4}, "is not NAME=VALUE"),
+        (
+            {"search": "tpe:n_startup_trials=4,n_startup_trials=5", "trials": 4},
+            "--search option n_startup_trials given twice; keep one",
+        ),
+        (
+            {"search": "tpe:n_startup_trials=4", "search_options": {"group": True}, "trials": 4},
+            "the sampler's options are given twice",
+        ),
+        (
+            {"search": "qmc:qmc_type=sobel", "trials": 4},
+            "--search qmc:qmc_type=sobel: The `qmc_type='sobel'` is invalid. Choose either",
+        ),
+        (
+            {"search": "tpe:consider_prior=false", "trials": 4},
+            "--search tpe:consider_prior=false: Optuna says: `consider_prior` has been deprecated",
+        ),
+        (
+            {"search": "random:seed=3", "trials": 4},
+            "--search random takes no options (its draws are seeded by --seed)",
+        ),
+        ({"search": "grid:x=1"}, "--search grid takes no options"),
+        ({"search": "tpe:" + "x=1," * 60 + "y=2", "trials": 4}, "search takes at most 200"),
     ],
 )
 def test_a_search_or_pruner_that_cannot_work_is_refused_and_nothing_stored(
@@ -85,6 +178,7 @@ def test_a_search_or_pruner_that_cannot_work_is_refused_and_nothing_stored(
     refused = api.post("/sweeps", json={k: v for k, v in sweep.items() if v is not None})
     assert refused.status_code == 422 and reason in refused.text, refused.text
     assert sweep_count(api) == before
+    assert len(refused.json()["detail"]) < 400, refused.text
 
 
 @pytest.mark.parametrize("step", [-1, 2.5, "3", True, 2**31])

@@ -15,12 +15,12 @@ import pytest
 from builders import bearer, problem, served, stored_sweep
 
 from gpumux.config import Settings
-from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.server.api import create_app
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Node, utcnow
+from gpumux.storage.models import Node, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 H100 = {"key": "gpu:0", "kind": "gpu", "name": "NVIDIA H100", "memory_mb": 81_559}
@@ -31,13 +31,13 @@ def stored_node(sessions: Sessions, name: str, **fields: Any) -> NodeIdentity:
     """A node row as a join writes one (secret "secret-NAME", a lease of a minute)."""
     secret = f"secret-{name}"
     fields.setdefault("lease_until", utcnow() + timedelta(minutes=1))
+    fields.setdefault("devices", [H100])
     with sessions.write.begin() as session:
         node = Node(
             name=name,
             home_id=f"home-{name}",
             pid=4242,
-            token_hash=store.token_hash(secret),
-            devices=[H100],
+            token_hash=token_hash(secret),
             **fields,
         )
         session.add(node)
@@ -144,6 +144,39 @@ def test_devices_of_every_active_node_each_with_the_mix_of_its_own_trials(
         81_559,
         None,
     )
+
+
+def test_a_device_entry_of_another_shape_is_left_out_of_nodes_and_devices_not_a_500(
+    tmp_path: Path, settings: Settings, sessions: Sessions
+) -> None:
+    # What a node of another gpumux version may have written beside an entry of today's shape.
+    odd = [{"key": "gpu:1", "kind": "gpu"}, "gpu:2", {**H100, "key": "gpu:3", "memory_mb": "80G"}]
+    mig = {"key": "mig:0/1", "kind": "mig", "name": "1g.10gb", "memory_mb": 9_728}
+    here = stored_node(sessions, "a")
+    stored_node(sessions, "b", devices=[*odd, H100, mig])
+    app = create_app(
+        settings=settings, sessions=sessions, devices_view=lambda: [gpu(9_000)], node=here
+    )
+    with served(app, bearer(sessions)) as client:
+        listed = client.get("/nodes")
+        devices = client.get("/devices")
+    assert listed.status_code == devices.status_code == 200, listed.text + devices.text
+    assert {node["name"]: node["devices"] for node in listed.json()}["b"] == [H100, mig]
+    assert [(d["node"], d["key"]) for d in devices.json()] == [
+        ("a", "gpu:0"),
+        ("b", "gpu:0"),
+        ("b", "mig:0/1"),
+    ]
+
+
+def test_a_device_summary_reads_back_what_a_heartbeat_writes() -> None:
+    device = gpu(9_000)
+    summary = DeviceSummary.of(device)
+    assert DeviceSummary.read(summary.row()) == summary
+    assert summary.snapshot().memory_total_mb == device.memory_total_mb
+    seventh = DeviceSummary.read({**H100, "key": "gpu:7"})
+    assert seventh is not None and seventh.snapshot().index == 7
+    assert DeviceSummary.read({**H100, "name": None}) is None
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,20 @@ def test_profiles_page_the_most_recently_updated_first(
     assert page["count"] == 5
     assert [profile["id"] for profile in page["data"]] == [ids[3], ids[2]]
     assert api.get("/profiles", params={"limit": 0}).status_code == 422
+
+
+def test_a_measured_curve_is_refused_for_a_device_the_daemon_lacks_or_a_best_n_not_measured(
+    api: httpx.Client,
+) -> None:
+    measured = {
+        "device": "GPU-0", "device_name": "NVIDIA H200", "workdir": "/work",
+        "command": ["python", "train.py"], "unit": "trials/s", "curve": CURVE, "best_split": 3,
+        "reason": "gpumux tune: N=3 of 1, 3",
+    }  # fmt: skip
+    response = api.put("/profiles", json=measured)
+    assert response.status_code == 422, response.text
+    assert "device GPU-0 (NVIDIA H200) is not one of this daemon's" in response.text
+    response = api.put("/profiles", json={**measured, "best_split": 2})
+    assert response.status_code == 422, response.text
+    assert "best_split 2 is no N of the curve" in response.text
+    assert api.get("/profiles").json() == {"data": [], "count": 0}

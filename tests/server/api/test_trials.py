@@ -9,6 +9,7 @@ from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
 from gpumux.storage import store
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import token_hash
 
 
 def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> int:
@@ -28,7 +29,7 @@ def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> 
             session=session,
             trial=trial,
             status=TrialStatus.starting,
-            token_hash=store.token_hash("tok"),
+            token_hash=token_hash("tok"),
             log_path=str(log_path),
         )
         store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)

@@ -8,8 +8,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-# The daemon keeps a token for its own user in its data directory (0700), named so.
-DAEMON_TOKEN_NAME = "token"
+from gpumux.home.layout import Layout
 
 
 class TokenFileError(RuntimeError):
@@ -61,7 +60,7 @@ def read_token_file(path: Path) -> str | None:
 
 def daemon_token(home: Path) -> str | None:
     """The token a daemon keeps for its own user in its data directory `home`."""
-    return read_token_file(home / DAEMON_TOKEN_NAME)
+    return read_token_file(Layout(home).daemon_token)
 
 
 def discover_token(home: Path | None = None) -> str | None:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-HOME_LOCK_NAME = "daemon.lock"
+from gpumux.home.layout import Layout
 
 
 class DaemonError(RuntimeError):
@@ -34,7 +34,7 @@ def lock_beside(database_file: Path) -> Path:
 def acquire_home_lock(home: Path) -> IO[str]:
     """Hold the data directory for the daemon's life: its run records, logs, token and socket
     are one daemon's; refuse if another daemon holds it (even over another database)."""
-    path = home / HOME_LOCK_NAME
+    path = Layout(home).daemon_lock
     lock_file = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")  # noqa: SIM115
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)

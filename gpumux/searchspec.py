@@ -1,0 +1,82 @@
+"""The `NAME:key=value,...` form of `--search` and `--prune`, read without Optuna.
+
+The sweep request splits `--search tpe:n_startup_trials=4` into its method and options when it
+is validated (the CLI checks its request with the same schema, and imports no Optuna);
+`search.methods` checks each option against the constructor of the class it configures.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A value as the request carries it: the JSON API's own types, or the text after `=`.
+OptionValue = bool | int | float | str
+Options = dict[str, OptionValue]
+
+_OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^,=]+)")
+# The longest option text a refusal quotes: a refusal is a line, whatever was sent.
+_QUOTED_CHARS = 120
+
+
+class SearchError(ValueError):
+    """A search or pruner the sweep cannot have; the message says why and what to do."""
+
+
+def split_spec(text: str, *, flag: str, example: str) -> tuple[str, Options]:
+    """`tpe:n_startup_trials=4` -> ("tpe", {"n_startup_trials": 4}): the name in lower case and
+    each option's value a number where it reads as one, else its text. `flag` names the option
+    in refusals (--search), `example` is an option to show (n_startup_trials=4)."""
+    name, colon, rest = text.strip().partition(":")
+    name = name.strip().lower()
+    options: Options = {}
+    if not colon:
+        return name, options
+    for item in rest.split(","):
+        match = _OPTION.fullmatch(item.strip())
+        if match is None:
+            raise SearchError(
+                f"{flag} option {quoted(item.strip())} is not NAME=VALUE; e.g. {name}:{example}"
+            )
+        key, value = match.groups()
+        if key in options:
+            raise SearchError(f"{flag} option {key} given twice; keep one")
+        options[key] = number_or_text(value.strip())
+    return name, options
+
+
+def spec_text(name: str, options: Options) -> str:
+    """The form a spec is given in, normalised: asha:min_resource=2,reduction_factor=3."""
+    if not options:
+        return name
+    return f"{name}:" + ",".join(f"{k}={_value_text(v)}" for k, v in options.items())
+
+
+def quoted(text: str) -> str:
+    """`text` as a refusal quotes it: repr'd, and cut short past a few words."""
+    if len(text) > _QUOTED_CHARS:
+        return repr(text[:_QUOTED_CHARS]) + "..."
+    return repr(text)
+
+
+def clipped(text: str) -> str:
+    """Another library's message as a refusal repeats it: its first line, cut short."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= _QUOTED_CHARS else line[:_QUOTED_CHARS] + "..."
+
+
+def number_or_text(text: str) -> int | float | str:
+    """An option's value: an int for a whole number (1e3 too), a float, else the text."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    # Neither NaN nor infinity is whole: both stay floats, and are refused as such.
+    return int(number) if number.is_integer() else number
+
+
+def _value_text(value: OptionValue) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
