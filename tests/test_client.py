@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
 from gpumux import client as client_module
 from gpumux.client import (
@@ -29,12 +29,6 @@ from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAX_GRID = 50
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ended(client: Client, sweep_id: int) -> SweepDetail:
