@@ -131,9 +131,9 @@ def kill_process(pid: int) -> str:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """The workers of `-n auto` (pyproject's addopts): two per core this run may use (most tests
-    wait on what they start, a daemon, its trials, PostgreSQL, more than they compute), at most
-    one per test file named; none for a single file, which runs in this process as before."""
+    """The workers of `-n auto`: two per core this run may use (most tests wait on what they
+    start, a daemon, its trials, PostgreSQL, more than they compute), at most one per test file
+    named; none for a single file, which runs in this process."""
     files: set[Path] = set()
     for arg in config.args:
         path = config.invocation_params.dir / arg.split("::")[0]
