@@ -19,9 +19,13 @@ from pathlib import Path
 from sqlalchemy import select
 
 from gpumux.schemas import SweepCreate
+from gpumux.search import planning
 from gpumux.search.studies import Studies
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
@@ -31,32 +35,35 @@ def setup(sessions: Sessions, running: int, rows: int, workdir: str) -> tuple[in
     """A median-pruned sweep: one finished trial and `running` running ones, every trial with
     `rows` steps reported (each a little better than the median, so none is pruned)."""
     with sessions.write.begin() as session:
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=SweepCreate.model_validate(
-                {
-                    "params": [f"x=1..{running + 1}"],
-                    "command": ["true"],
-                    "workdir": workdir,
-                    "env": {},
-                    "objective": "loss:min",
-                }
+            plan=planning.plan_sweep(
+                SweepCreate.model_validate(
+                    {
+                        "params": [f"x=1..{running + 1}"],
+                        "command": ["true"],
+                        "workdir": workdir,
+                        "env": {},
+                        "metric": "loss",
+                        "mode": "min",
+                        "prune": "median:n_startup_trials=1",
+                    }
+                ),
+                max_grid=running + 1,
+                seed=1,
             ),
-            owner=store.get_or_create_owner(session=session, name="bench"),
-            seed=1,
-            trial_params=[{"x": i} for i in range(1, running + 2)],
-            prune="median:n_startup_trials=1",
+            owner=owner_store.get_or_create_owner(session=session, name="bench"),
         )
-        trials = store.list_trials(session=session, sweep_id=sweep.id, limit=running + 1)[0]
+        trials = trial_store.list_trials(session=session, sweep_id=sweep.id, limit=running + 1)[0]
         for trial in trials:
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
             for step in range(rows):
                 session.add(report(trial.id, step, 1.0 if trial is trials[0] else 0.9))
             trial.step, trial.last_report_at = rows - 1, utcnow()
         finished = trials[0]
         finished.objective = 1.0
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session, trial=finished, status=TrialStatus.succeeded, ended_at=utcnow()
         )
         return sweep.id, [trial.id for trial in trials[1:]]

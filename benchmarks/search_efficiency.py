@@ -112,7 +112,8 @@ def run_sweep(home: Path, variant: Variant, epochs: int, target: float) -> Run:
                 "workdir": str(ROOT),
                 "env": dict(os.environ),
                 "split": "auto",
-                "objective": "val_loss:min",
+                "metric": "val_loss",
+                "mode": "min",
                 **variant.fields,
             },
         )

@@ -1,7 +1,8 @@
 """The split search on a simulated GPU: `--split auto` on a first sweep against every fixed N.
 
-    python benchmarks/split_search.py --model FILE [--trials 48] [--trial-seconds 20]
-                                      [--repeats 3] [--time-scale 1] [--splits N,N,...]
+    python benchmarks/split_search.py (--model FILE | --random-models K [--seed S])
+                                      [--trials 48] [--trial-seconds 20] [--repeats 3]
+                                      [--time-scale 1] [--splits N,N,...]
 
 FILE is a model file or a shipped model's name (gpumux/devices/simulated/models:
 h200-torch-mlp, h100-memory-bound, a100-compute-bound). Every variant runs the same sweep,
@@ -13,8 +14,15 @@ serving the simulated GPU (GPUMUX_SIMULATED_GPU) on a fresh database:
 Printed per variant: its makespan (submission to the sweep's end, as the daemon recorded them),
 in simulated seconds; for auto also the N its trials ran at, the profile it left (settled or
 not, at which N, when, its curve) and the model's aggregate rate at that N against the model's
-best; then auto's makespan over the best fixed N's. Variants are interleaved, their order
-rotating with each repeat, and medians are quoted.
+best that memory allows; then auto's makespan over the best fixed N's, and whether the goal
+is met (within 10% of the best fixed N that ran every trial, settled, at an N within 5% of the
+best rate memory allows). Variants are interleaved, their order rotating with each repeat, and
+medians are quoted.
+
+--random-models K draws K plausible models (benchmarks/random_models.py, from --seed) and runs
+each against the N its memory fits, the N of its best rate and the given N just below the fit
+(or --splits), then prints one line per model; each drawn file is kept and named, so that a
+miss can be run again alone with --model.
 
 --time-scale s runs the model's seconds s times as fast, and scales the split search's own
 timers with it (GPUMUX_TUNE_WARMUP, GPUMUX_TUNE_WINDOW and GPUMUX_POLL_INTERVAL), so that the
@@ -40,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from random_models import feasible_best, write_models
 from rich.console import Console
 from rich.table import Table
 from sweep_makespan import daemon
@@ -137,62 +146,107 @@ def memory_fits(model: DeviceModel) -> int:
     )
 
 
-def rate_share(model: DeviceModel, split: int | None) -> str:
+def rate_share(model: DeviceModel, split: int | None) -> float | None:
+    """The model's rate at `split` over the best rate at any N memory allows."""
     if split is None:
-        return "-"
-    best = max(rate for _, rate in model.throughput)
-    return f"{model.aggregate(split) / best:.0%} of the model's best"
+        return None
+    return model.aggregate(split) / feasible_best(model, memory_fits(model))
+
+
+def default_splits(model: DeviceModel, trials: int, drawn: bool) -> list[int]:
+    """The fixed N to compare: the N a shipped model names; for a drawn one, the N its memory
+    fits, the N of its best rate there and the given N just below the fit."""
+    if not drawn:
+        return [n for n, _ in model.throughput if n <= trials]
+    fits = max(1, memory_fits(model))
+    best = max(range(1, fits + 1), key=lambda n: (model.aggregate(n), -n))
+    below = max((n for n, _ in model.throughput if n < fits), default=fits)
+    return sorted({min(n, trials) for n in (fits, best, below)})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a model file or a shipped model's name")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="a model file or a shipped model's name")
+    which.add_argument("--random-models", type=int, metavar="K", help="K drawn models")
+    parser.add_argument("--seed", type=int, default=1, help="draws the random models")
     parser.add_argument("--trials", type=int, default=48)
     parser.add_argument("--trial-seconds", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--splits", help="the fixed N to compare (default: the model's N)")
     args = parser.parse_args()
-    model = load_model(args.model)
-    if args.trial_seconds <= model.startup_s:
-        parser.error(
-            f"--trial-seconds must exceed the model's start-up ({model.startup_s:g} s): a trial "
-            "alone is its start-up and then its work"
-        )
+    if args.model is not None:
+        names = [args.model]
+    else:
+        kept = Path(tempfile.mkdtemp(prefix="gpumux-random-models-"))
+        names = [str(path) for path in write_models(args.random_models, args.seed, kept)]
+    for name in names:
+        if args.trial_seconds <= load_model(name).startup_s:
+            parser.error(
+                f"--trial-seconds must exceed {name}'s start-up ({load_model(name).startup_s:g}"
+                " s): a trial alone is its start-up and then its work"
+            )
+    console.print(f"$ python benchmarks/split_search.py {' '.join(sys.argv[1:])}".rstrip())
+    outcomes = [bench(name, args, drawn=args.model is None) for name in names]
+    if len(outcomes) > 1:
+        met = sum(outcome.met for outcome in outcomes)
+        console.print(f"goal met on {met} of {len(outcomes)} models:")
+        for name, outcome in zip(names, outcomes, strict=True):
+            console.print(f"  {'met   ' if outcome.met else 'MISSED'} {name}: {outcome.line}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Whether auto met the goal on one model, and why in one line."""
+
+    met: bool
+    line: str
+
+
+def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
+    """Every variant on one model, interleaved; the table, and auto against the best fixed N."""
+    model = load_model(name)
     fixed = (
         [int(n) for n in args.splits.split(",")]
         if args.splits
-        else [n for n, _ in model.throughput if n <= args.trials]
+        else default_splits(model, args.trials, drawn)
     )
-    settings = scaled_settings(args.model, args.time_scale)
-    console.print(f"$ python benchmarks/split_search.py {' '.join(sys.argv[1:])}".rstrip())
+    settings = scaled_settings(name, args.time_scale)
+    if drawn:
+        console.print(f"model {name}: {model.about}", markup=False)
     console.print(
-        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores; its best rate "
-        f"at N={model.best_split}, its memory fits N<={memory_fits(model)}); "
-        f"{args.trials} trials of {args.trial_seconds:g} s "
+        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f}; "
+        f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores, start-up "
+        f"{model.startup_s:g} s; its best rate at N={model.best_split}, its memory fits "
+        f"N<={memory_fits(model)}); {args.trials} trials of {args.trial_seconds:g} s "
         f"alone, time x{args.time_scale:g}, {args.repeats} repeats, variants interleaved"
     )
     variants: list[tuple[str, int | str]] = [("auto", "auto"), *((f"N={n}", n) for n in fixed)]
     runs: dict[str, list[Run]] = {name: [] for name, _ in variants}
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
-        for name, split in order:
+        for variant, split in order:
             home = Path(tempfile.mkdtemp(prefix="gpumux-split-search-"))
             try:
                 run = run_sweep(home, settings, split, args)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
-            runs[name].append(run)
+            runs[variant].append(run)
             shown = f"{run.makespan_s:.0f} s" if run.makespan_s is not None else run.failed
             ran = ", ".join(f"{n}: {count}" for n, count in sorted(run.splits.items()))
-            console.print(f"repeat {repeat + 1}: {name:<6} {shown}  (trials at N {{{ran}}})")
+            console.print(
+                f"repeat {repeat + 1}: {variant:<6} {shown}  (trials at N {{{ran}}}; "
+                f"load {os.getloadavg()[0]:.1f})"
+            )
             if run.profile:
                 console.print(f"    profile: {run.profile}", markup=False)
-    report(model, runs, args)
+    console.print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    return report(model, runs, args)
 
 
-def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
+def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namespace) -> Outcome:
     """The table of medians, and auto against the best fixed N."""
     median: dict[str, float] = {}
     table = Table(title=f"makespan of {args.trials} trials, simulated seconds (medians)")
@@ -213,17 +267,19 @@ def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namesp
         )
     console.print(table)
     fixed = {name: span for name, span in median.items() if name != "auto"}
-    if fixed and "auto" in median:
-        best = min(fixed, key=lambda name: fixed[name])
-        console.print(
-            f"auto / best fixed N ({best}): {median['auto'] / fixed[best]:.2f}x; auto settled at "
-            + ", ".join(
-                "no N"
-                if run.settled_at is None
-                else f"N={run.settled_at} ({rate_share(model, run.settled_at)})"
-                for run in runs["auto"]
-            )
-        )
+    if not fixed or "auto" not in median:
+        return Outcome(False, "auto or every fixed N failed")
+    best = min(fixed, key=lambda name: fixed[name])
+    ratio = median["auto"] / fixed[best]
+    shares = [rate_share(model, run.settled_at) for run in runs["auto"]]
+    settled = ", ".join(
+        "no N" if share is None else f"N={run.settled_at} ({share:.0%} of the feasible best)"
+        for run, share in zip(runs["auto"], shares, strict=True)
+    )
+    line = f"auto / best fixed N ({best}): {ratio:.2f}x; auto settled at {settled}"
+    console.print(line)
+    met = ratio <= 1.10 and all(share is not None and share >= 0.95 for share in shares)
+    return Outcome(met, line)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ def run_sweep(
                 "workdir": str(ROOT),
                 "env": dict(os.environ),
                 "split": split,
-                "objective": "val_accuracy:max",
+                "metric": "val_accuracy",
+                "mode": "max",
                 "warm": warm,
             },
         )

@@ -41,7 +41,6 @@ PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"
 PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00-\x1f\x7f-\x9f]*$"
 ABSOLUTE_PATH = r"^/[^\x00]*$"
 ENV_NAME = r"^[^=\x00]+$"
-OBJECTIVE = r"^[^\x00-\x1f\x7f-\x9f]+:(min|max)$"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -139,9 +138,10 @@ ShortText = Annotated[
 ]
 # NUL-free as the report lines and the runtime keep them: one name, whichever way it came.
 MetricName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), *_OS]
-ObjectiveText = Annotated[
+# The metric a sweep ranks its trials by: shown in terminals, so printable too.
+ObjectiveMetric = Annotated[
     str,
-    Field(max_length=MAX_NAME_CHARS + 4),
+    Field(min_length=1, max_length=MAX_NAME_CHARS),
     AfterValidator(printable),
-    Field(json_schema_extra={"pattern": OBJECTIVE}),
+    Field(json_schema_extra={"pattern": PRINTABLE}),
 ]

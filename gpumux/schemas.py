@@ -29,7 +29,7 @@ from gpumux.fields import (
     EnvName,
     EnvValue,
     MetricName,
-    ObjectiveText,
+    ObjectiveMetric,
     ParamToken,
     ShortText,
     UserName,
@@ -40,20 +40,9 @@ from gpumux.fields import (
     quoted,
 )
 from gpumux.searchspec import split_spec
-from gpumux.status import NodeState, SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import NodeState, ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
+from gpumux.sweepplan import Objective, parse_objective
 from gpumux.throughput import CurvePoint, ThroughputUnit
-
-Objective = str  # "metric:min" or "metric:max"
-
-
-def parse_objective(objective: str) -> tuple[str, Literal["min", "max"]]:
-    """Split "val_loss:min" into ("val_loss", "min"); ValueError with the expected form."""
-    metric, _, mode = objective.rpartition(":")
-    if not metric or mode not in ("min", "max"):
-        raise ValueError(
-            f"objective {quoted(objective)} must be METRIC:min or METRIC:max, e.g. val_loss:min"
-        )
-    return metric, "min" if mode == "min" else "max"
 
 
 class FieldProblem(BaseModel):
@@ -129,14 +118,21 @@ class SweepCreate(BaseModel):
         default=None,
         description="stop losing trials at a report: none, median, asha or hyperband, with "
         "Optuna's options after a colon (asha:min_resource=2,reduction_factor=3); needs "
-        "`objective`",
+        "`metric` and `mode`",
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_ID)
     split: (
         Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_SPLIT})]
         | Literal["auto"]
     ) = Field(default="auto", description="trials per device, or auto")
-    objective: ObjectiveText | None = Field(default=None, description="METRIC:min or METRIC:max")
+    metric: ObjectiveMetric | None = Field(
+        default=None,
+        description="the metric that ranks the trials, as they report it (val_loss); needs "
+        '`mode`. The older `objective: "val_loss:min"` is read as metric and mode',
+    )
+    mode: ObjectiveMode | None = Field(
+        default=None, description="min or max: whether less or more of `metric` is better"
+    )
     time_limit_s: float | None = Field(
         default=None,
         gt=0,
@@ -174,15 +170,6 @@ class SweepCreate(BaseModel):
                 f"{name.strip()}; give a name with a letter in it"
             )
         return name
-
-    @field_validator("params")
-    @classmethod
-    def _params_parse(cls, tokens: list[str]) -> list[str]:
-        try:
-            sweepspec.parse_params(tokens)
-        except sweepspec.SpecError as error:
-            raise ValueError(str(error)) from error
-        return tokens
 
     @field_validator("command")
     @classmethod
@@ -235,12 +222,31 @@ class SweepCreate(BaseModel):
             raise ValueError(f"split must be 1..{MAX_SPLIT} or 'auto'")
         return split
 
-    @field_validator("objective")
+    @model_validator(mode="before")
     @classmethod
-    def _objective_form(cls, objective: str | None) -> str | None:
-        if objective is not None:
-            parse_objective(objective)
-        return objective
+    def _objective_apart(cls, data: Any) -> Any:
+        """The older `objective: "val_loss:min"` is the metric and the mode in one word."""
+        if not (isinstance(data, dict) and "objective" in data):
+            return data
+        data = dict(data)
+        objective = data.pop("objective")
+        if objective is None:
+            return data
+        if not isinstance(objective, str):
+            raise ValueError("objective must be text: METRIC:min or METRIC:max")
+        if data.get("metric") is not None or data.get("mode") is not None:
+            raise ValueError("the objective is given twice: as objective and as metric and mode")
+        metric, mode = parse_objective(objective)
+        return {**data, "metric": metric, "mode": mode}
+
+    @model_validator(mode="after")
+    def _metric_with_mode(self) -> SweepCreate:
+        if (self.metric is None) != (self.mode is None):
+            raise ValueError(
+                "metric and mode go together: give both (metric val_loss, mode min or max), "
+                "or neither"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -262,15 +268,6 @@ class SweepCreate(BaseModel):
             )
         method, options = split_spec(search, flag="--search", example="n_startup_trials=4")
         return {**data, "search": method, "search_options": options}
-
-    @model_validator(mode="after")
-    def _placeholders_named(self) -> SweepCreate:
-        names = [token.partition("=")[0] for token in self.params]
-        try:
-            sweepspec.check_placeholders(self.command, names)
-        except sweepspec.SpecError as error:
-            raise ValueError(str(error)) from error
-        return self
 
 
 # The frameworks whose runtime hook reports that it sees no GPU (gpumux.runtime.frameworks).
@@ -354,7 +351,8 @@ class SweepPublic(BaseModel):
     prune: str | None = None
     seed: int
     split: int | Literal["auto"]
-    objective: Objective | None
+    metric: str | None = Field(description="the metric that ranks the trials")
+    mode: ObjectiveMode | None = Field(description="min or max: which way is better")
     time_limit_s: float | None
     retries: int = 0
     priority: int = 0
@@ -367,6 +365,13 @@ class SweepPublic(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     counts: dict[TrialStatus, int]
+
+    @property
+    def objective(self) -> Objective | None:
+        """The metric and mode together, where the sweep has them."""
+        if self.metric is None or self.mode is None:
+            return None
+        return Objective(self.metric, self.mode)
 
 
 class SweepDetail(SweepPublic):

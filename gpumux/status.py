@@ -45,7 +45,7 @@ FINAL_TRIAL_STATUSES = frozenset(
 )
 ACTIVE_TRIAL_STATUSES = frozenset({TrialStatus.starting, TrialStatus.running})
 
-# The only moves a trial may make; store.set_trial_status refuses any other.
+# The only moves a trial may make; lifecycle.set_trial_status refuses any other.
 # running -> queued is a requeue: the attempt was cut off (daemon stopped) and is run again.
 TRIAL_TRANSITIONS: dict[TrialStatus, frozenset[TrialStatus]] = {
     TrialStatus.queued: frozenset({TrialStatus.starting, TrialStatus.cancelled}),

@@ -9,7 +9,7 @@ import signal
 import socket
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -25,13 +25,19 @@ from sqlalchemy.orm import Session
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.fields import MAX_COUNT
 from gpumux.home import tokenfile
 from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
+from gpumux.search import planning
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
-from gpumux.storage import store, tokens
+from gpumux.storage import lifecycle, tokens
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
+from gpumux.sweepplan import SweepPlan, parse_objective
 
 
 def ample_budget() -> ReportBudget:
@@ -63,6 +69,27 @@ def sweep_in(
             **fields,
         }
     )
+
+
+def planned(
+    sweep: SweepCreate, *, seed: int = 1, trial_params: Sequence[dict[str, Any]] | None = None
+) -> SweepPlan:
+    """The plan the API stores for `sweep` (its trials, or `trial_params` in their place)."""
+    plan = planning.plan_sweep(sweep, max_grid=MAX_COUNT, seed=seed)
+    return plan if trial_params is None else replace(plan, trial_params=list(trial_params))
+
+
+def sweep_plan(
+    workdir: Path,
+    *params: str,
+    command: list[str] | None = None,
+    seed: int = 1,
+    trial_params: Sequence[dict[str, Any]] | None = None,
+    **fields: object,
+) -> SweepPlan:
+    """The plan of sweep_in(workdir, *params, command=command, **fields), as planned()."""
+    sweep = sweep_in(workdir, *params, command=command, **fields)
+    return planned(sweep, seed=seed, trial_params=trial_params)
 
 
 CPU = DeviceSnapshot(
@@ -113,18 +140,22 @@ def stored_sweep(
     session: Session, tmp_path: Path, n: int = 3, *, owner: str = "alice", **fields: Any
 ) -> Sweep:
     """A sweep of `n` trials (x = 1..n) stored for `owner` as the API stores one."""
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
-        sweep_in=sweep_in(tmp_path, f"x=1..{n}", **fields),
-        owner=store.get_or_create_owner(session=session, name=owner),
-        seed=7,
-        trial_params=[{"x": i} for i in range(1, n + 1)],
-        prune=fields.get("prune"),
+        plan=sweep_plan(
+            tmp_path,
+            f"x=1..{n}",
+            **fields,
+            seed=7,
+            trial_params=[{"x": i} for i in range(1, n + 1)],
+        ),
+        owner=owner_store.get_or_create_owner(session=session, name=owner),
     )
 
 
 def sweep_public(**fields: Any) -> SweepPublic:
-    """A sweep as the API answers one (ada's, running, a grid), with `fields` instead."""
+    """A sweep as the API answers one (ada's, running, a grid, ranked by val_loss:min), with
+    `fields` instead (`objective` in the joined form `loss:max`, or None for none)."""
     values: dict[str, Any] = dict(
         id=3,
         name=None,
@@ -136,7 +167,8 @@ def sweep_public(**fields: Any) -> SweepPublic:
         trials=None,
         seed=11,
         split="auto",
-        objective="val_loss:min",
+        metric="val_loss",
+        mode="min",
         time_limit_s=None,
         trial_count=2,
         cancel_requested=False,
@@ -144,6 +176,10 @@ def sweep_public(**fields: Any) -> SweepPublic:
         finished_at=None,
         counts={},
     )
+    if "objective" in fields:
+        objective = fields.pop("objective")
+        metric, mode = parse_objective(objective) if objective else (None, None)
+        fields |= {"metric": metric, "mode": mode}
     return SweepPublic.model_validate(values | fields)
 
 
@@ -181,15 +217,15 @@ def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int
     """The one trial of a stored sweep ranked by val_loss, running with the report token
     "secret" (and `fields`, e.g. its attempt); its id."""
     sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
-    trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-    store.set_trial_status(
+    trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+    lifecycle.set_trial_status(
         session=session,
         trial=trial,
         status=TrialStatus.starting,
         token_hash=token_hash("secret"),
         **fields,
     )
-    store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
     return trial.id
 
 
@@ -205,20 +241,18 @@ def adaptive_sweep(
     """An adaptive sweep with a budget of `budget` trials, none asked yet, stored as the API
     stores one (default: tpe over x=1..100 and lr=1e-4..1e-1, minimising loss)."""
     fields.setdefault("objective", "loss:min")
-    return store.create_sweep(
+    return sweep_store.create_sweep(
         session=session,
-        sweep_in=sweep_in(
+        plan=sweep_plan(
             tmp_path,
             *(params or ("x=1..100", "lr=1e-4..1e-1")),
             trials=budget,
             search=search,
             **fields,
+            seed=7,
+            trial_params=[],
         ),
-        owner=store.get_or_create_owner(session=session, name=owner),
-        seed=7,
-        trial_params=[],
-        search=search,
-        prune=fields.get("prune"),
+        owner=owner_store.get_or_create_owner(session=session, name=owner),
     )
 
 

@@ -14,9 +14,10 @@ from optuna.pruners import HyperbandPruner
 
 from gpumux import sweepfile, sweepspec
 from gpumux.search import methods
-from gpumux.status import SearchMethod
+from gpumux.status import ObjectiveMode, SearchMethod
 from gpumux.sweepfile import SweepFile, SweepFileError
 from gpumux.sweepfile.loading import MAX_FILE_BYTES, MAX_MESSAGE_CHARS
+from gpumux.sweepplan import Objective
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "sweeps"
@@ -133,6 +134,8 @@ command:
   - "--optimizer=${optimizer}"
   - "--test=True"
 """
+
+ACC_MAX = Objective("acc", ObjectiveMode.max)
 
 
 def from_yaml(text: str, **env: str) -> SweepFile:
@@ -337,8 +340,8 @@ def test_metadata_is_accepted_with_a_note_each() -> None:
 
 
 def test_the_metric_is_the_objective_and_minimize_the_default_goal() -> None:
-    assert from_doc({"metric": {"name": "acc", "goal": "maximize"}}).objective == "acc:max"
-    assert from_doc({"metric": {"name": "val_loss"}}).objective == "val_loss:min"
+    assert from_doc({"metric": {"name": "acc", "goal": "maximize"}}).objective == ACC_MAX
+    assert from_doc({"metric": {"name": "val_loss"}}).objective == ("val_loss", ObjectiveMode.min)
 
 
 @pytest.mark.parametrize(
@@ -535,7 +538,7 @@ def test_the_command_line_overrides_the_file() -> None:
         tokens=["epochs=3", "seed=1,2"],
         search="random",
         trials=4,
-        objective="acc:max",
+        objective=ACC_MAX,
         prune="none",
         name="quick",
     )
@@ -544,7 +547,7 @@ def test_the_command_line_overrides_the_file() -> None:
     # The file's command places the parameters: the one added on the command line too.
     assert resolved.command[-2:] == ["--epochs={epochs}", "--seed={seed}"]
     chosen = (resolved.search, resolved.trials, resolved.objective, resolved.prune, resolved.name)
-    assert chosen == ("random", 4, "acc:max", "none", "quick")
+    assert chosen == ("random", 4, ACC_MAX, "none", "quick")
     with pytest.raises(sweepspec.SpecError, match="lr given twice"):
         resolve(parsed, tokens=["lr=1", "lr=2"], trials=2)
     replaced = resolve(parsed, command=["./run.sh"], trials=2)
@@ -594,7 +597,7 @@ def test_stopping_needs_a_metric_from_the_file_or_the_command_line() -> None:
     with pytest.raises(SweepFileError, match="early_terminate: stopping compares a metric; add"):
         resolve(from_doc(doc))
     assert (
-        resolve(from_doc(doc), objective="loss:min").prune
+        resolve(from_doc(doc), objective=Objective("loss", ObjectiveMode.min)).prune
         == "hyperband:min_resource=1,reduction_factor=3"
     )
     assert resolve(from_doc(doc), prune="none").prune == "none"
@@ -614,7 +617,7 @@ def test_wandbs_documented_sweeps_read_as_wandb_means_them() -> None:
         "optimizer=adam,sgd",
     ]  # fmt: skip
     assert (demo.search, demo.objective, demo.name) == (
-        SearchMethod.tpe, "validation_loss:min", "sweepdemo",
+        SearchMethod.tpe, ("validation_loss", ObjectiveMode.min), "sweepdemo",
     )  # fmt: skip
     hyperband = from_yaml(WANDB_BAYES_HYPERBAND)
     assert hyperband.prune == "hyperband:min_resource=3,max_resource=27,reduction_factor=3"
@@ -622,7 +625,7 @@ def test_wandbs_documented_sweeps_read_as_wandb_means_them() -> None:
         method=hyperband.search,
         prune=hyperband.prune,
         trials=27,
-        objective=hyperband.objective,
+        metric=hyperband.objective.metric if hyperband.objective else None,
         params=sweepspec.parse_params(list(hyperband.params.values())),
     )
     assert checked.method is SearchMethod.tpe
@@ -653,7 +656,7 @@ def test_the_example_sweep_files_are_accepted_as_the_daemon_checks_them(example:
         method=SearchMethod(resolved.search or "grid"),
         prune=resolved.prune,
         trials=resolved.trials,
-        objective=resolved.objective,
+        metric=resolved.objective.metric if resolved.objective else None,
         params=sweepspec.parse_params(resolved.params),
     )
     assert search.method in (SearchMethod.tpe, SearchMethod.random)

@@ -28,7 +28,6 @@ from gpumux.client import Client
 from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
 from gpumux.home.lockfile import DaemonError
-from gpumux.schemas import parse_objective
 from gpumux.status import SweepStatus, TrialStatus
 
 SHOW_ROWS = 100
@@ -364,7 +363,7 @@ def best(
             f"sweep {sweep_id} has no objective; submit it with --objective METRIC:min "
             "or METRIC:max to rank its trials"
         )
-    metric, mode = parse_objective(sweep.objective)
+    metric, mode = sweep.objective
     trial = sweep.best
     if trial is None or trial.objective is None:
         raise CliError(

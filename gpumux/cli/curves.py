@@ -13,7 +13,7 @@ from rich.text import Text
 from gpumux.cli import render
 from gpumux.cli.plot import eighths
 from gpumux.client import Client
-from gpumux.schemas import SweepDetail, TrialPublic, parse_objective
+from gpumux.schemas import SweepDetail, TrialPublic
 from gpumux.status import TrialStatus
 
 # Rows drawn at most: each costs its trial's reports.
@@ -50,7 +50,7 @@ def fetch_curves(client: Client, sweep: SweepDetail, trials: Sequence[TrialPubli
     the last value)."""
     if sweep.objective is None:
         return []
-    metric, _ = parse_objective(sweep.objective)
+    metric = sweep.objective.metric
     curves = []
     for trial in chosen_trials(sweep, trials):
         values: dict[int, float] = {}
@@ -161,7 +161,7 @@ def learning_chart(
     """The chart of these curves; None for a sweep with no objective or no trial with steps."""
     if sweep.objective is None or not curves:
         return None
-    metric, mode = parse_objective(sweep.objective)
+    metric, mode = sweep.objective
     return LearningChart(
         curves=curves,
         metric=metric,

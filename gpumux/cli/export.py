@@ -20,8 +20,8 @@ from gpumux.cli.commands import SweepRef, Url, sweep_id_of
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state
 from gpumux.client import Client
-from gpumux.schemas import ReportPublic, SweepPublic, TrialPublic, parse_objective
-from gpumux.status import SearchMethod, TrialStatus
+from gpumux.schemas import ReportPublic, SweepPublic, TrialPublic
+from gpumux.status import ObjectiveMode, SearchMethod, TrialStatus
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -55,8 +55,8 @@ def objective_of(sweep: SweepPublic) -> tuple[str, Literal["minimize", "maximize
             "only a sweep submitted with --objective METRIC:min or METRIC:max can be exported",
             EXIT_USAGE,
         )
-    metric, mode = parse_objective(sweep.objective)
-    return metric, "minimize" if mode == "min" else "maximize"
+    metric, mode = sweep.objective
+    return metric, "minimize" if mode == ObjectiveMode.min else "maximize"
 
 
 def distributions_for(sweep: SweepPublic) -> dict[str, BaseDistribution]:
@@ -237,7 +237,7 @@ def study_attrs(sweep: SweepPublic) -> dict[str, Any]:
         "gpumux_search": str(sweep.search),
         "gpumux_prune": sweep.prune,
         "gpumux_seed": sweep.seed,
-        "gpumux_objective": sweep.objective,
+        "gpumux_objective": str(sweep.objective) if sweep.objective else None,
         "gpumux_budget": sweep.trial_count,
     }
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gpumux.cli import glance, render
 from gpumux.client import TRIALS_PAGE, Client
-from gpumux.schemas import SweepDetail, TrialPublic, parse_objective
+from gpumux.schemas import SweepDetail, TrialPublic
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
 
 POLL_S = 0.5
@@ -83,7 +83,7 @@ def best_so_far(sweep: SweepDetail, shown: glance.ShortValues | None = None) -> 
     """ "best so far: trial 7  lr=0.01  val_loss=0.12"; None for a sweep without an objective."""
     if sweep.objective is None:
         return None
-    metric, _ = parse_objective(sweep.objective)
+    metric = sweep.objective.metric
     best = sweep.best
     if best is None or best.objective is None:
         return Text(f"best so far: {UNKNOWN} (no trial has reported {metric} yet)", style="dim")
@@ -181,7 +181,7 @@ def _details(sweep: SweepDetail, trial: TrialPublic, steps: int | None, took: st
     if trial.samples_per_s is not None:
         details.append(f"{render.rate(trial.samples_per_s)} samples/s")
     if sweep.objective is not None and trial.objective is not None:
-        metric = sweep.objective.rpartition(":")[0]
+        metric = sweep.objective.metric
         details.append(render.visible(f"{metric}={render.number(trial.objective)}"))
     if trial.status != TrialStatus.succeeded and trial.error:
         details.append(render.error_summary(trial.error))

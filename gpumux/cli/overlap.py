@@ -1,52 +1,32 @@
-"""When `gpumux tune` starts the next N on a GPU: as the current N's trials near their end, so
-that the newcomers' start-up (imports, a CUDA context) overlaps the current N's last computing
-instead of leaving the GPU idle between N.
+"""How `gpumux tune` keeps a GPU busy between N without two N ever computing together.
 
-Each N is still measured over its own trials, from the first one's start to the last one's end:
-what changes is only that the next N's trials start up while the current N computes. For room
-beside them, a round's trials are launched under the split of both N together (each holds
-1/(N + next N) of the device: its memory slice and its share of the host's cores); a round that
-runs out of memory that way is measured again alone.
+The next N's trials are launched while the current N computes, through a gate
+(gpumux.runtime.gate): each starts up (imports, a CUDA context, its allocation), says it is
+ready and waits; tune opens the gate as the current N's last trial exits. So the device goes
+from one N to the next with no start-up between them, and each N computes alone: its window
+from the gate opening to its last trial's end holds that N's trials and no other's.
+
+The next N is launched only once every trial of the current one has passed its own gate: then
+the command is known to wait at one (a script that never reaches it runs its rounds one after
+another, as on the CPU), and the current N's start-ups are over. For room beside them, a
+round's trials are launched under the split of both N together (each holds 1/(N + next N) of
+the device: its memory slice and its share of the host's cores); a round that runs out of
+memory that way is measured again alone.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 
 from gpumux.cli.rounds import Round
 from gpumux.fields import MAX_SPLIT
-from gpumux.schemas import TrialPublic
-from gpumux.status import TrialStatus
+from gpumux.runtime.gate import CLOSED, GATE_ENV
 
 OUT_OF_MEMORY = re.compile(r"out of (device )?memory", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Pace:
-    """What the rounds so far say of one trial: the steps it reports, the seconds it starts, and
-    the seconds between two launches of the daemon."""
-
-    steps: int
-    startup_s: float
-    launch_s: float = 0.0
-
-    def lead_s(self, trials: int) -> float:
-        """How long before the current N's end the next N's `trials` should be launched: for
-        the middle one of them to begin computing as it ends."""
-        return self.startup_s + self.launch_s * trials / 2
-
-
-def pace_of(rounds: Sequence[Round]) -> Pace | None:
-    """The latest measured round's pace; None before a round whose trials reported steps."""
-    for measured in reversed(rounds):
-        if measured.steps and measured.startup_s is not None:
-            return Pace(
-                steps=measured.steps, startup_s=measured.startup_s, launch_s=measured.launch_s
-            )
-    return None
 
 
 def launch_split(splits: Sequence[int], index: int, *, kind: str, rounds: int) -> int:
@@ -63,37 +43,60 @@ def launch_split(splits: Sequence[int], index: int, *, kind: str, rounds: int) -
     return split + beside
 
 
-def expected_end(trial: TrialPublic, pace: Pace) -> datetime | None:
-    """When a computing trial should end, at the pace of its reports so far; None: not yet
-    known (not started, no report, or one too early to tell its pace)."""
-    if trial.started_at is None or trial.step is None or trial.last_report_at is None:
-        return None
-    computing_since = trial.started_at + timedelta(seconds=pace.startup_s)
-    done = trial.step + 1
-    per_step = (trial.last_report_at - computing_since) / done
-    if per_step <= timedelta(0):
-        return None
-    return trial.last_report_at + per_step * max(0, pace.steps - done)
+class Gate:
+    """One round's gate: a directory its trials say they are ready in, closed until opened."""
+
+    def __init__(self, directory: Path, *, closed: bool) -> None:
+        directory.mkdir(parents=True)
+        self.directory = directory
+        self.opened_at: datetime | None = None
+        if closed:
+            (directory / CLOSED).touch()
+        else:
+            self.opened_at = datetime.now(UTC)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the round's trials need to find it."""
+        return {GATE_ENV: str(self.directory)}
+
+    def open(self) -> None:
+        """Let the waiting trials compute (again is harmless)."""
+        if self.opened_at is None:
+            (self.directory / CLOSED).unlink()
+            self.opened_at = datetime.now(UTC)
+
+    def ready(self) -> dict[int, datetime]:
+        """When each trial (by id) said it was ready."""
+        found = {}
+        for path in self.directory.iterdir():
+            if path.name.isdigit():
+                found[int(path.name)] = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        return found
+
+    def held_s(self) -> dict[int, float]:
+        """Seconds each trial (by id) waited ready at the closed gate."""
+        if self.opened_at is None:
+            return {}
+        opened = self.opened_at
+        return {
+            trial: max(0.0, (opened - at).total_seconds()) for trial, at in self.ready().items()
+        }
 
 
-def next_is_due(
-    trials: Sequence[TrialPublic], pace: Pace, now: datetime, *, newcomers: int = 1
-) -> bool:
-    """Whether the next N's `newcomers` should start now: each trial of this N has ended or
-    reported, and the last is expected to end within their lead (Pace.lead_s; the next N's
-    start-up is no shorter: more trials share the host's cores), so that they begin computing
-    as it ends."""
-    ends = []
-    for trial in trials:
-        if trial.ended_at is not None:
+def all_exited(pids: Iterable[int | None]) -> bool:
+    """Whether every one of these trial processes has exited (None: not started yet)."""
+    for pid in pids:
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             continue
-        if trial.status not in (TrialStatus.running,):
+        except PermissionError:
             return False
-        end = expected_end(trial, pace)
-        if end is None:
-            return False
-        ends.append(end)
-    return not ends or (max(ends) - now).total_seconds() <= pace.lead_s(newcomers)
+        return False
+    return True
 
 
 def out_of_memory(measured: Round) -> bool:

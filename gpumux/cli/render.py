@@ -17,10 +17,16 @@ from gpumux.schemas import (
     ProfilePublic,
     SweepPublic,
     TrialPublic,
-    parse_objective,
 )
 from gpumux.searchspec import spec_text
-from gpumux.status import FINAL_TRIAL_STATUSES, SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import (
+    FINAL_TRIAL_STATUSES,
+    ObjectiveMode,
+    SearchMethod,
+    SweepStatus,
+    TrialStatus,
+)
+from gpumux.sweepplan import Objective
 
 STATUS_STYLES = {
     "queued": "dim",
@@ -139,21 +145,21 @@ def trial_seconds(trial: TrialPublic, now: datetime | None = None) -> float | No
     return since(trial.started_at, trial.ended_at or now)
 
 
-def objective_header(objective: str | None) -> str | None:
+def objective_header(objective: Objective | None) -> str | None:
     """The objective column's header: "val_loss (min)"."""
     if objective is None:
         return None
-    metric, mode = parse_objective(objective)
-    return f"{metric} ({mode})"
+    return f"{objective.metric} ({objective.mode})"
 
 
-def rank_by_objective(trials: Iterable[TrialPublic], objective: str | None) -> list[TrialPublic]:
+def rank_by_objective(
+    trials: Iterable[TrialPublic], objective: Objective | None
+) -> list[TrialPublic]:
     """Trials best first by the objective (those without a value last); by number without one."""
     ordered = sorted(trials, key=lambda trial: trial.number)
     if objective is None:
         return ordered
-    _, mode = parse_objective(objective)
-    sign = 1.0 if mode == "min" else -1.0
+    sign = 1.0 if objective.mode == ObjectiveMode.min else -1.0
     return sorted(
         ordered,
         key=lambda t: (t.objective is None, sign * t.objective if t.objective is not None else 0),
@@ -170,7 +176,7 @@ def swept_names(trials: Sequence[TrialPublic]) -> list[str]:
 def trials_table(
     trials: Sequence[TrialPublic],
     *,
-    objective: str | None,
+    objective: Objective | None,
     title: str | None = None,
     errors: bool = True,
     now: datetime | None = None,
@@ -244,7 +250,7 @@ def sweeps_table(sweeps: Sequence[SweepPublic]) -> Table:
             status_text(sweep.status),
             f"{finished_count(sweep.counts)}/{total_count(sweep)}",
             counts_text(sweep.counts),
-            visible(sweep.objective or NONE),
+            visible(str(sweep.objective or NONE)),
             visible(sweep.owner),
             local_time(sweep.created_at, year=False),
         )
@@ -264,7 +270,7 @@ def sweep_summary(sweep: SweepPublic) -> Table:
         ("search", visible(f"{method_text(sweep)}, seed {sweep.seed}, split {sweep.split}")),
         *([("prune", visible(str(sweep.prune)))] if sweep.prune not in (None, "none") else []),
         *([("warm", "yes")] if sweep.warm else []),
-        ("objective", visible(sweep.objective or NONE)),
+        ("objective", visible(str(sweep.objective or NONE))),
         ("workdir", visible(sweep.workdir)),
         ("owner", visible(sweep.owner)),
         ("created", local_time(sweep.created_at)),
@@ -282,13 +288,13 @@ def sweep_summary(sweep: SweepPublic) -> Table:
 
 
 def best_text(
-    best: TrialPublic | None, objective: str | None, shown: ShortValues | None = None
+    best: TrialPublic | None, objective: Objective | None, shown: ShortValues | None = None
 ) -> Text | None:
     """ "best: trial 7  lr=0.01  val_loss=0.123" (its floats as short as among those `shown`
     with it), or why there is none."""
     if objective is None:
         return None
-    metric, _ = parse_objective(objective)
+    metric = objective.metric
     if best is None or best.objective is None:
         return Text(f"best: no trial has reported {metric}", style="yellow")
     return Text.assemble(

@@ -25,13 +25,10 @@ class Round:
     makespan_s: float | None
     seconds_per_trial: float | None
     errors: tuple[str, ...] = ()
-    # The median share of a succeeded trial's time spent starting, and its seconds, and the
-    # steps a succeeded trial reported (None: not measurable).
+    # The median share of a succeeded trial's time spent starting, and its seconds (None: not
+    # measurable).
     startup_share: float | None = None
     startup_s: float | None = None
-    steps: int | None = None
-    # Seconds between two of its trials' starts, as the daemon launched them one by one.
-    launch_s: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -58,28 +55,31 @@ def measure_round(
     trials: Sequence[TrialPublic],
     samples: Mapping[int, float],
     startups: Mapping[int, float] | None = None,
-    steps: Mapping[int, int] | None = None,
+    held: Mapping[int, float] | None = None,
 ) -> Round:
-    """A round's figures from its ended trials, the samples each reported, and the seconds each
-    took to start and the steps it reported, where known (all by trial id)."""
+    """A round's figures from its ended trials, the samples each reported, the seconds each
+    took to start, and the seconds each waited ready for the round before to end (launched
+    ahead, overlap.py), where known (all by trial id). Waiting is no part of a trial's time:
+    the round lasts from its first start to its last end less the wait of its last trial
+    ready, as if it had been let compute then."""
+    waited = held or {}
     ran = [t for t in trials if t.started_at is not None and t.ended_at is not None]
     makespan = None
     if ran:
         first = min(t.started_at for t in ran if t.started_at is not None)
         last = max(t.ended_at for t in ran if t.ended_at is not None)
-        makespan = (last - first).total_seconds()
+        makespan = (last - first).total_seconds() - unheld(
+            {t.id: waited[t.id] for t in ran if t.id in waited}
+        )
     succeeded = [t for t in ran if t.status == TrialStatus.succeeded]
-    durations = [
-        (t.ended_at - t.started_at).total_seconds()
+    durations = {
+        t.id: (t.ended_at - t.started_at).total_seconds() - waited.get(t.id, 0.0)
         for t in succeeded
         if t.ended_at is not None and t.started_at is not None
-    ]
+    }
     known = startups or {}
     shares = [
-        known[t.id] / (t.ended_at - t.started_at).total_seconds()
-        for t in succeeded
-        if t.id in known and t.ended_at is not None and t.started_at is not None
-        if t.ended_at > t.started_at
+        known[t.id] / durations[t.id] for t in succeeded if t.id in known if durations[t.id] > 0
     ]
     failed = [t for t in trials if t.status != TrialStatus.succeeded]
     return Round(
@@ -88,31 +88,23 @@ def measure_round(
         succeeded=len(succeeded),
         samples=sum(samples.get(t.id, 0.0) for t in ran),
         makespan_s=makespan,
-        seconds_per_trial=statistics.median(durations) if durations else None,
+        seconds_per_trial=statistics.median(durations.values()) if durations else None,
         errors=tuple(
             f"trial {t.id} {t.status}: {render.error_summary(t.error) or 'no error recorded'}"
             for t in failed
         ),
         startup_share=statistics.median(shares) if shares else None,
         startup_s=_median([known[t.id] for t in succeeded if t.id in known]),
-        steps=_median_low([(steps or {})[t.id] for t in succeeded if t.id in (steps or {})]),
-        launch_s=_launch_s(ran),
     )
 
 
-def _launch_s(ran: Sequence[TrialPublic]) -> float:
-    starts = sorted(t.started_at for t in ran if t.started_at is not None)
-    if len(starts) < 2:
-        return 0.0
-    return (starts[-1] - starts[0]).total_seconds() / (len(starts) - 1)
+def unheld(held: Mapping[int, float]) -> float:
+    """Seconds a whole round waited ready: its last trial's wait (the others waited longer)."""
+    return min(held.values(), default=0.0)
 
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def _median_low(values: Sequence[int]) -> int | None:
-    return statistics.median_low(values) if values else None
 
 
 def choose_unit(rounds: Sequence[Round]) -> ThroughputUnit:

@@ -8,6 +8,7 @@ from gpumux import sweepspec
 from gpumux.cli import glance, render
 from gpumux.schemas import TrialPublic
 from gpumux.status import FINAL_TRIAL_STATUSES, PruneNote, TrialStatus
+from gpumux.sweepplan import Objective
 
 
 def reason_in_full(trial: TrialPublic) -> str:
@@ -21,7 +22,7 @@ def reason_in_full(trial: TrialPublic) -> str:
     return render.visible(trial.error or render.NONE)
 
 
-def trial_summary(trial: TrialPublic, objective: str | None) -> Table:
+def trial_summary(trial: TrialPublic, objective: Objective | None) -> Table:
     """A trial's facts as label: value lines, each parameter exactly as its command got it."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)

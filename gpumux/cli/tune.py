@@ -235,7 +235,10 @@ def _measure(
                 f"({device.key}), {each} of the command at each N"
             )
             try:
-                measured = run_rounds(state, client, sweeps, load, kind=device.kind, rounds=rounds)
+                measured = run_rounds(
+                    state, client, sweeps, load, kind=device.kind, rounds=rounds,
+                    gates=home / "gates",
+                )  # fmt: skip
             except KeyboardInterrupt:
                 state.note("interrupted: stopping the trials")
                 raise

@@ -12,10 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumux.runtime.gate import GATE_ENV
+
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "runtime" / "bootstrap"
 # Set per trial by the launcher; a submitter's own values must not leak into a trial.
 CONTRACT_PREFIXES = ("GPUMUX_",)
 CONTRACT_NAMES = ("CUDA_VISIBLE_DEVICES",)
+# Of gpumux's names, those its submitter gives a sweep's trials: gpumux tune's gate (where a
+# trial launched ahead of its round waits, gpumux.runtime.gate).
+SUBMITTED_NAMES = (GATE_ENV,)
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ def trial_env(spec: LaunchSpec) -> dict[str, str]:
     env = {
         name: value
         for name, value in spec.base_env.items()
-        if not name.startswith(CONTRACT_PREFIXES) and name not in CONTRACT_NAMES
+        if name in SUBMITTED_NAMES
+        or (not name.startswith(CONTRACT_PREFIXES) and name not in CONTRACT_NAMES)
     }
     python_path = [str(BOOTSTRAP_DIR)]
     if env.get("PYTHONPATH"):

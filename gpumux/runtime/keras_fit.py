@@ -14,7 +14,7 @@ import math
 import threading
 import time
 
-from gpumux.runtime import frameworks, reporter
+from gpumux.runtime import frameworks, gate, reporter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ def instrument(keras: ModuleType) -> None:
     @functools.wraps(original)
     def fit(*args: Any, **kwargs: Any) -> Any:
         frameworks.training_with(backend_of(keras))
+        # Launched ahead by gpumux tune, it waits here for the round before to end.
+        gate.wait_for_turn()
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:

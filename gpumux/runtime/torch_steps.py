@@ -14,7 +14,7 @@ import importlib
 import threading
 import time
 
-from gpumux.runtime import frameworks, reporter
+from gpumux.runtime import frameworks, gate, reporter
 from gpumux.runtime.context import say
 
 TYPE_CHECKING = False
@@ -41,6 +41,8 @@ class StepCounter:
         if not self._stepped:
             self._stepped = True
             frameworks.training_with("torch")
+            # Launched ahead by gpumux tune, it waits here for the round before to end.
+            gate.wait_for_turn()
         now = time.monotonic()
         with self._lock:
             self._steps += 1

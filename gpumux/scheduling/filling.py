@@ -20,7 +20,9 @@ from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.splits.searches import Searches
-from gpumux.storage import nodes, store
+from gpumux.storage import lifecycle, nodes
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
@@ -82,7 +84,7 @@ class SlotFiller:
         """Fill free device slots with the next trials, each user's fair share first;
         `group_of` maps our trials' pids to their process groups where devices list processes."""
         with self.sessions.read() as session:
-            everywhere = store.active_trials(session=session)
+            everywhere = trial_store.active_trials(session=session)
             active = [
                 t for t in everywhere if self.node_id is None or t.node_id in (self.node_id, None)
             ]
@@ -207,14 +209,14 @@ class SlotFiller:
         if trial_id >= 0:
             return trial_id
         with self.sessions.write.begin() as session:
-            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
             if sweep is None or sweep.cancel_requested:
                 return None
             try:
                 trial = self.studies.ask(session=session, sweep=sweep)
             except SamplerFailed:
                 # Its budget now ends with the trials it has: the sweep may be done.
-                store.refresh_sweep_status(session=session, sweep=sweep)
+                lifecycle.refresh_sweep_status(session=session, sweep=sweep)
                 return None
             return None if trial is None else trial.id
 

@@ -9,7 +9,7 @@ import time
 
 from sqlalchemy import exc
 
-from gpumux.storage import store
+from gpumux.storage import backlog
 from gpumux.storage.engine import Sessions
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def pending_work(sessions: Sessions) -> int | None:
     when the database cannot be read now."""
     try:
         with sessions.read() as session:
-            return store.pending_work(session=session)
+            return backlog.pending_work(session=session)
     except exc.DBAPIError as error:
         # A database busy or away for a moment says nothing about the queue: stay.
         log.warning("idle: cannot read the queue (%s); staying", error.orig)

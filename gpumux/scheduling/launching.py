@@ -23,7 +23,8 @@ from gpumux.scheduling.placement import Placement
 from gpumux.scheduling.reconcile import run_dir
 from gpumux.scheduling.watched import Running
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
@@ -73,7 +74,9 @@ class Launcher:
         token = secrets.token_urlsafe(32)
         # One transaction, one commit: a launch's every write waits for the disk.
         with self.sessions.write.begin() as session:
-            trial = store.claim_trial(session=session, trial_id=chosen.trial_id, node=self.node)
+            trial = trial_store.claim_trial(
+                session=session, trial_id=chosen.trial_id, node=self.node
+            )
             if trial is None:
                 return None
             try:
@@ -117,7 +120,7 @@ class Launcher:
         log_path = self.settings.layout.trial_log(
             sweep_id=trial.sweep_id, trial_id=trial.id, attempt=trial.attempt
         )
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.starting,
@@ -167,9 +170,9 @@ class Launcher:
         """Record a trial that could not start as failed, with the reason."""
         node_id = None if self.node is None else self.node.id
         with self.sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=trial_id)
+            trial = trial_store.get_trial(session=session, trial_id=trial_id)
             if trial is not None and trial.status is TrialStatus.queued:
-                trial = store.claim_trial(session=session, trial_id=trial_id, node=self.node)
+                trial = trial_store.claim_trial(session=session, trial_id=trial_id, node=self.node)
             elif trial is not None and trial.status is TrialStatus.starting:
                 trial = trial if trial.node_id in (node_id, None) else None
             else:
@@ -181,8 +184,8 @@ class Launcher:
 def fail(session: Session, trial: Trial, error: str) -> None:
     """Record a queued or starting trial as failed before it started, with the reason."""
     if trial.status is TrialStatus.queued:
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-    store.set_trial_status(
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+    lifecycle.set_trial_status(
         session=session, trial=trial, status=TrialStatus.failed, error=error, ended_at=utcnow()
     )
 

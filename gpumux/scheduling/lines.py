@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
@@ -80,7 +80,7 @@ class LogReports:
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
-                for trial in store.active_trials(session=session, node_id=self.node_id)
+                for trial in trial_store.active_trials(session=session, node_id=self.node_id)
                 if trial.log_path is not None and (only is None or trial.id in only)
             ]
         live = {(trial_id, attempt) for trial_id, attempt, _, _ in targets}
@@ -169,10 +169,10 @@ class LogReports:
         a restarted daemon that reads it again finds nothing twice."""
         with self.sessions.write.begin() as session:
             for (trial_id, attempt), (scanned, batches) in found.items():
-                trial = store.get_trial(session=session, trial_id=trial_id)
+                trial = trial_store.get_trial(session=session, trial_id=trial_id)
                 if trial is None:
                     continue
-                if store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
+                if trial_store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
                     continue
                 now = utcnow()
                 reader = self._readers.get((trial_id, attempt))

@@ -42,7 +42,9 @@ from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import backlog, lifecycle
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
@@ -103,6 +105,10 @@ class Scheduler:
             node_id=self.node_id,
         )
         self._probed_at = float("-inf")
+        # Our trials' processes seen since the devices were last probed: one that ended since
+        # is still listed in that snapshot, and counted as another's it would shrink the next
+        # trial's slice by its memory (a slice at the edge then runs out of memory).
+        self._ours_since_probe: dict[int, int] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
@@ -223,7 +229,7 @@ class Scheduler:
     def _idle(self) -> bool:
         with self.sessions.read() as session:
             return (
-                not self.watched and not self._ending and store.pending_work(session=session) == 0
+                not self.watched and not self._ending and backlog.pending_work(session=session) == 0
             )
 
     async def tick(self) -> None:
@@ -250,6 +256,8 @@ class Scheduler:
         group_of = None
         if self.overheads.measurable(devices):
             group_of = self._trial_processes()
+            self._ours_since_probe.update(group_of)
+            group_of = dict(self._ours_since_probe)
         self.filler.fill(devices, group_of=group_of or {})
         if any(not search.decision.settled for search in self.searches):
             if group_of is None:
@@ -275,7 +283,9 @@ class Scheduler:
         after a write failed): adopt those whose supervisors live on, record those that ended
         with their real exit status, and requeue the rest within their retry budget."""
         with self.sessions.read() as session:
-            active = {t.id for t in store.active_trials(session=session, node_id=self.node_id)}
+            active = {
+                t.id for t in trial_store.active_trials(session=session, node_id=self.node_id)
+            }
         unwatched = {trial_id for trial_id in active if trial_id not in self.watched}
         if unwatched:
             # Trials that ended while no daemon ran: what they printed last is read first, a
@@ -315,11 +325,11 @@ class Scheduler:
             for trial_id, entry, end in ended:
                 self._record_end(session, trial_id, entry, end)
             for trial_id, (pid, started) in leaders.items():
-                trial = store.get_trial(session=session, trial_id=trial_id)
+                trial = trial_store.get_trial(session=session, trial_id=trial_id)
                 attempt = self.watched[trial_id].process.attempt
                 if trial is not None and self._holds(trial, attempt, "its start"):
                     if trial.status is TrialStatus.starting:
-                        store.set_trial_status(
+                        lifecycle.set_trial_status(
                             session=session, trial=trial, status=TrialStatus.running
                         )
                     trial.pid, trial.pid_started = pid, started
@@ -329,7 +339,7 @@ class Scheduler:
     def _record_end(
         self, session: Session, trial_id: int, entry: Running, end: TrialEnd | None
     ) -> None:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         if trial is None:
             return
         if not self._holds(trial, entry.process.attempt, "the end"):
@@ -352,7 +362,7 @@ class Scheduler:
     def _holds(self, trial: Trial, attempt: int, what: str) -> bool:
         """Whether this node may still record `what` of the trial's `attempt`. Fencing: an
         older attempt's news never overwrites a newer one, nor one another node runs."""
-        refused = store.still_held(trial, node_id=self.node_id, attempt=attempt)
+        refused = trial_store.still_held(trial, node_id=self.node_id, attempt=attempt)
         if refused is not None:
             log.warning(
                 "trial %s: refusing %s of attempt %d (%s)", trial.id, what, attempt, refused
@@ -367,8 +377,8 @@ class Scheduler:
     def apply_cancels(self) -> None:
         """Drop the queued trials of cancelled sweeps and stop their running ones."""
         with self.sessions.write.begin() as session:
-            for sweep in store.sweeps_to_cancel(session=session):
-                store.cancel_queued_trials(session=session, sweep=sweep)
+            for sweep in sweep_store.sweeps_to_cancel(session=session):
+                lifecycle.cancel_queued_trials(session=session, sweep=sweep)
         for trial_id in self._trials_of_cancelled_sweeps():
             self.watched.stop(trial_id, StopReason.cancel)
 
@@ -376,12 +386,12 @@ class Scheduler:
         """Let each pruned sweep's pruner look at the steps its running trials reported, and
         stop those it prunes, like a cancel; their slots go to the next trials once they exit."""
         with self.sessions.read() as session:
-            open_sweeps = store.open_sweeps(session=session)
+            open_sweeps = sweep_store.open_sweeps(session=session)
         self.studies.forget(set(self.studies) - {sweep.id for sweep in open_sweeps})
         if not any(sweep.prune for sweep in open_sweeps):
             return
         with self.sessions.write.begin() as session:
-            pruned = [s for s in store.open_sweeps(session=session) if s.prune is not None]
+            pruned = [s for s in sweep_store.open_sweeps(session=session) if s.prune is not None]
             stopping = self.studies.to_prune(session=session, sweeps=pruned)
         stopped = []
         for decision in stopping:
@@ -393,7 +403,7 @@ class Scheduler:
             # Said now, for the trial's end to carry: it reports on until the signal lands.
             with self.sessions.write.begin() as session:
                 for decision in stopped:
-                    trial = store.get_trial(session=session, trial_id=decision.trial_id)
+                    trial = trial_store.get_trial(session=session, trial_id=decision.trial_id)
                     attempt = self.watched[decision.trial_id].process.attempt
                     if trial is not None and self._holds(trial, attempt, "the pruning"):
                         trial.error = decision.note
@@ -407,7 +417,7 @@ class Scheduler:
             cancelled = {
                 sweep_id
                 for sweep_id in sweep_ids
-                if (sweep := store.get_sweep(session=session, sweep_id=sweep_id))
+                if (sweep := sweep_store.get_sweep(session=session, sweep_id=sweep_id))
                 and sweep.cancel_requested
             }
         return [
@@ -463,6 +473,7 @@ class Scheduler:
         now = time.monotonic()
         if now - self._probed_at >= self.settings.poll_interval:
             self._probed_at = now
+            self._ours_since_probe = {}
             try:
                 self.devices = self.probe.snapshot()
             except NvmlUnavailable as error:

@@ -15,7 +15,9 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from gpumux.storage import store
+from gpumux.storage import backlog
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
 
 
@@ -55,7 +57,7 @@ class ExpandedTrials:
         self, *, session: Session, sweep: Sweep, limit: int, placeholder: int
     ) -> list[NextTrial]:
         """The sweep's queued trials in their order."""
-        queued = store.queued_trials_of(session=session, sweep=sweep, limit=limit)
+        queued = trial_store.queued_trials_of(session=session, sweep=sweep, limit=limit)
         return [NextTrial(trial.id, sweep, trial) for trial in queued]
 
 
@@ -69,7 +71,7 @@ class AskedTrials(ExpandedTrials):
         queued = super().next_trials(
             session=session, sweep=sweep, limit=limit, placeholder=placeholder
         )
-        left = sweep.trial_count - store.asked_count(session=session, sweep=sweep)
+        left = sweep.trial_count - backlog.asked_count(session=session, sweep=sweep)
         room = max(0, min(limit - len(queued), left))
         return queued + [NextTrial(placeholder - i, sweep, None) for i in range(room)]
 
@@ -88,7 +90,7 @@ def next_trials(*, session: Session, limit: int) -> list[NextTrial]:
     pass), from each open sweep in the order sweeps get slots. Fair share orders them next."""
     chosen: list[NextTrial] = []
     taken: dict[int, int] = {}
-    for sweep in store.open_sweeps(session=session):
+    for sweep in sweep_store.open_sweeps(session=session):
         room = limit - taken.get(sweep.owner_id, 0)
         if room <= 0:
             continue

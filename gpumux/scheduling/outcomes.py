@@ -14,7 +14,7 @@ from gpumux.processes.logfiles import tail_lines
 from gpumux.processes.rundir import ExitStatus, TrialEnd
 from gpumux.splits.online import is_out_of_memory
 from gpumux.status import PruneNote, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
 from gpumux.storage.models import Trial, utcnow
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ def record(
     if trial.status is TrialStatus.starting:
         # Ended before its start was recorded (a short trial, or a write that failed): it did
         # run, so say so first.
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
     if end.error is not None and stop is None:
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.failed,
@@ -95,22 +95,26 @@ def record_exit(
             settings=settings,
         )
     elif stop is StopReason.cancel:
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled, **ended)
+        lifecycle.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.cancelled, **ended
+        )
     elif stop is StopReason.prune:
         # The pruner's decision, noted when the trial was stopped (Scheduler.apply_pruners).
         noted = trial.error if PruneNote.parse(trial.error) is not None else None
         error = noted or f"pruned by the {trial.sweep.prune} pruner"
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended
         )
     elif stop is StopReason.timeout:
         limit = trial.sweep.time_limit_s
         error = f"time limit of {limit:g} s exceeded; stopped"
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.failed, error=error, **ended
         )
     elif exit_status.exit_code == 0:
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded, **ended)
+        lifecycle.set_trial_status(
+            session=session, trial=trial, status=TrialStatus.succeeded, **ended
+        )
     else:
         return _record_failure(
             session=session, trial=trial, how=exit_status.describe(), ended=ended, settings=settings
@@ -130,7 +134,7 @@ def _record_failure(
     if is_out_of_memory(tail):
         if trial.sweep.split is None and trial.attempt <= settings.oom_retries:
             # The split search went one N too far: it lowers N, and the trial runs again.
-            store.requeue(
+            lifecycle.requeue(
                 session=session,
                 trial=trial,
                 why=f"ran out of device memory at N={trial.split}",
@@ -148,7 +152,7 @@ def _record_failure(
         else:
             how = f"out of device memory at N={trial.split} ({how}); try a smaller --split"
     elif trial.failures < trial.sweep.retries:
-        store.requeue(
+        lifecycle.requeue(
             session=session,
             trial=trial,
             why=how,
@@ -156,7 +160,7 @@ def _record_failure(
             failures=trial.failures + 1,
         )
         return Outcome(status=trial.status)
-    store.set_trial_status(
+    lifecycle.set_trial_status(
         session=session,
         trial=trial,
         status=TrialStatus.failed,
@@ -168,4 +172,6 @@ def _record_failure(
 
 def requeue_or_lose(*, session: Session, trial: Trial, why: str, settings: Settings) -> None:
     """Run a trial cut off by gpumux again, within its retry budget; else record it lost."""
-    store.requeue_or_lose(session=session, trial=trial, why=why, lost_retries=settings.lost_retries)
+    lifecycle.requeue_or_lose(
+        session=session, trial=trial, why=why, lost_retries=settings.lost_retries
+    )

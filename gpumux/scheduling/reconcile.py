@@ -16,7 +16,8 @@ from gpumux.scheduling import outcomes
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.watched import KILL_BACKSTOP_S, Running, Watched
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Trial, utcnow
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def reconcile(
     adopt those whose supervisors live on, requeue the rest within their retry budget. A trial
     written before nodes existed becomes this node's. Returns the ends recorded."""
     recorded = []
-    for trial in store.active_trials(session=session, node_id=node_id):
+    for trial in trial_store.active_trials(session=session, node_id=node_id):
         if trial.id in watched:
             continue
         if trial.node_id is None:
@@ -97,7 +98,7 @@ def adopt(*, session: Session, trial: Trial, process: SupervisedTrial, watched: 
         ),
     )
     if trial.status is TrialStatus.starting:
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.running,

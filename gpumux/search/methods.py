@@ -260,10 +260,11 @@ def check(
     options: Mapping[str, OptionValue] = {},
     prune: str | None,
     trials: int | None,
-    objective: str | None,
+    metric: str | None,
     params: Sequence[Param],
 ) -> Search:
-    """The sweep's search, or SearchError saying what to change (nothing is stored before)."""
+    """The sweep's search, or SearchError saying what to change (nothing is stored before).
+    What the daemon's host must have installed is check_installed's."""
     if method is None:
         method = SearchMethod.random if trials is not None else SearchMethod.grid
     if method is SearchMethod.grid and trials is not None:
@@ -274,11 +275,11 @@ def check(
     if method is not SearchMethod.grid and trials is None:
         raise SearchError(f"--search {method} needs a budget of trials: add --trials K")
     if method.adaptive:
-        _check_adaptive(method, objective, params)
+        _check_adaptive(method, metric, params)
     checked = check_sampler_options(method, options, budget=trials or 0)
     spec = parse_prune(prune) if prune is not None else None
     if spec is not None:
-        if objective is None:
+        if metric is None:
             raise SearchError(
                 f"--prune {spec.name} compares trials on the objective: add --objective "
                 "METRIC:min or METRIC:max (the metric the trials report at each step)"
@@ -287,8 +288,8 @@ def check(
     return Search(method, spec, checked)
 
 
-def _check_adaptive(method: SearchMethod, objective: str | None, params: Sequence[Param]) -> None:
-    if objective is None:
+def _check_adaptive(method: SearchMethod, metric: str | None, params: Sequence[Param]) -> None:
+    if metric is None:
         raise SearchError(
             f"--search {method} learns from each trial's objective: add --objective "
             "METRIC:min or METRIC:max"
@@ -307,6 +308,11 @@ def _check_adaptive(method: SearchMethod, objective: str | None, params: Sequenc
                 f"--search cmaes takes only numeric ranges, and {choices[0].name} is a choice "
                 "of values; use --search tpe (or gp), or make it a range without :N"
             )
+
+
+def check_installed(method: SearchMethod) -> None:
+    """SearchError where this host lacks what the method's sampler runs on: the daemon's
+    check, since the command line that submits may run elsewhere."""
     if method is SearchMethod.gp:
         try:
             import torch  # noqa: F401

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState, create_trial
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from gpumux import sweepspec
 from gpumux.search import methods
@@ -34,8 +32,13 @@ from gpumux.status import (
     SearchMethod,
     TrialStatus,
 )
+from gpumux.storage import backlog
 from gpumux.storage import studies as study_store
-from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
+from gpumux.storage.models import Sweep, Trial
+
+if TYPE_CHECKING:
+    # The transaction the caller hands in: search/ builds no query (pyproject.toml).
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +106,7 @@ class Studies:
     def ask(self, *, session: Session, sweep: Sweep) -> Trial | None:
         """The sweep's next trial, chosen by its sampler now and stored queued in the caller's
         transaction; None once its budget is spent. A sampler that fails ends the budget."""
-        existing = session.scalars(select(Trial.number).where(Trial.sweep_id == sweep.id)).all()
-        if len(existing) >= sweep.trial_count:
+        if backlog.asked_count(session=session, sweep=sweep) >= sweep.trial_count:
             return None
         try:
             study = self._synced(session, sweep)
@@ -114,21 +116,18 @@ class Studies:
         except Exception as error:
             log.exception("sweep %s: the %s sampler failed", sweep.id, sweep.search)
             self.forget([sweep.id])
-            sweep.trial_count = len(existing)
+            study_store.end_budget(session=session, sweep=sweep)
             raise SamplerFailed(f"the {sweep.search} sampler failed: {error!r}") from error
-        trial = Trial(
-            sweep_id=sweep.id,
-            number=max(existing, default=-1) + 1,
-            params={**asked.params, **study.constants},
-            queued_at=utcnow(),
-        )
-        session.add(trial)
-        session.flush()
         optuna_id = study.storage.get_trial_id_from_study_id_trial_number(
             study.study_id, asked.number
         )
-        trial.optuna_attrs = dict(study.storage.get_trial(optuna_id).system_attrs)
-        sweep.study_attrs = dict(study.storage.get_study_system_attrs(study.study_id))
+        trial = study_store.add_asked(
+            session=session,
+            sweep=sweep,
+            params={**asked.params, **study.constants},
+            optuna_attrs=dict(study.storage.get_trial(optuna_id).system_attrs),
+            study_attrs=dict(study.storage.get_study_system_attrs(study.study_id)),
+        )
         study.optuna_ids[trial.id] = optuna_id
         study.open[trial.id] = trial.attempt
         log.info("sweep %s: %s asks trial %s: %s", sweep.id, sweep.search, trial.id, trial.params)
@@ -150,7 +149,7 @@ class Studies:
                     "sweep %s: the pruner %s failed; no more pruning", sweep.id, sweep.prune
                 )
                 self.forget([sweep.id])
-                sweep.prune = None
+                study_store.drop_pruner(sweep=sweep)
         return stopping
 
     def forget(self, sweep_ids: Iterable[int]) -> None:
@@ -187,7 +186,7 @@ class Studies:
         study = self._studies.get(sweep.id)
         if (
             study is not None
-            and study_store.trial_count(session=session, sweep_id=sweep.id) == len(study.optuna_ids)
+            and backlog.asked_count(session=session, sweep=sweep) == len(study.optuna_ids)
             and all(study.open.get(trial_id) == run.attempt for trial_id, run in active.items())
         ):
             for trial in study_store.ended_among(session=session, trial_ids=list(study.open)):
@@ -239,7 +238,9 @@ class Studies:
                     return step
             return None
         finally:
-            trial.optuna_attrs = dict(study.frozen(trial.id).system_attrs)
+            study_store.keep_pruner_state(
+                trial=trial, optuna_attrs=dict(study.frozen(trial.id).system_attrs)
+            )
 
 
 class SamplerFailed(RuntimeError):
@@ -252,9 +253,7 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
     adaptive = sweep.search.adaptive
     # A pruner compares steps, not parameters: a grid's or a random sweep's study holds none.
     distributions = distributions_of(params) if adaptive else {}
-    trials = session.scalars(
-        select(Trial).where(Trial.sweep_id == sweep.id).order_by(Trial.number)
-    ).all()
+    trials = study_store.trials_of(session=session, sweep_id=sweep.id)
     if adaptive and sweep.search is not SearchMethod.qmc:
         seed = sweep.seed + _SEED_STRIDE * len(trials)
     else:
@@ -287,7 +286,10 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
         distributions=distributions,
         constants=constants_of(params) if adaptive else {},
     )
-    steps = _all_step_values(session, trials, built.metric)
+    steps = {
+        trial_id: _by_step(reports, built.metric)
+        for trial_id, reports in study_store.step_reports(session=session, trials=trials).items()
+    }
     # A running trial's steps reach the study through the pruner, one by one (no mark yet).
     study.add_trials(
         [
@@ -321,7 +323,8 @@ def _frozen(study: SweepStudy, trial: Trial, steps: dict[int, float]) -> optuna.
 def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
     """Tell the study how a trial it holds as running ended, with every step its attempt
     reported (a short trial may report them all and end between two looks)."""
-    for step, value in _step_values(session, trial, study.metric, after=-1).items():
+    reports = study_store.step_reports(session=session, trials=[trial]).get(trial.id, [])
+    for step, value in _by_step(reports, study.metric).items():
         study.storage.set_trial_intermediate_value(study.optuna_ids[trial.id], step, value)
     state = state_of(trial)
     number = study.frozen(trial.id).number
@@ -333,39 +336,6 @@ def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
     study.decided.discard(trial.id)
     study.report_marks.pop(trial.id, None)
     study.reported.pop(trial.id, None)
-
-
-def _step_values(session: Session, trial: Trial, metric: str, *, after: int) -> dict[int, float]:
-    """The objective at each step after `after` that the trial's current attempt reported."""
-    reports = session.scalars(
-        select(TrialReport)
-        .where(
-            TrialReport.trial_id == trial.id,
-            TrialReport.attempt == trial.attempt,
-            TrialReport.step > after,
-        )
-        .order_by(TrialReport.id)
-    )
-    return _by_step(((report.step, report.metrics) for report in reports), metric)
-
-
-def _all_step_values(
-    session: Session, trials: Sequence[Trial], metric: str
-) -> dict[int, dict[int, float]]:
-    attempts = {trial.id: trial.attempt for trial in trials}
-    reports = session.scalars(
-        select(TrialReport)
-        .where(TrialReport.trial_id.in_(list(attempts)), TrialReport.step.is_not(None))
-        .order_by(TrialReport.id)
-    )
-    by_trial: dict[int, list[TrialReport]] = {}
-    for report in reports:
-        if report.attempt == attempts[report.trial_id]:
-            by_trial.setdefault(report.trial_id, []).append(report)
-    return {
-        trial_id: _by_step(((row.step, row.metrics) for row in rows), metric)
-        for trial_id, rows in by_trial.items()
-    }
 
 
 def _by_step(reports: Iterable[tuple[int | None, dict[str, Any]]], metric: str) -> dict[int, float]:

@@ -8,7 +8,8 @@ device's guess); s = 1 is the search from scratch.
 - Effective ceiling: min(ceiling, oom_at - 1), at least 1; points above it are ignored, and of
   repeated splits the last wins. Candidates: the SEQUENCE values up to the ceiling, plus the
   ceiling and s; after an OOM, those below it, plus the N just below it if the OOM was at a
-  candidate. The start is s, or the largest candidate when s is above the effective ceiling.
+  candidate. The start is s, or the largest candidate when s is above the effective ceiling,
+  or half the N that ran out of memory when that N was s itself (a guess memory proved wrong).
 - Ascent: walking the points from the start by increasing N, the first is the leader; a later
   point becomes the leader when it gains at least `threshold` over the leader, otherwise it is a
   miss. Until the knee, measure the next candidate above the largest measured N. The knee is two
@@ -18,12 +19,13 @@ device's guess); s = 1 is the search from scratch.
   than 1 away, and it measured at least as much as the leader (the peak may lie between) or ran
   out of memory, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
   again towards the same upper bound; one that misses ends the search (a bisection of the gap).
-- Descent (start above 1, the ascent settled on the start): walking down from the start, a lower
-  N takes the lead when the best measured so far (the start or a lower leader) does not gain
-  `threshold` over it, as fewer trials at the same throughput are preferred (without a knee, at
-  the ceiling, when it measured at least as much). Compared with the best, not with the last N
-  that took the lead, a slow slope of small losses never drifts below the threshold of the best:
-  a plateau settles on its smallest N within the threshold of the best.
+- Descent (start above 1 and not above what memory allows, the ascent settled on the start):
+  walking down from the start, a lower N takes the lead when the best measured so far (the start
+  or a lower leader) does not gain `threshold` over it, as fewer trials at the same throughput
+  are preferred (without a knee, at the ceiling, when it measured at least as much). Compared
+  with the best, not with the last N that took the lead, a slow slope of small losses never
+  drifts below the threshold of the best: a plateau settles on its smallest N within the
+  threshold of the best.
   Until a lower N falls short, measure the candidate just below the lowest measured N.
 - Refinement down: when the N that fell short is a candidate more than 1 below the leader,
   measure the midpoint; one that takes the lead is refined again, one that falls short ends it.
@@ -123,8 +125,15 @@ def candidate_splits(*, ceiling: int, oom_at: int | None = None, start: int = 1)
 
 
 def first_split(*, ceiling: int, oom_at: int | None = None, start: int = 1) -> int:
-    """The N a search from `start` measures first: the start, or the largest N that may fit."""
-    return min(max(1, start), candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)[-1])
+    """The N a search from `start` measures first: the start, or the largest N that may fit;
+    half the N that ran out of memory where that was the start itself."""
+    top = candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)[-1]
+    if oom_at is not None and start >= oom_at:
+        # The start was a guess, and memory proved it wrong by a factor nothing tells: the
+        # N just below would likely run out too, a wave of start-ups lost. Half of it gives each
+        # trial twice the slice, and its trials show what they hold, which bounds the climb.
+        return max(1, min(top, oom_at // 2))
+    return min(max(1, start), top)
 
 
 def max_measurements(*, ceiling: int, start: int = 1) -> int:
@@ -168,7 +177,10 @@ def next_split(
     oom = oom_at if oom_at is not None and oom_at <= ceiling else None
     refine = _refine_up(points, walk.leader.split, candidates=candidates, oom_at=oom)
     settled = _settle(walk, top=top, oom_at=oom, threshold=threshold)
-    if first == 1 or settled.split != first:
+    if first == 1 or settled.split != first or first < start:
+        # From 1 there is nothing below; and a start memory ruled out (an out-of-memory trial,
+        # a ceiling lowered) was a guess: the largest N that fits is the top, and measuring
+        # below it would spend trials where memory, not the rate, is the limit.
         return refine or settled
     # The ascent settled on the start: below it first, as a lower leader leaves nothing to
     # refine above the start.

@@ -23,10 +23,15 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
 from gpumux.status import SweepStatus
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
 
 log = logging.getLogger(__name__)
+
+# What NVML counts of a trial's process outside its memory slice: a CUDA context (728 MiB on the
+# measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit would run one N out
+# of memory and back off; too small, it would stay one N below what fits.
+CONTEXT_MB = 728
 
 
 class Searches:
@@ -199,6 +204,37 @@ class Searches:
             held=held,
             mix=mix,
         )
+        if snapshot is None or search.decision.settled:
+            return
+        fit = self.memory_fit(snapshot, search)
+        if fit is not None and fit < search.ceiling:
+            search.lower_ceiling(
+                fit,
+                why=f"memory fits {fit} of the trials as they were seen holding it",
+                keep=kind_of(snapshot).stable_ceiling,
+            )
+
+    def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
+        """The most trials whose slices would hold what the search's trials were seen holding,
+        less a CUDA context (NVML's figure counts it; a slice caps the framework's allocations),
+        never below an N measured; None where the device lists no memory per process or no
+        measured trial held less than its slice (one that takes its whole slice, as TensorFlow
+        does, would take any).
+
+        Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
+        then goes from its first point to the N that fits, not through the steps between, nor
+        into N that run out of memory."""
+        if not kind_of(device).lists_processes or device.memory_total_mb is None:
+            return None
+        room = device.memory_total_mb - self.settings.reserve_mb
+        overhead = self.overheads.for_device(device.key)
+        fits = [
+            max(point.split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
+            for point in search.curve
+            if (held := point.memory_per_trial_mb) is not None
+            and held < room // point.split - overhead
+        ]
+        return min(fits, default=None)
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:
@@ -254,7 +290,7 @@ class ActiveTrials:
         """What runs where, as the database says; with `node_id`, on that node's devices
         (trials of no node, from before nodes, count as its own)."""
         on = cls()
-        for trial in store.active_trials(session=session):
+        for trial in trial_store.active_trials(session=session):
             if node_id is not None and trial.node_id not in (node_id, None):
                 continue
             if trial.device is not None:

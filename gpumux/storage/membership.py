@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from gpumux.home.layout import Layout
 from gpumux.status import ACTIVE_TRIAL_STATUSES, NodeState
-from gpumux.storage import store
+from gpumux.storage import lifecycle
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.models import Node, Trial, UtcDateTime, token_hash
 from gpumux.storage.nodes import NodeIdentity
@@ -181,7 +181,7 @@ def expire(*, session: Session, lost_retries: int, only: int | None = None) -> l
             .order_by(Trial.id)
         ).all()
         for trial in trials:
-            store.requeue_or_lose(
+            lifecycle.requeue_or_lose(
                 session=session,
                 trial=trial,
                 why=f"was on node {node.name}, whose lease lapsed",

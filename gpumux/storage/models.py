@@ -116,7 +116,8 @@ class Sweep(Base):
     param_tokens: Mapped[list[str]]
     workdir: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, Any]]
-    random_trials: Mapped[int | None]
+    # --trials: a random search's draws or an adaptive search's budget; None for a grid.
+    trial_budget: Mapped[int | None]
     search: Mapped[SearchMethod] = mapped_column(
         _enum_column(SearchMethod), default=SearchMethod.grid, server_default="grid"
     )

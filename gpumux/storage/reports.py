@@ -6,13 +6,12 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from sqlalchemy import func, or_, select, union
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
-from gpumux.schemas import ReportIn
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 from gpumux.storage.budget import ReportBudget, Seed, Verdict
 from gpumux.storage.models import Trial, TrialReport, token_hash, utcnow
@@ -46,8 +45,29 @@ class Incoming:
     count: int = 1
 
 
+class Report(Protocol):
+    """A report as the API took it (its ReportIn): the fields storage reads."""
+
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def samples(self) -> float | None: ...
+    @property
+    def seconds(self) -> float | None: ...
+    @property
+    def steps(self) -> float | None: ...
+    @property
+    def no_gpu(self) -> str | None: ...
+    @property
+    def metrics(self) -> dict[str, float]: ...
+
+
 def add_report(
-    *, session: Session, trial: Trial, token: str, report_in: ReportIn, budget: ReportBudget
+    *, session: Session, trial: Trial, token: str, report_in: Report, budget: ReportBudget
 ) -> Verdict:
     """Record a report from the trial's current attempt, within its budget; refuse anything
     else."""

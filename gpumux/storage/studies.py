@@ -1,5 +1,6 @@
 """What a node's Optuna study of a sweep reads to keep in step with the database every node
-writes: the sweep's trials, the ends of those it holds as running, and new or updated reports.
+writes (the sweep's trials, the ends of those it holds as running, new or updated reports), and
+what it writes: the trials its sampler asks, the sampler's and pruner's state beside them.
 
 No read here trusts an order of ids or clocks across trials and nodes: a report's id is
 taken before its transaction commits (a concurrent one may commit a lower id later), a row of
@@ -18,13 +19,53 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES
-from gpumux.storage.models import Trial, TrialReport
+from gpumux.storage.backlog import asked_count
+from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
 
-def trial_count(*, session: Session, sweep_id: int) -> int:
-    """How many trials the sweep holds, asked by any node."""
-    count = select(func.count()).select_from(Trial).where(Trial.sweep_id == sweep_id)
-    return session.scalar(count) or 0
+def trials_of(*, session: Session, sweep_id: int) -> list[Trial]:
+    """The sweep's trials in their order, asked by any node."""
+    found = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.number))
+    return list(found)
+
+
+def add_asked(
+    *,
+    session: Session,
+    sweep: Sweep,
+    params: dict[str, Any],
+    optuna_attrs: dict[str, Any],
+    study_attrs: dict[str, Any],
+) -> Trial:
+    """The trial the sweep's sampler asked, stored queued after its last one in the caller's
+    transaction, with what the sampler keeps of it and of the study."""
+    last = session.scalar(select(func.max(Trial.number)).where(Trial.sweep_id == sweep.id))
+    trial = Trial(
+        sweep_id=sweep.id,
+        number=0 if last is None else last + 1,
+        params=params,
+        queued_at=utcnow(),
+        optuna_attrs=optuna_attrs,
+    )
+    session.add(trial)
+    session.flush()
+    sweep.study_attrs = study_attrs
+    return trial
+
+
+def end_budget(*, session: Session, sweep: Sweep) -> None:
+    """An adaptive sweep asks no more: its budget becomes the trials it asked."""
+    sweep.trial_count = asked_count(session=session, sweep=sweep)
+
+
+def drop_pruner(*, sweep: Sweep) -> None:
+    """The sweep runs on without its pruner (which failed)."""
+    sweep.prune = None
+
+
+def keep_pruner_state(*, trial: Trial, optuna_attrs: dict[str, Any]) -> None:
+    """What the pruner keeps of a trial (an ASHA rung), stored for a rebuilt study."""
+    trial.optuna_attrs = optuna_attrs
 
 
 class Running(NamedTuple):
@@ -101,3 +142,23 @@ def trials_by_id(*, session: Session, trial_ids: Collection[int]) -> dict[int, T
         return {}
     found = session.scalars(select(Trial).where(Trial.id.in_(list(trial_ids))))
     return {trial.id: trial for trial in found}
+
+
+def step_reports(
+    *, session: Session, trials: Collection[Trial]
+) -> dict[int, list[tuple[int, dict[str, Any]]]]:
+    """Per trial, the (step, metrics) of each report with a step that its current attempt
+    made, in the order stored."""
+    attempts = {trial.id: trial.attempt for trial in trials}
+    if not attempts:
+        return {}
+    rows = session.execute(
+        select(TrialReport.trial_id, TrialReport.attempt, TrialReport.step, TrialReport.metrics)
+        .where(TrialReport.trial_id.in_(list(attempts)), TrialReport.step.is_not(None))
+        .order_by(TrialReport.id)
+    )
+    by_trial: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for trial_id, attempt, step, metrics in rows:
+        if attempt == attempts[trial_id]:
+            by_trial.setdefault(trial_id, []).append((step, metrics))
+    return by_trial

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from gpumux.storage import store
+from gpumux.storage import owners as owner_store
 from gpumux.storage.models import ApiToken, Owner, token_hash, utcnow
 
 TOKEN_PREFIX = "gmx_"
@@ -19,7 +19,7 @@ TOUCH_INTERVAL = timedelta(minutes=1)
 
 def create_token(*, session: Session, owner_name: str, uid: int | None = None) -> str:
     """A new token for the user (created as an owner on first use); only its hash is stored."""
-    owner = store.get_or_create_owner(session=session, name=owner_name, uid=uid)
+    owner = owner_store.get_or_create_owner(session=session, name=owner_name, uid=uid)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(ApiToken(owner_id=owner.id, token_hash=token_hash(token)))
     session.flush()

@@ -21,6 +21,7 @@ from gpumux import sweepspec
 from gpumux.status import SearchMethod
 from gpumux.sweepfile.loading import SweepFileError
 from gpumux.sweepfile.reader import SweepFile, parse, read
+from gpumux.sweepplan import Objective
 
 __all__ = ["Resolved", "SweepFile", "SweepFileError", "parse", "read", "resolve"]
 
@@ -40,7 +41,7 @@ class Resolved:
     command: list[str]
     search: str | None
     trials: int | None
-    objective: str | None
+    objective: Objective | None
     prune: str | None
     name: str | None
 
@@ -52,7 +53,7 @@ def resolve(
     command: Sequence[str] | None,
     search: str | None,
     trials: int | None,
-    objective: str | None,
+    objective: Objective | None,
     prune: str | None,
     name: str | None,
 ) -> Resolved:

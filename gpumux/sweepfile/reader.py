@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gpumux import sweepspec
-from gpumux.status import SearchMethod
+from gpumux.status import ObjectiveMode, SearchMethod
 from gpumux.sweepfile.loading import SweepFileError, load, read_text
 from gpumux.sweepfile.parameters import CONTINUOUS, Parameter
+from gpumux.sweepplan import Objective
 
 METHODS = {"grid": SearchMethod.grid, "random": SearchMethod.random, "bayes": SearchMethod.tpe}
 GOALS = {"minimize": "min", "maximize": "max"}
@@ -66,7 +67,7 @@ class SweepFile:
     command: tuple[str, ...]  # empty when the file gives neither program nor command
     search: SearchMethod | None = None
     trials: int | None = None
-    objective: str | None = None
+    objective: Objective | None = None
     prune: str | None = None
     name: str | None = None
     continuous: frozenset[str] = frozenset()  # float ranges, which a grid cannot list
@@ -156,7 +157,7 @@ class Reader:
             raise self.error("run_cap", problem)
         return value
 
-    def metric(self, spec: Any) -> str | None:
+    def metric(self, spec: Any) -> Objective | None:
         if spec is None:
             return None
         if not isinstance(spec, dict):
@@ -171,7 +172,7 @@ class Reader:
             raise self.error("metric.name", "the metric's name is needed, e.g. name: val_loss")
         if not isinstance(goal, str) or goal not in GOALS:
             raise self.error("metric.goal", f"{goal!r}: expected minimize or maximize")
-        return f"{name}:{GOALS[goal]}"
+        return Objective(name, ObjectiveMode(GOALS[goal]))
 
     def early_terminate(self, spec: Any) -> str | None:
         """Hyperband's brackets as Optuna's HyperbandPruner options."""

@@ -88,6 +88,8 @@ def test_the_dashboard_follows_a_sweep_to_its_end(
     row = page.locator(f"tr[data-sweep-id='{sweep_id}']")
     expect(row.locator(".sweep-status")).to_have_text("finished", timeout=SWEEP_DONE_MS)
     expect(row.locator(".progress")).to_contain_text("4/4")
+    # The objective column puts the API's metric and mode back together.
+    expect(row.locator("td").nth(4)).to_have_text("loss:min")
     # The sweep's name is the user's text, shown as text: no element comes out of it.
     expect(row.locator("td.cmd")).to_have_text(NAME)
     expect(row.locator("b, i")).to_have_count(0)

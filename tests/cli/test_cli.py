@@ -23,7 +23,7 @@ from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
 from gpumux.schemas import SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
-from gpumux.status import SweepStatus, TrialStatus
+from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ECHO = str(FIXTURES / "echo_params.py")
@@ -334,7 +334,8 @@ def test_a_sweep_is_found_by_its_name_the_newest_of_that_name_first(
             params=["x=1"],
             command=[sys.executable, REPORT],
             workdir=str(tmp_path),
-            objective="loss:min",
+            metric="loss",
+            mode=ObjectiveMode.min,
             name=name,
         )
     )
@@ -343,7 +344,8 @@ def test_a_sweep_is_found_by_its_name_the_newest_of_that_name_first(
             params=["x=2"],
             command=[sys.executable, REPORT],
             workdir=str(tmp_path),
-            objective="loss:min",
+            metric="loss",
+            mode=ObjectiveMode.min,
             name=name,
         )
     )

@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +19,6 @@ from builders import terminal_signals
 from test_cli_tune import STARTED_THEN_BLOCK, T0, ended_trial, tune, tune_env
 
 from gpumux.cli.app import main as run_cli
-from gpumux.cli.overlap import Pace, expected_end, launch_split, next_is_due
 from gpumux.cli.rounds import measure_round
 from gpumux.cli.state import EmbeddedDaemon
 from gpumux.cli.tune_result import HostLoad, explain, startup_s
@@ -202,59 +200,3 @@ def test_tunes_curve_is_the_profile_the_next_auto_sweep_starts_settled_from(
         assert {t.split for t in client.all_trials(created.id)} == {split}
         after = client.get_profile(profile.id)
         assert (after.settled, after.best_split, after.curve) == (True, split, profile.curve)
-
-
-def test_on_a_gpu_the_next_n_starts_up_while_the_one_before_computes(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
-    env.update(GPUMUX_SIMULATED_GPU="h200-torch-mlp", GPUMUX_SIMULATED_TIME_SCALE="0.25")
-    trial = [*TRIAL[:-1], "--epochs=10"]
-    # Three rounds of a few seconds each, on a host that may be busy: more than tune()'s deadline.
-    result = subprocess.run(
-        [sys.executable, "-m", "gpumux", "tune", "--keep", "--splits", "1,2,3", "--", *trial],
-        env=env, capture_output=True, text=True, timeout=DEADLINE_S,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    kept = re.search(r"kept (\S+): the database", result.stderr)
-    assert kept is not None, result.stderr
-    with contextlib.closing(sqlite3.connect(Path(kept.group(1)) / "gpumux.db")) as db:
-        rows = db.execute("SELECT sweep_id, started_at, ended_at FROM trials").fetchall()
-    by_round: dict[int, list[tuple[str, str]]] = {}
-    for sweep_id, started, ended in rows:
-        by_round.setdefault(sweep_id, []).append((started, ended))
-    one, two, three = (by_round[sweep_id] for sweep_id in sorted(by_round))
-    # N=2 has the first round's pace to go by: N=3 started before N=2's last trial ended.
-    assert min(start for start, _ in three) < max(end for _, end in two), by_round
-    # And the round's trials ran together, as a round of N copies: each started before any
-    # of them ended.
-    assert max(start for start, _ in three) < min(end for _, end in three), three
-    assert "beside the N before" not in result.stdout, result.stdout
-
-
-def test_each_round_leaves_room_for_its_neighbours_on_a_gpu_only() -> None:
-    splits = [1, 2, 3, 5, 8, 13, 21, 34]
-    assert [launch_split(splits, i, kind="gpu", rounds=1) for i in range(8)] == [
-        3, 5, 8, 13, 21, 34, 55, 55,
-    ]  # fmt: skip
-    assert [launch_split(splits, i, kind="cpu", rounds=1) for i in range(8)] == splits
-    assert launch_split(splits, 3, kind="gpu", rounds=2) == 5
-    assert launch_split([34, 55], 0, kind="gpu", rounds=1) == 34
-    assert launch_split([3], 0, kind="gpu", rounds=1) == 3
-
-
-def test_the_next_n_is_due_when_the_last_trial_is_a_start_up_from_its_end() -> None:
-    pace = Pace(steps=10, startup_s=4.0)
-    # Started at 0, computing from 4 s, 1 s a step: step 2 (the third) reported at 7 s.
-    running = ended_trial(1, TrialStatus.running, 0.0, 0.0).model_copy(
-        update={"ended_at": None, "step": 2, "last_report_at": T0 + timedelta(seconds=7)}
-    )
-    assert expected_end(running, pace) == T0 + timedelta(seconds=14)
-    assert not next_is_due([running], pace, T0 + timedelta(seconds=9.9))
-    assert next_is_due([running], pace, T0 + timedelta(seconds=10))
-    queued = running.model_copy(update={"status": TrialStatus.queued, "started_at": None})
-    assert not next_is_due([running, queued], pace, T0 + timedelta(seconds=13))
-    silent = running.model_copy(update={"step": None, "last_report_at": None})
-    assert not next_is_due([silent], pace, T0 + timedelta(seconds=13))
-    # Launched one by one, 0.5 s apart: the middle of 8 newcomers computes 2 s after the first.
-    launching = Pace(steps=10, startup_s=4.0, launch_s=0.5)
-    assert not next_is_due([running], launching, T0 + timedelta(seconds=7.9), newcomers=8)
-    assert next_is_due([running], launching, T0 + timedelta(seconds=8), newcomers=8)

@@ -12,6 +12,7 @@ from rich.console import Console, RenderableType
 from gpumux.cli import follow
 from gpumux.schemas import SweepDetail, TrialPublic
 from gpumux.status import PruneNote, SearchMethod, SweepStatus, TrialStatus
+from gpumux.sweepplan import parse_objective
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -88,7 +89,8 @@ def sweep(
         trials=None,
         seed=0,
         split=2,
-        objective=objective,
+        metric=parse_objective(objective).metric if objective else None,
+        mode=parse_objective(objective).mode if objective else None,
         time_limit_s=None,
         retries=0,
         priority=0,

@@ -10,7 +10,8 @@ from rich.console import Console, RenderableType
 from gpumux.cli import render, top
 from gpumux.cli.state import PIPE_WIDTH, make_console
 from gpumux.schemas import DeviceTrial, ProfilePublic, SweepPublic, TrialPublic
-from gpumux.status import SearchMethod, TrialStatus
+from gpumux.status import ObjectiveMode, SearchMethod, TrialStatus
+from gpumux.sweepplan import Objective
 from gpumux.throughput import CurvePoint
 
 
@@ -101,7 +102,9 @@ def test_the_summary_says_warm_only_of_a_warm_sweep() -> None:
 
 def test_the_trials_table_shows_the_step_each_trial_reached_once_one_has() -> None:
     trials = [a_trial(1, TrialStatus.pruned, 4), a_trial(2, TrialStatus.succeeded, 20)]
-    lines = lines_of(render.trials_table(trials, objective="val_loss:min"))
+    lines = lines_of(
+        render.trials_table(trials, objective=Objective("val_loss", ObjectiveMode.min))
+    )
     header = [cell.strip() for cell in lines[1].split("┃")[1:-1]]
     assert header[:4] == ["trial", "lr", "status", "step"]
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if "│" in line]

@@ -20,7 +20,8 @@ from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import Searches
 from gpumux.status import NodeState, TrialStatus
-from gpumux.storage import membership, store
+from gpumux.storage import membership
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node
 from gpumux.storage.nodes import NodeIdentity
@@ -87,12 +88,12 @@ def split_16_trials(db: Sessions, tmp_path: Path) -> list[int]:
     """A queued sweep of two trials at split 16: 16 GB cards are too small for it."""
     with db.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 2, split=16)
-        return [t.id for t in store.list_trials(session=session, sweep_id=sweep.id)[0]]
+        return [t.id for t in trial_store.list_trials(session=session, sweep_id=sweep.id)[0]]
 
 
 def states(db: Sessions, trial_ids: list[int]) -> list[tuple[TrialStatus, int | None, str]]:
     with db.read() as session:
-        trials = [store.get_trial(session=session, trial_id=i) for i in trial_ids]
+        trials = [trial_store.get_trial(session=session, trial_id=i) for i in trial_ids]
         return [(t.status, t.node_id, t.error or "") for t in trials if t is not None]
 
 

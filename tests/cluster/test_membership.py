@@ -16,8 +16,9 @@ from gpumux.config import Settings
 from gpumux.home.layout import Layout
 from gpumux.splits.searches import ActiveTrials
 from gpumux.status import NodeState, TrialStatus
-from gpumux.storage import membership, store
+from gpumux.storage import lifecycle, membership
 from gpumux.storage import reports as report_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node, Trial, token_hash
 from gpumux.storage.nodes import NodeIdentity
@@ -61,13 +62,13 @@ def claimed_trials(db: Sessions, tmp_path: Path, node: NodeIdentity, n: int) -> 
     with db.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, n)
         ids = []
-        for trial in store.list_trials(session=session, sweep_id=sweep.id)[0]:
-            claimed = store.claim_trial(session=session, trial_id=trial.id, node=node)
+        for trial in trial_store.list_trials(session=session, sweep_id=sweep.id)[0]:
+            claimed = trial_store.claim_trial(session=session, trial_id=trial.id, node=node)
             assert claimed is not None
-            store.set_trial_status(
+            lifecycle.set_trial_status(
                 session=session, trial=claimed, status=TrialStatus.starting, node_id=node.id
             )
-            store.set_trial_status(session=session, trial=claimed, status=TrialStatus.running)
+            lifecycle.set_trial_status(session=session, trial=claimed, status=TrialStatus.running)
             ids.append(trial.id)
     return ids
 
@@ -112,7 +113,7 @@ def test_a_lapsed_name_is_taken_over_and_its_trials_requeued(db: Sessions, tmp_p
     taken = join(db, home="home-b")
     assert (taken.id, taken.incarnation) == (first.id, 2)
     with db.read() as session:
-        trials = [store.get_trial(session=session, trial_id=i) for i in trial_ids]
+        trials = [trial_store.get_trial(session=session, trial_id=i) for i in trial_ids]
         assert {(t.status, t.attempt, t.node_id) for t in trials if t} == {
             (TrialStatus.queued, 2, None)
         }
@@ -146,8 +147,8 @@ def test_expiry_requeues_within_the_budget_then_loses(db: Sessions, tmp_path: Pa
         assert membership.expire(session=session, lost_retries=2) == ["a"]
         assert membership.expire(session=session, lost_retries=2) == []
     with db.read() as session:
-        requeued = store.get_trial(session=session, trial_id=fresh)
-        lost = store.get_trial(session=session, trial_id=spent)
+        requeued = trial_store.get_trial(session=session, trial_id=fresh)
+        lost = trial_store.get_trial(session=session, trial_id=spent)
         assert requeued is not None and lost is not None
         assert (requeued.status, requeued.attempt, requeued.node_id) == (
             TrialStatus.queued,
@@ -161,8 +162,8 @@ def test_expiry_requeues_within_the_budget_then_loses(db: Sessions, tmp_path: Pa
     with db.write.begin() as session:
         # The lost incarnation neither renews nor claims.
         assert not membership.heartbeat(session=session, node=a, lease_s=LEASE_S)
-        assert store.claim_trial(session=session, trial_id=fresh, node=a) is None
-        assert store.claim_trial(session=session, trial_id=fresh, node=b) is not None
+        assert trial_store.claim_trial(session=session, trial_id=fresh, node=a) is None
+        assert trial_store.claim_trial(session=session, trial_id=fresh, node=b) is not None
 
 
 def test_expiry_spares_a_node_that_renewed(db: Sessions, tmp_path: Path) -> None:
@@ -180,9 +181,9 @@ def test_leave_waits_for_the_active_trials(db: Sessions, tmp_path: Path) -> None
     (trial_id,) = claimed_trials(db, tmp_path, a, 1)
     with db.write.begin() as session:
         assert not membership.leave(session=session, node=a)
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
         assert membership.leave(session=session, node=a)
     assert row(db, a).state is NodeState.left
     # A node that left is taken over by another home at once.
@@ -225,7 +226,7 @@ def test_the_split_search_sees_only_its_own_node_s_trials_on_a_device_key(
 
 def trial_rows(db: Sessions, trial_ids: list[int]) -> list[tuple[TrialStatus, int, int | None]]:
     with db.read() as session:
-        trials = [store.get_trial(session=session, trial_id=i) for i in trial_ids]
+        trials = [trial_store.get_trial(session=session, trial_id=i) for i in trial_ids]
         return [(t.status, t.attempt, t.node_id) for t in trials if t is not None]
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from gpumux.scheduling.idle import IdleClock
 from gpumux.status import NodeState, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import backlog
 from gpumux.storage.engine import make_engine, make_sessions
 from gpumux.storage.models import Node, Trial
 
@@ -272,7 +272,7 @@ def test_the_time_limit_signal_stops_the_node_warm_and_requeues_its_running_tria
     with sessions.read() as session:
         trials = session.query(Trial).order_by(Trial.id).all()
         assert [(t.status, t.attempt) for t in trials] == [(TrialStatus.queued, 2)] * 2
-        assert store.pending_work(session=session) == 2
+        assert backlog.pending_work(session=session) == 2
     sessions.engine.dispose()
     trial_pids = [int(pid) for f in pids.glob("trial-?") for pid in f.read_text().split()]
     assert len(trial_pids) == 4 and not any(alive(pid) for pid in trial_pids)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from builders import kill_processes_naming, sweep_in
+from builders import kill_processes_naming, planned, sweep_in
 from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
 
 from gpumux import sweepspec
@@ -24,8 +24,11 @@ from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
@@ -58,27 +61,27 @@ class Harness:
             sweepspec.parse_params(sweep.params), trials=None, seed=1, max_grid=100
         )
         with self.sessions.write.begin() as session:
-            owner = store.get_or_create_owner(session=session, name=getpass.getuser())
-            return store.create_sweep(
-                session=session, sweep_in=sweep, owner=owner, seed=1, trial_params=trial_params
+            owner = owner_store.get_or_create_owner(session=session, name=getpass.getuser())
+            return sweep_store.create_sweep(
+                session=session, plan=planned(sweep, seed=1, trial_params=trial_params), owner=owner
             ).id
 
     def trials(self, sweep_id: int) -> list[Trial]:
         with self.sessions.read() as session:
-            return store.list_trials(session=session, sweep_id=sweep_id)[0]
+            return trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
 
     def sweep_status(self, sweep_id: int) -> SweepStatus:
         with self.sessions.read() as session:
-            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
             assert sweep is not None
             return sweep.status
 
     def mark_running(self, sweep_id: int, *, pid: int, started: int | None) -> None:
         """Record the sweep's first trial as running as `pid`, as a dead daemon leaves it."""
         with self.sessions.write.begin() as session:
-            trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-            store.set_trial_status(
+            trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+            lifecycle.set_trial_status(
                 session=session,
                 trial=trial,
                 status=TrialStatus.running,
@@ -88,9 +91,9 @@ class Harness:
 
     def cancel(self, sweep_id: int) -> None:
         with self.sessions.write.begin() as session:
-            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
             assert sweep is not None
-            store.request_cancel(session=session, sweep=sweep)
+            sweep_store.request_cancel(session=session, sweep=sweep)
         self.scheduler.wake()
 
 
@@ -431,9 +434,9 @@ def test_a_starting_trial_with_no_retries_left_is_lost_at_start(
 ) -> None:
     sweep_id = harness.submit(command=["true"])
     with harness.sessions.write.begin() as session:
-        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
         trial.attempt = settings.lost_retries + 1
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
     harness.scheduler.reconcile()
     (trial,) = harness.trials(sweep_id)
     assert trial.status == TrialStatus.lost
@@ -646,8 +649,8 @@ def test_the_end_of_an_older_attempt_never_overwrites_the_newer_one(
     sweep_id = first.submit(command=[sys.executable, "-c", script])
     asyncio.run(start_then_leave(first, sweep_id))
     with sessions.write.begin() as session:
-        (trial,) = store.list_trials(session=session, sweep_id=sweep_id)[0]
-        store.set_trial_status(
+        (trial,) = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.queued, attempt=2, pid=None
         )
     flag.touch()

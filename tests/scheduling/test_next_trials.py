@@ -8,7 +8,9 @@ from builders import adaptive_sweep, stored_sweep
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
@@ -18,7 +20,7 @@ def test_next_trials_are_first_come_first_served_and_skip_cancelled_sweeps(
 ) -> None:
     with sessions.write.begin() as session:
         older, cancelled, newer = (stored_sweep(session, tmp_path, 2) for _ in range(3))
-        store.request_cancel(session=session, sweep=cancelled)
+        sweep_store.request_cancel(session=session, sweep=cancelled)
         queued = next_trials(session=session, limit=10)
     assert [t.sweep_id for t in queued] == [older.id, older.id, newer.id, newer.id]
     assert [t.id for t in queued] == sorted(t.id for t in queued)
@@ -51,8 +53,8 @@ def test_each_owner_is_offered_at_most_the_limit_so_one_big_sweep_hides_no_one(
 def test_only_queued_trials_are_offered_in_their_order(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 4)
-        first, second, *_ = store.list_trials(session=session, sweep_id=sweep.id)[0]
-        store.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
+        first, second, *_ = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        lifecycle.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
         queued = next_trials(session=session, limit=10)
     assert [t.trial.params["x"] for t in queued if t.trial] == [1, 3, 4]
     assert first.status is TrialStatus.queued
@@ -68,7 +70,7 @@ def test_an_adaptive_sweep_offers_its_queued_trials_then_the_rest_of_its_budget_
         asked = [Trial(sweep_id=sweep.id, number=n, params={"x": n}) for n in (0, 1)]
         session.add_all(asked)
         session.flush()
-        store.set_trial_status(session=session, trial=asked[0], status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=asked[0], status=TrialStatus.starting)
         offered = next_trials(session=session, limit=10)
         capped = next_trials(session=session, limit=2)
     mine = [t for t in offered if t.sweep_id == sweep.id]

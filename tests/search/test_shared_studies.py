@@ -16,7 +16,8 @@ from test_studies import ask, end, end_running, prune, report
 
 from gpumux.search.studies import Studies
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import COALESCE_S, ReportBudget, Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
@@ -67,12 +68,12 @@ def test_an_end_stamped_by_a_clock_behind_this_nodes_is_told(
     assert ask(studies, sessions, sweep_id) is not None
     # The first trial ends on another node, whose clock is 5 s behind this one's.
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=first.id)
+        trial = trial_store.get_trial(session=session, trial_id=first.id)
         assert trial is not None
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
         trial.objective = 0.125
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.succeeded,
@@ -89,7 +90,9 @@ def median_pruned(sessions: Sessions, tmp_path: Path) -> tuple[int, int, int]:
         sweep_id = stored_sweep(
             session, tmp_path, 3, objective="loss:min", prune="median:n_startup_trials=1"
         ).id
-        good, one, other = (t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0])
+        good, one, other = (
+            t.id for t in trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
+        )
     for step in range(3):
         report(sessions, good, step, 1.0)
     end(sessions, good, TrialStatus.succeeded, 1.0)
@@ -108,7 +111,7 @@ def test_a_report_merged_into_its_steps_row_after_a_look_is_judged(
 
     def line(loss: float) -> Verdict:
         with sessions.write.begin() as session:
-            trial = store.get_trial(session=session, trial_id=trial_id)
+            trial = trial_store.get_trial(session=session, trial_id=trial_id)
             assert trial is not None
             reports = [Incoming(step=0, samples=None, metrics={"loss": loss})]
             return add_line_reports(session=session, trial=trial, reports=reports, budget=budget)[0]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import optuna
 import pytest
 from builders import adaptive_sweep, stored_sweep
 
-from gpumux.search.studies import Studies
+from gpumux.search import methods
+from gpumux.search.studies import SamplerFailed, Studies
 from gpumux.status import SearchMethod, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
@@ -23,25 +27,25 @@ def ask(studies: Studies, sessions: Sessions, sweep_id: int) -> Trial | None:
     if trial_id is None:
         return None
     with sessions.read() as session:
-        return store.get_trial(session=session, trial_id=trial_id)
+        return trial_store.get_trial(session=session, trial_id=trial_id)
 
 
 def end(sessions: Sessions, trial_id: int, status: TrialStatus, objective: float | None) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         if trial.status is TrialStatus.queued:
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
         trial.objective = objective
-        store.set_trial_status(session=session, trial=trial, status=status, ended_at=utcnow())
+        lifecycle.set_trial_status(session=session, trial=trial, status=status, ended_at=utcnow())
 
 
 def report(
     sessions: Sessions, trial_id: int, step: int, loss: float, *, metric: str = "loss"
 ) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         session.add(
             TrialReport(
@@ -54,6 +58,32 @@ def report(
         )
         # As every report's transaction does (storage/reports.py).
         trial.step, trial.last_report_at = step, utcnow()
+
+
+class BrokenSampler(optuna.samplers.RandomSampler):
+    def sample_independent(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("this sampler is broken")
+
+
+def test_a_sampler_that_fails_ends_the_budget_with_the_trials_asked(
+    sessions: Sessions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with sessions.write.begin() as session:
+        sweep_id = adaptive_sweep(session, tmp_path, 5).id
+    studies = Studies()
+    assert ask(studies, sessions, sweep_id) is not None
+    assert ask(studies, sessions, sweep_id) is not None
+    monkeypatch.setattr(methods, "make_sampler", lambda *args, **kwargs: BrokenSampler())
+    studies.forget([sweep_id])
+    with sessions.write.begin() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        with pytest.raises(SamplerFailed, match="this sampler is broken"):
+            studies.ask(session=session, sweep=sweep)
+    with sessions.read() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None and sweep.trial_count == 2
+    assert ask(studies, sessions, sweep_id) is None
 
 
 def test_asked_trials_are_stored_within_the_space_up_to_the_budget(
@@ -71,7 +101,7 @@ def test_asked_trials_are_stored_within_the_space_up_to_the_budget(
         assert isinstance(trial.params["x"], int) and 1 <= trial.params["x"] <= 100
         assert trial.params["bs"] in (32, 64) and trial.status is TrialStatus.queued
     with sessions.read() as session:
-        stored = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        stored = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
     assert [t.params for t in stored] == [t.params for t in trials]
 
 
@@ -192,16 +222,16 @@ def median_pruned(
         sweep_id = stored_sweep(
             session, tmp_path, n, objective=objective, prune="median:n_startup_trials=1"
         ).id
-        trials = store.list_trials(session=session, sweep_id=sweep_id)[0]
+        trials = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
         return sweep_id, [trial.id for trial in trials]
 
 
 def end_running(sessions: Sessions, trial_id: int) -> None:
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
 
 
 def prune(studies: Studies, sessions: Sessions, sweep_id: int) -> list[tuple[int, int]]:
@@ -215,7 +245,7 @@ def pruned_sweep(sessions: Sessions, tmp_path: Path, n: int, prune: str) -> list
     """The trial ids of a grid sweep of `n` trials minimising loss under `prune`."""
     with sessions.write.begin() as session:
         sweep_id = stored_sweep(session, tmp_path, n, objective="loss:min", prune=prune).id
-        return [t.id for t in store.list_trials(session=session, sweep_id=sweep_id)[0]]
+        return [t.id for t in trial_store.list_trials(session=session, sweep_id=sweep_id)[0]]
 
 
 def run_through(
@@ -225,7 +255,7 @@ def run_through(
     scheduler's tick would; what it pruned. A trial left unpruned ends succeeded."""
     end_running(sessions, trial_id)
     with sessions.read() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         sweep_id = trial.sweep_id
     for step, loss in enumerate(losses):
@@ -233,10 +263,10 @@ def run_through(
         if decided := prune(studies, sessions, sweep_id):
             return decided
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         trial.objective = losses[-1]
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.succeeded, ended_at=utcnow()
         )
     return []

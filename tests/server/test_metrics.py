@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import ample_budget, served, stored_running_trial, sweep_in
+from builders import ample_budget, served, stored_running_trial, sweep_plan
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlalchemy.orm import Session
@@ -21,8 +21,11 @@ from gpumux.schemas import ReportIn
 from gpumux.server.api import create_app
 from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
 from gpumux.status import TrialStatus
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 
@@ -124,15 +127,13 @@ def at(seconds: float | None) -> datetime | None:
 def insert(sessions: Sessions, tmp_path: Path, planned: list[Planned]) -> None:
     """One sweep holding a trial per plan, with the plan's times (queued at T0)."""
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(planned))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(planned))],
         )
-        trials, _ = store.list_trials(session=session, sweep_id=sweep.id)
+        trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, plan in zip(trials, planned, strict=True):
             advance(session, trial, plan)
 
@@ -142,11 +143,11 @@ def advance(session: Session, trial: Trial, plan: Planned) -> None:
     trial.queued_at = T0
     if plan.started is None:
         if plan.status is TrialStatus.cancelled:
-            store.set_trial_status(
+            lifecycle.set_trial_status(
                 session=session, trial=trial, status=plan.status, ended_at=at(plan.ended)
             )
         return
-    move = functools.partial(store.set_trial_status, session=session, trial=trial)
+    move = functools.partial(lifecycle.set_trial_status, session=session, trial=trial)
     move(
         status=TrialStatus.starting,
         started_at=at(plan.started),

@@ -283,11 +283,12 @@ def test_a_start_above_the_ceiling_starts_at_the_ceiling() -> None:
 def test_out_of_memory_at_the_start_backs_off_below_it() -> None:
     run = simulate(linear, ceiling=34, oom_from=8, start=13)
 
-    assert run.tried[:3] == (13, 12, 8), "the start, the N just below it, then the next step"
+    assert run.tried[:3] == (13, 6, 8), "the start, half of it, then the next step"
     assert run.decision.split == 7 and run.oom_at == 8
     assert "out of memory at N=8" in run.decision.reason
-    assert next_split([], ceiling=34, oom_at=13, start=13).split == 12
-    assert next_split([], ceiling=34, oom_at=12, start=13).split == 8
+    assert next_split([], ceiling=34, oom_at=13, start=13).split == 6
+    # Below a start that fit, an out-of-memory step is followed by the N just below it.
+    assert next_split([CurvePoint(8, 800.0)], ceiling=34, oom_at=13, start=8).split == 12
 
 
 def test_a_start_adds_itself_to_the_candidates_and_the_bound() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, cpu_snapshot, daemon_bearer, sweep_in
+from builders import bearer, cpu_snapshot, daemon_bearer, sweep_plan
 from ports import free_port
 
 from gpumux.config import Settings
@@ -27,8 +27,11 @@ from gpumux.splits.curve import Decision
 from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
 from gpumux.splits.searches import Searches
 from gpumux.status import TrialStatus
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 
@@ -39,12 +42,16 @@ NUMBERS = itertools.count(100)
 def make_sweep(sessions: Sessions, tmp_path: Path, script: str, trials: int = 1) -> int:
     """An auto sweep of `trials` trials of `python script` (its workload)."""
     with sessions.write.begin() as session:
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "x=1..9", command=["python", script]),
-            owner=store.get_or_create_owner(session=session, name="alice"),
-            seed=1,
-            trial_params=[{"x": n} for n in range(trials)],
+            plan=sweep_plan(
+                tmp_path,
+                "x=1..9",
+                command=["python", script],
+                seed=1,
+                trial_params=[{"x": n} for n in range(trials)],
+            ),
+            owner=owner_store.get_or_create_owner(session=session, name="alice"),
         )
         return sweep.id
 
@@ -201,7 +208,7 @@ def test_two_workloads_on_one_device_both_keep_searching(
     device = cpu()
     with sessions.read() as session:
         for sweep_id in (first, second):
-            sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+            sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
             assert sweep is not None
             # Each starts at the device's 8 cores.
             assert searches.tuned_splits(session=session, sweep=sweep, devices=[device]) == {
@@ -214,9 +221,9 @@ def test_two_workloads_on_one_device_both_keep_searching(
     start = utcnow()
     with sessions.write.begin() as session:
         for sweep_id in (first, second):
-            trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-            store.set_trial_status(
+            trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+            lifecycle.set_trial_status(
                 session=session, trial=trial, status=TrialStatus.running, device="cpu"
             )
             trial.split, trial.started_at = 2, start
@@ -357,7 +364,7 @@ def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
     deadline = time.monotonic() + 240
     while True:
         with sessions.read() as session:
-            active = [t for t in store.active_trials(session=session) if t.device is not None]
+            active = [t for t in trial_store.active_trials(session=session) if t.device is not None]
             # A trial of a lower N gives up its share beyond the N its sweep's search raised
             # (placement's credit): each counts at the highest N its sweep runs at there.
             highest: dict[tuple[int, str | None], int] = {}
@@ -374,11 +381,11 @@ def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
             open_ = {
                 sweep_id
                 for sweep_id in sweeps
-                if (sweep := store.get_sweep(session=session, sweep_id=sweep_id)) is not None
+                if (sweep := sweep_store.get_sweep(session=session, sweep_id=sweep_id)) is not None
                 and sweep.finished_at is None
             }
             for sweep_id, name in sweeps.items():
-                sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+                sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
                 assert sweep is not None
                 fingerprints[name] = sweep_fingerprint(sweep)
             if open_ == set(sweeps):
@@ -391,7 +398,7 @@ def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
                 trials = [
                     t
                     for s in sweeps
-                    for t in store.list_trials(session=session, sweep_id=s, limit=100)[0]
+                    for t in trial_store.list_trials(session=session, sweep_id=s, limit=100)[0]
                 ]
                 failed = [t for t in trials if t.status != TrialStatus.succeeded]
                 assert not failed, [

@@ -6,14 +6,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
 from gpumux.splits.online import SplitSearch, Timing, is_out_of_memory
 from gpumux.status import TrialStatus
+from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.throughput import CurvePoint
@@ -27,15 +29,13 @@ NUMBERS = itertools.count(1)
 @pytest.fixture
 def trial_id(sessions: Sessions, tmp_path: Path) -> int:
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, *TOKENS, command=COMMAND),
+            plan=sweep_plan(tmp_path, *TOKENS, command=COMMAND, seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.device = "cpu"
         return trial.id
 
@@ -43,7 +43,7 @@ def trial_id(sessions: Sessions, tmp_path: Path) -> int:
 def search_of(sessions: Sessions) -> SplitSearch:
     """The search of sweep 1's workload on the CPU device, as the daemon makes it."""
     with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=1)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=1)
         assert sweep is not None
         return SplitSearch.resume(
             session=session,
@@ -504,12 +504,13 @@ def test_out_of_memory_and_a_lowered_ceiling_are_stored_for_the_next_sweep(
     search.lower_ceiling(6, why="only 6 trial(s) fit at once")
     with sessions.write.begin() as session:
         search.out_of_memory(session=session, split=5)
-    assert search.split == 4, search.decision.reason
+    # The start itself ran out: half of it, twice the slice.
+    assert search.split == 2, search.decision.reason
 
     again = guessed(sessions, FirstSplit(split=5, why="the device's 5 cores"))
 
     assert (again.oom_at, again.ceiling) == (5, 6)
-    assert again.split == 4, again.decision.reason
+    assert again.split == 2, again.decision.reason
 
 
 def test_a_point_that_cannot_be_is_measured_again_never_stored(

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -26,7 +26,10 @@ from gpumux.splits.curve import Decision
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import Searches
 from gpumux.status import SweepStatus, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 from gpumux.throughput import CurvePoint
@@ -65,20 +68,22 @@ def device(
 def two_sweeps(sessions: Sessions, tmp_path: Path) -> tuple[int, int]:
     """An auto sweep of 6 trials and a fixed --split 2 sweep of 1, as the API stores them."""
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        auto = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        auto = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "x=1..6", command=COMMAND),
+            plan=sweep_plan(
+                tmp_path,
+                "x=1..6",
+                command=COMMAND,
+                seed=1,
+                trial_params=[{"x": n} for n in range(6)],
+            ),
             owner=owner,
-            seed=1,
-            trial_params=[{"x": n} for n in range(6)],
         )
-        fixed = store.create_sweep(
+        fixed = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, split=2),
+            plan=sweep_plan(tmp_path, split=2, seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
         return auto.id, fixed.id
 
@@ -102,7 +107,7 @@ def search_for(
     searches: Searches, sessions: Sessions, sweep_id: int, on: DeviceSnapshot
 ) -> SplitSearch:
     with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
         assert sweep is not None
         return searches.search(session=session, sweep=sweep, device=on)
 
@@ -110,9 +115,9 @@ def search_for(
 def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
     """The sweep's first trial runs on `device` as the process group `pgid`."""
     with sessions.write.begin() as session:
-        trial = store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        store.set_trial_status(
+        trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.running, device=device
         )
         trial.pid = pgid
@@ -146,14 +151,14 @@ def test_another_sweep_holding_the_device_never_lowers_the_searchs_ceiling(
     auto_id, fixed_id = two_sweeps(sessions, tmp_path)
     searches = Searches(settings)
     with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         # Nothing measured yet: the search starts at the CPU's core count.
         assert searches.tuned_splits(session=session, sweep=sweep, devices=[device()]) == {"cpu": 8}
     with sessions.write.begin() as session:
-        (other,) = store.list_trials(session=session, sweep_id=fixed_id)[0]
-        store.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
-        store.set_trial_status(
+        (other,) = trial_store.list_trials(session=session, sweep_id=fixed_id)[0]
+        lifecycle.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
+        lifecycle.set_trial_status(
             session=session, trial=other, status=TrialStatus.running, device="cpu"
         )
     (search,) = searches
@@ -180,7 +185,7 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
     few_cores = Searches(settings.model_copy(update={"host_cores": 4}))
     twins = [device("GPU-a", "NVIDIA H200", "gpu"), device("GPU-b", "NVIDIA H200", "gpu")]
     with sessions.read() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         splits = searches.tuned_splits(session=session, sweep=sweep, devices=twins)
         on_few = few_cores.tuned_splits(session=session, sweep=sweep, devices=twins)
@@ -300,12 +305,16 @@ def test_a_search_that_fails_leaves_the_others_searching(
 ) -> None:
     auto_id, _ = two_sweeps(sessions, tmp_path)
     with sessions.write.begin() as session:
-        other = store.create_sweep(
+        other = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, "y=1..2", command=["python", "other.py"]),
-            owner=store.get_or_create_owner(session=session, name="alice"),
-            seed=1,
-            trial_params=[{"y": 1}, {"y": 2}],
+            plan=sweep_plan(
+                tmp_path,
+                "y=1..2",
+                command=["python", "other.py"],
+                seed=1,
+                trial_params=[{"y": 1}, {"y": 2}],
+            ),
+            owner=owner_store.get_or_create_owner(session=session, name="alice"),
         )
         other_id = other.id
     searches = Searches(settings)
@@ -356,16 +365,16 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
     with sessions.read() as session:
         queued = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
     with sessions.write.begin() as session:
-        for trial in store.list_trials(session=session, sweep_id=auto_id)[0]:
-            store.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled)
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        for trial in trial_store.list_trials(session=session, sweep_id=auto_id)[0]:
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.cancelled)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         # An adaptive sweep between two asks: nothing runs or waits, yet it goes on.
         sweep.status = SweepStatus.running
     with sessions.read() as session:
         between = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
     with sessions.write.begin() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         sweep.status = SweepStatus.cancelled
     with sessions.read() as session:
@@ -390,7 +399,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
     search.decision = Decision(split=2, settled=True, reason="knee")
     started = utcnow() - timedelta(minutes=5)
     with sessions.write.begin() as session:
-        trials = store.list_trials(session=session, sweep_id=auto_id)[0]
+        trials = trial_store.list_trials(session=session, sweep_id=auto_id)[0]
         for trial, seconds, status in zip(
             trials,
             [60, 80, 100, 90, 5, 70],
@@ -403,7 +412,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
     with sessions.read() as session:
         running = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
     with sessions.write.begin() as session:
-        sweep = store.get_sweep(session=session, sweep_id=auto_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
         assert sweep is not None
         sweep.status = SweepStatus.finished
     with sessions.read() as session:

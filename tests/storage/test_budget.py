@@ -10,7 +10,7 @@ import pytest
 from builders import stored_running_trial
 
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import Allowance, ReportBudget, Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.reports import Incoming
@@ -75,7 +75,7 @@ def report_lines(
 ) -> None:
     """Lines of (step, val_loss), one sample each, recorded one by one."""
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         for step, value in lines:
             report_store.add_line_reports(
@@ -100,7 +100,7 @@ def test_a_flood_stores_a_bounded_number_of_rows_and_keeps_each_steps_last_value
 
     with sessions.read() as session:
         reports, count = report_store.list_reports(session=session, trial_id=trial_id)
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         assert count <= 8
         last = {report.step: report.metrics["val_loss"] for report in reports}
@@ -123,7 +123,7 @@ def test_a_restarted_daemon_counts_the_rows_an_attempt_already_stored(
     report_lines(sessions, trial_id, again, [(1, 3.0), (2, 4.0), (3, 5.0)])
     with sessions.read() as session:
         reports, count = report_store.list_reports(session=session, trial_id=trial_id)
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
     # Its two rows count: one more is allowed (step 1 again, its last value), then none.
     assert count == 3

@@ -12,13 +12,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_in
+from builders import sweep_plan
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.exc import OperationalError
 
 from gpumux.config import Settings
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.dialects.sqlite import SqliteDialect
@@ -222,16 +225,16 @@ def test_seconds_between_two_timestamps_is_computed_by_the_database(
 ) -> None:
     start = utcnow()
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
-            session=session, sweep_in=sweep_in(tmp_path), owner=owner, seed=1, trial_params=[{}]
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
+            session=session, plan=sweep_plan(tmp_path, seed=1, trial_params=[{}]), owner=owner
         )
-        (trial,), _ = store.list_trials(session=session, sweep_id=sweep.id)
-        store.set_trial_status(
+        (trial,), _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
+        lifecycle.set_trial_status(
             session=session, trial=trial, status=TrialStatus.starting, started_at=start
         )
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
-        store.set_trial_status(
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.succeeded,

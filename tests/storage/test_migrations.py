@@ -22,9 +22,11 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import lifecycle, tokens
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store, tokens
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import alembic_config, upgrade
@@ -32,9 +34,9 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012", "0013",
+    "0012", "0013", "0014",
 ]  # fmt: skip
-HEAD = "0014"
+HEAD = "0015"
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
@@ -82,8 +84,6 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         "param_tokens": json.dumps(["lr"]),
         "workdir": "/work",
         "env": json.dumps({"PATH": "/usr/bin"}),
-        # The second sweep is a random search: 0005 names its search method.
-        "random_trials": 2 if sweep_id == 2 else None,
         "seed": 7,
         "split": 2,
         "objective_metric": "loss",
@@ -94,6 +94,9 @@ def sweep_row(sweep_id: int, status: str, revision: str) -> dict[str, Any]:
         "created_at": stored(QUEUED_AT),
         "finished_at": stored(ENDED_AT) if status == "finished" else None,
     }
+    # The second sweep is a random search of 2 draws: 0005 names its search method.
+    budget = "trial_budget" if revision >= "0015" else "random_trials"
+    row[budget] = 2 if sweep_id == 2 else None
     if revision >= "0003":
         row |= {"retries": sweep_id, "priority": 10 * sweep_id}
     if revision >= "0005":
@@ -295,7 +298,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
     assert {t: n for t, n in row_counts(engine).items() if n} == expected
     sessions = make_sessions(engine)
     with sessions.read() as session:
-        sweeps, count = store.list_sweeps(session=session)
+        sweeps, count = sweep_store.list_sweeps(session=session)
         assert count == 2
         assert [(s.id, s.status, s.owner.name) for s in sweeps] == [
             (2, SweepStatus.running, "alice"),
@@ -308,10 +311,12 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         newer = revision >= "0003"
         assert (finished.retries, finished.priority) == ((1, 10) if newer else (0, 0))
         assert [(s.search, s.prune) for s in sweeps] == [("random", None), ("grid", None)]
+        # 0015: the random search's draws are its budget, as they were its random_trials.
+        assert [s.trial_budget for s in sweeps] == [2, None]
         # 0007: sweeps written before it start their trials cold.
         assert [s.warm for s in sweeps] == [False, False]
 
-        trials, _ = store.list_trials(session=session, sweep_id=1)
+        trials, _ = trial_store.list_trials(session=session, sweep_id=1)
         assert [(t.status, t.exit_code) for t in trials] == [
             (TrialStatus.succeeded, 0),
             (TrialStatus.failed, 3),
@@ -328,8 +333,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [r.steps for r in reports] == [None, None] and succeeded.steps_per_s is None
         # 0012: trials from before it saw a GPU, as far as anyone knew.
         assert [t.no_gpu for t in trials] == [None, None]
-        assert store.best_trial(session=session, sweep=finished) == succeeded
-        assert [t.id for t in store.active_trials(session=session)] == [3]
+        assert sweep_store.best_trial(session=session, sweep=finished) == succeeded
+        assert [t.id for t in trial_store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]
 
         profile = profile_store.get_profile(
@@ -345,11 +350,11 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
     with sessions.write.begin() as session:
-        queued = store.get_trial(session=session, trial_id=4)
+        queued = trial_store.get_trial(session=session, trial_id=4)
         assert queued is not None
-        store.set_trial_status(session=session, trial=queued, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=queued, status=TrialStatus.starting)
     with sessions.read() as session:
-        assert {t.id for t in store.active_trials(session=session)} == {3, 4}
+        assert {t.id for t in trial_store.active_trials(session=session)} == {3, 4}
 
 
 def test_a_populated_database_goes_down_to_the_base_step_by_step_and_back_up(
@@ -436,6 +441,23 @@ def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engin
         "python",
         "train.py",
     ]
+    assert_sound(engine)
+
+
+def test_0015_down_names_the_budget_random_trials_again_and_keeps_it(engine: Engine) -> None:
+    migrate(engine, "0014")
+    with engine.begin() as connection:
+        populate(connection, "0014")
+    upgrade(engine)
+
+    migrate(engine, "0014")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
+        budgets = connection.execute(text("SELECT random_trials FROM sweeps ORDER BY id"))
+        assert [row[0] for row in budgets] == [None, 2]
+    assert "trial_budget" not in columns
+    assert row_counts(engine) == ROWS
     assert_sound(engine)
 
 

@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import selects, sweep_in
+from builders import selects, sweep_plan
 from pydantic import ValidationError
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Profile, Sweep, Trial, TrialReport
 
@@ -44,13 +46,11 @@ def save(session: Session, **overrides: Any) -> Profile:
 
 
 def make_sweep(session: Session, tmp_path: Path, trials: int = 1) -> Sweep:
-    owner = store.get_or_create_owner(session=session, name="alice")
-    return store.create_sweep(
+    owner = owner_store.get_or_create_owner(session=session, name="alice")
+    return sweep_store.create_sweep(
         session=session,
-        sweep_in=sweep_in(tmp_path),
+        plan=sweep_plan(tmp_path, seed=1, trial_params=[{} for _ in range(trials)]),
         owner=owner,
-        seed=1,
-        trial_params=[{} for _ in range(trials)],
     )
 
 
@@ -163,7 +163,7 @@ def test_deleting_the_measuring_sweep_keeps_the_profile(sessions: Sessions, tmp_
 
 
 def place(session: Session, sweep: Sweep, devices: list[str]) -> list[Trial]:
-    trials = store.list_trials(session=session, sweep_id=sweep.id)[0]
+    trials = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
     for trial, device in zip(trials, devices, strict=True):
         trial.device = device
     return trials

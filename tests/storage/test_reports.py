@@ -9,8 +9,9 @@ from builders import ample_budget, stored_running_trial
 
 from gpumux.schemas import ReportIn
 from gpumux.status import TrialStatus
+from gpumux.storage import lifecycle
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
@@ -25,7 +26,7 @@ def running_trial(sessions: Sessions, tmp_path: Path) -> int:
 
 def the_trial(sessions: Sessions, trial_id: int) -> Trial:
     with sessions.read() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         return trial
 
@@ -33,7 +34,7 @@ def the_trial(sessions: Sessions, trial_id: int) -> Trial:
 def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_path: Path) -> None:
     trial_id = running_trial(sessions, tmp_path)
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         report_in = ReportIn(trial_id=trial_id, attempt=2, kind="manual", samples=100, seconds=4)
         report_store.add_report(
@@ -69,7 +70,7 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
 def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_path: Path) -> None:
     trial_id = running_trial(sessions, tmp_path)
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         report_store.add_line_reports(
             budget=ample_budget(),
@@ -94,9 +95,9 @@ def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
     # The daemon may read the end of the log after it recorded the exit.
     trial_id = running_trial(sessions, tmp_path)
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.succeeded)
         report_store.add_line_reports(
             budget=ample_budget(),
             session=session,

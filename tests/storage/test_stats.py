@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.status import SweepStatus, TrialStatus
-from gpumux.storage import stats, store
+from gpumux.storage import lifecycle, stats
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
 
@@ -37,21 +40,19 @@ def test_counts_waits_durations_and_loads_of_trials_in_their_states(
         (TrialStatus.queued, None, None, None, None, None),
     ]
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(plans))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(plans))],
         )
-        trials, _ = store.list_trials(session=session, sweep_id=sweep.id)
+        trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, (status, wait, ran, device, split, rate) in zip(trials, plans, strict=True):
             trial.queued_at = T0
             if wait is None:
                 continue
             started = T0 + timedelta(seconds=wait)
-            move = store.set_trial_status
+            move = lifecycle.set_trial_status
             move(
                 session=session,
                 trial=trial,
@@ -65,7 +66,7 @@ def test_counts_waits_durations_and_loads_of_trials_in_their_states(
             if ran is not None:
                 ended = started + timedelta(seconds=ran)
                 move(session=session, trial=trial, status=status, ended_at=ended)
-        store.refresh_sweep_status(session=session, sweep=sweep)
+        lifecycle.refresh_sweep_status(session=session, sweep=sweep)
 
     with sessions.read() as session:
         by_status = stats.trials_by_status(session=session)
@@ -93,18 +94,16 @@ def test_a_wait_of_exactly_a_bound_counts_in_that_bound_whatever_the_start(
     # julianday's day fraction put a 1 s wait at 0.99999 or 1.00001 s depending on the clock.
     starts = [T0 + timedelta(microseconds=137_911 * n) for n in range(40)]
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=1, trial_params=[{"n": n} for n in range(len(starts))]),
             owner=owner,
-            seed=1,
-            trial_params=[{"n": n} for n in range(len(starts))],
         )
-        trials, _ = store.list_trials(session=session, sweep_id=sweep.id)
+        trials, _ = trial_store.list_trials(session=session, sweep_id=sweep.id)
         for trial, queued in zip(trials, starts, strict=True):
             trial.queued_at = queued
-            store.set_trial_status(
+            lifecycle.set_trial_status(
                 session=session,
                 trial=trial,
                 status=TrialStatus.starting,

@@ -3,13 +3,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from builders import ample_budget, stored_running_trial, stored_sweep, sweep_in
+from builders import ample_budget, stored_running_trial, stored_sweep, sweep_plan
 
 from gpumux.fields import MAX_ID
 from gpumux.schemas import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 
 
@@ -19,8 +22,8 @@ def test_create_sweep_queues_one_trial_per_parameter_set(
     with sessions.write.begin() as session:
         sweep_id = stored_sweep(session, tmp_path, 4).id
     with sessions.read() as session:
-        trials, count = store.list_trials(session=session, sweep_id=sweep_id)
-        sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+        trials, count = trial_store.list_trials(session=session, sweep_id=sweep_id)
+        sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
         assert sweep is not None and sweep.status == SweepStatus.queued
     assert count == 4
     assert [t.params for t in trials] == [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}]
@@ -41,39 +44,39 @@ def test_the_gate_refuses_every_illegal_transition(
 ) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 1)
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.status = start
-        with pytest.raises(store.IllegalTransition, match=f"{start} -> {target}"):
-            store.set_trial_status(session=session, trial=trial, status=target)
+        with pytest.raises(lifecycle.IllegalTransition, match=f"{start} -> {target}"):
+            lifecycle.set_trial_status(session=session, trial=trial, status=target)
         assert trial.status == start
 
 
 def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 2)
-        first, second = store.list_trials(session=session, sweep_id=sweep.id)[0]
-        store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
+        first, second = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        lifecycle.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
         assert sweep.status == SweepStatus.running
-        store.set_trial_status(session=session, trial=first, status=TrialStatus.running)
-        store.set_trial_status(session=session, trial=first, status=TrialStatus.succeeded)
+        lifecycle.set_trial_status(session=session, trial=first, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=first, status=TrialStatus.succeeded)
         assert sweep.status == SweepStatus.running and sweep.finished_at is None
-        store.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
-        store.set_trial_status(session=session, trial=second, status=TrialStatus.failed)
+        lifecycle.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
+        lifecycle.set_trial_status(session=session, trial=second, status=TrialStatus.failed)
         assert sweep.status == SweepStatus.finished and sweep.finished_at is not None
 
 
 def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 5)
-        first = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-        store.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
-        store.request_cancel(session=session, sweep=sweep)
-        assert store.sweeps_to_cancel(session=session) == [sweep]
-        assert store.cancel_queued_trials(session=session, sweep=sweep) == 4
+        first = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        lifecycle.set_trial_status(session=session, trial=first, status=TrialStatus.starting)
+        sweep_store.request_cancel(session=session, sweep=sweep)
+        assert sweep_store.sweeps_to_cancel(session=session) == [sweep]
+        assert lifecycle.cancel_queued_trials(session=session, sweep=sweep) == 4
         assert sweep.status == SweepStatus.running
-        store.set_trial_status(session=session, trial=first, status=TrialStatus.cancelled)
+        lifecycle.set_trial_status(session=session, trial=first, status=TrialStatus.cancelled)
         assert sweep.status == SweepStatus.cancelled
-        assert store.sweeps_to_cancel(session=session) == []
+        assert sweep_store.sweeps_to_cancel(session=session) == []
 
 
 def running_trial(sessions: Sessions, tmp_path: Path) -> int:
@@ -92,13 +95,13 @@ def test_a_report_updates_throughput_and_objective(sessions: Sessions, tmp_path:
         metrics={"val_loss": 0.5},
     )
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         report_store.add_report(
             budget=ample_budget(), session=session, trial=trial, token="secret", report_in=report
         )
     with sessions.read() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         assert trial.samples_per_s == 250 and trial.objective == 0.5
         reports, count = report_store.list_reports(session=session, trial_id=trial_id)
@@ -115,7 +118,7 @@ def test_reports_with_a_wrong_token_or_attempt_are_refused(
     trial_id = running_trial(sessions, tmp_path)
     report = ReportIn(trial_id=trial_id, attempt=attempt, kind="manual", metrics={"val_loss": 1})
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         with pytest.raises(report_store.ReportRefused, match=message):
             report_store.add_report(
@@ -131,32 +134,32 @@ def test_best_trial_follows_the_objective_direction(sessions: Sessions, tmp_path
         plain = stored_sweep(session, tmp_path, 3)
         for sweep in (low, high, plain):
             for trial, value in zip(
-                store.list_trials(session=session, sweep_id=sweep.id)[0],
+                trial_store.list_trials(session=session, sweep_id=sweep.id)[0],
                 [0.2, 0.9, 0.5],
                 strict=True,
             ):
                 trial.objective = value
         session.flush()
-        best_low = store.best_trial(session=session, sweep=low)
-        best_high = store.best_trial(session=session, sweep=high)
+        best_low = sweep_store.best_trial(session=session, sweep=low)
+        best_high = sweep_store.best_trial(session=session, sweep=high)
         assert best_low is not None and best_low.objective == 0.2
         assert best_high is not None and best_high.objective == 0.9
-        assert store.best_trial(session=session, sweep=plain) is None
+        assert sweep_store.best_trial(session=session, sweep=plain) is None
 
 
 def test_list_sweeps_pages_newest_first_and_filters(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
         ids = [stored_sweep(session, tmp_path, 1).id for _ in range(5)]
-        bob = store.get_or_create_owner(session=session, name="bob")
-        store.create_sweep(
-            session=session, sweep_in=sweep_in(tmp_path), owner=bob, seed=1, trial_params=[{}]
+        bob = owner_store.get_or_create_owner(session=session, name="bob")
+        sweep_store.create_sweep(
+            session=session, plan=sweep_plan(tmp_path, seed=1, trial_params=[{}]), owner=bob
         )
     with sessions.read() as session:
-        page, count = store.list_sweeps(session=session, owner="alice", offset=1, limit=2)
+        page, count = sweep_store.list_sweeps(session=session, owner="alice", offset=1, limit=2)
         assert count == 5 and [s.id for s in page] == ids[::-1][1:3]
-        _, bobs = store.list_sweeps(session=session, owner="bob")
+        _, bobs = sweep_store.list_sweeps(session=session, owner="bob")
         assert bobs == 1
-        _, finished = store.list_sweeps(session=session, status=SweepStatus.finished)
+        _, finished = sweep_store.list_sweeps(session=session, status=SweepStatus.finished)
         assert finished == 0
 
 
@@ -164,21 +167,19 @@ def test_integers_past_2_31_are_kept_on_every_backend(sessions: Sessions, tmp_pa
     # A seed the API takes, a uid of an LDAP directory, the start ticks of a trial on a host up
     # for a year: PostgreSQL's INTEGER ended at 2**31 - 1 before migration 0009.
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
         owner.uid = 2**32 - 2
-        sweep = store.create_sweep(
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path),
+            plan=sweep_plan(tmp_path, seed=MAX_ID, trial_params=[{"n": 1}]),
             owner=owner,
-            seed=MAX_ID,
-            trial_params=[{"n": 1}],
         )
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
         trial.pid_started, trial.log_scanned = 2**40, 2**33
         ids = (sweep.id, trial.id)
     with sessions.read() as session:
-        stored = store.get_sweep(session=session, sweep_id=ids[0])
-        started = store.get_trial(session=session, trial_id=ids[1])
+        stored = sweep_store.get_sweep(session=session, sweep_id=ids[0])
+        started = trial_store.get_trial(session=session, trial_id=ids[1])
         assert stored is not None and started is not None
         assert (stored.seed, stored.owner.uid) == (MAX_ID, 2**32 - 2)
         assert (started.pid_started, started.log_scanned) == (2**40, 2**33)

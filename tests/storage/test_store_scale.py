@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import selects, sweep_in
+from builders import selects, sweep_plan
 from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
 
@@ -34,17 +36,13 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, in
     upgrade(engine)
     sessions = make_sessions(engine)
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
         for _ in range(20):
-            store.create_sweep(
-                session=session,
-                sweep_in=sweep_in(Path("/")),
-                owner=owner,
-                seed=1,
-                trial_params=[{}],
+            sweep_store.create_sweep(
+                session=session, plan=sweep_plan(Path("/"), seed=1, trial_params=[{}]), owner=owner
             )
-        sweep = store.create_sweep(
-            session=session, sweep_in=sweep_in(Path("/")), owner=owner, seed=1, trial_params=[]
+        sweep = sweep_store.create_sweep(
+            session=session, plan=sweep_plan(Path("/"), seed=1, trial_params=[]), owner=owner
         )
         now = utcnow()
         statuses = list(TrialStatus)
@@ -68,17 +66,17 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sessions, in
 
 
 LISTINGS: dict[str, Callable[[Session, int], Any]] = {
-    "a page of a sweep's trials": lambda s, i: store.list_trials(
+    "a page of a sweep's trials": lambda s, i: trial_store.list_trials(
         session=s, sweep_id=i, offset=50_000, limit=100
     ),
-    "a sweep's failed trials": lambda s, i: store.list_trials(
+    "a sweep's failed trials": lambda s, i: trial_store.list_trials(
         session=s, sweep_id=i, status=TrialStatus.failed, limit=100
     ),
-    "counts by status": lambda s, i: store.trial_counts(session=s, sweep_ids=[i]),
+    "counts by status": lambda s, i: sweep_store.trial_counts(session=s, sweep_ids=[i]),
     "the queue": lambda s, i: next_trials(session=s, limit=64),
-    "active trials": lambda s, i: store.active_trials(session=s),
-    "a page of sweeps": lambda s, i: store.list_sweeps(session=s, owner="alice", limit=10),
-    "a trial": lambda s, i: store.get_trial(session=s, trial_id=TRIALS // 2),
+    "active trials": lambda s, i: trial_store.active_trials(session=s),
+    "a page of sweeps": lambda s, i: sweep_store.list_sweeps(session=s, owner="alice", limit=10),
+    "a trial": lambda s, i: trial_store.get_trial(session=s, trial_id=TRIALS // 2),
 }
 
 
@@ -102,6 +100,8 @@ def test_no_listing_scans_the_trials_table(big: tuple[Sessions, int], listing: s
 def test_the_big_database_holds_what_the_listings_page_through(big: tuple[Sessions, int]) -> None:
     sessions, sweep_id = big
     with sessions.read() as session:
-        page, count = store.list_trials(session=session, sweep_id=sweep_id, offset=50_000, limit=3)
+        page, count = trial_store.list_trials(
+            session=session, sweep_id=sweep_id, offset=50_000, limit=3
+        )
         assert count == TRIALS and [t.number for t in page] == [50_000, 50_001, 50_002]
         assert session.execute(text("SELECT count(*) FROM trials")).scalar() == TRIALS + 20

@@ -12,7 +12,8 @@ CUDA_VISIBLE_DEVICES (gpumux.devices.simulated.state), then:
 2. allocates: when what it holds inside its slice (`--memory-mb`, default the model's
    `per_process_mb`, less `context_mb`) exceeds GPUMUX_MEMORY_LIMIT_MB, or the device's
    memory left, it fails as PyTorch does (`torch.OutOfMemoryError: CUDA out of memory`, exit
-   1), which is how gpumux recognises an out-of-memory trial;
+   1), which is how gpumux recognises an out-of-memory trial; launched ahead by `gpumux tune`
+   (GPUMUX_GATE), it then waits, ready, for the round before to end (gpumux.runtime.gate);
 3. computes its samples at aggregate(N) / N samples/s, N the trials computing on the device,
    looked up again every TICK_S, and reports each epoch (`--epoch-samples`, default the model's
    `epoch_samples`) as a line, `GPUMUX_REPORT {"step": e, "samples": ...}`: the split search
@@ -47,6 +48,7 @@ from gpumux.devices.simulated.state import (
     device_dir,
     read_device,
 )
+from gpumux.runtime import gate
 
 # Real seconds between two looks at how many trials share the device: the rate follows N within
 # this much of a change (34 trials looking 5 times a second cost a few ms of CPU per second).
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace, device: Device, directory: str) -> int:
         if failure is not None:
             sys.stderr.write(failure)
             return EXIT_OUT_OF_MEMORY
+        # Launched ahead by gpumux tune: ready, it waits for the round before to end.
+        gate.wait_for_turn()
         entry.move(COMPUTING, memory_mb)
         compute(model, scale, directory, total, epoch_size(args, model))
     finally:

@@ -13,7 +13,8 @@ from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
 from gpumux.server.api.responses import AUTHENTICATED, problems
-from gpumux.storage import nodes, store
+from gpumux.storage import nodes
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Node, Trial
 
 # Any user the daemon accepts may look; over TCP that takes a token.
@@ -68,7 +69,7 @@ def list_devices(state: StateDep, session: ReadSessionDep, caller: CallerDep) ->
     This node's devices as its probe sees them now; another node's as its last heartbeat
     wrote them, with the trials whose attempt is on that node.
     """
-    active = store.active_trials(session=session)
+    active = trial_store.active_trials(session=session)
     here = state.node
     if here is None:
         return node_devices(state.devices_view(), active, caller, node=None)

@@ -14,7 +14,8 @@ from gpumux.server.api.deps import ReadSessionDep, StateDep, TrialId, get_caller
 from gpumux.server.api.forward import NODE_SCHEME, parse_node_authorization
 from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.server.api.trials import LogLimit, LogOffset, log_chunk
-from gpumux.storage import nodes, store
+from gpumux.storage import nodes
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Node, utcnow
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def serve_trial_log(
     if here is None or here.id != node_id:
         who = "no node" if here is None else f"node {here.id} ({here.name})"
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"this daemon is {who}, not node {node_id}")
-    trial = store.get_trial(session=session, trial_id=trial_id)
+    trial = trial_store.get_trial(session=session, trial_id=trial_id)
     if trial is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
     log.info("api: node %s reads the log of trial %d", asker.name, trial_id)

@@ -11,7 +11,7 @@ from gpumux.server import identity
 from gpumux.server.api.deps import StateDep
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import trials as trial_store
 
 router = APIRouter(tags=["reports"])
 
@@ -35,7 +35,7 @@ def post_report(
             headers={"WWW-Authenticate": "Bearer"},
         )
     with state.sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=report_in.trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=report_in.trial_id)
         if trial is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {report_in.trial_id} not found")
         try:

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import accounts, sweepspec
+from gpumux import accounts
 from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
 from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas import (
@@ -22,7 +22,7 @@ from gpumux.schemas import (
     TrialPublic,
     TrialsPublic,
 )
-from gpumux.search import methods
+from gpumux.search import methods, planning
 from gpumux.server.api.deps import (
     AppState,
     Caller,
@@ -36,9 +36,12 @@ from gpumux.server.api.deps import (
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
 from gpumux.splits.online import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.storage import backlog
+from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
-from gpumux.storage import store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep
 
 log = logging.getLogger(__name__)
@@ -47,9 +50,6 @@ router = APIRouter(tags=["sweeps"], responses=problems(*AUTHENTICATED, 422))
 
 
 def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
-    objective = None
-    if sweep.objective_metric is not None and sweep.objective_mode is not None:
-        objective = f"{sweep.objective_metric}:{sweep.objective_mode}"
     return SweepPublic(
         id=sweep.id,
         name=sweep.name,
@@ -58,13 +58,14 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
         command=sweep.command,
         params=sweep.param_tokens,
         workdir=sweep.workdir,
-        trials=sweep.random_trials,
+        trials=sweep.trial_budget,
         search=sweep.search,
         search_options=sweep.search_options or {},
         prune=sweep.prune,
         seed=sweep.seed,
         split=sweep.split if sweep.split is not None else "auto",
-        objective=objective,
+        metric=sweep.objective_metric,
+        mode=sweep.objective_mode,
         time_limit_s=sweep.time_limit_s,
         retries=sweep.retries,
         priority=sweep.priority,
@@ -78,8 +79,8 @@ def sweep_public(sweep: Sweep, counts: dict[TrialStatus, int]) -> SweepPublic:
 
 
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
-    counts = store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
-    best = store.best_trial(session=session, sweep=sweep)
+    counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
+    best = sweep_store.best_trial(session=session, sweep=sweep)
     profiles = []
     if sweep.split is None:
         profiles = profile_store.workload_profiles(
@@ -102,7 +103,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
 
 def sweep_or_404(session: Session, sweep_id: int, caller: Caller) -> Sweep:
     """The sweep, if it exists (404) and the caller may touch it (403)."""
-    sweep = store.get_sweep(session=session, sweep_id=sweep_id)
+    sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
     if sweep is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"sweep {sweep_id} not found")
     refuse_unless_owner(caller, sweep.owner.name, f"sweep {sweep_id}")
@@ -126,7 +127,7 @@ def check_quota(session: Session, state: AppState, caller: Caller, trials: int) 
     transaction that stores it, so that concurrent submissions cannot all slip under it."""
     quota = state.settings.max_queued_per_user
     if quota is not None:
-        waiting = store.queued_count(session=session, owner=caller.name)
+        waiting = backlog.queued_count(session=session, owner=caller.name)
         if waiting + trials > quota:
             raise HTTPException(
                 status.HTTP_429_TOO_MANY_REQUESTS,
@@ -138,45 +139,20 @@ def check_quota(session: Session, state: AppState, caller: Caller, trials: int) 
 @router.post("/sweeps", status_code=status.HTTP_201_CREATED, responses=problems(429, *WRITES))
 def create_sweep(sweep_in: SweepCreate, state: StateDep, caller: CallerDep) -> SweepDetail:
     """Submit a sweep as the caller; its trials are queued and committed before this answers."""
-    seed = sweep_in.seed if sweep_in.seed is not None else secrets.randbits(31)
-    limit = state.settings.max_grid
-    if sweep_in.trials is not None and sweep_in.trials > limit:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"--trials {sweep_in.trials:,} is over the limit of {limit:,} trials per sweep",
-        )
     try:
-        params = sweepspec.parse_params(sweep_in.params)
-        search = methods.check(
-            method=sweep_in.search,
-            options=sweep_in.search_options,
-            prune=sweep_in.prune,
-            trials=sweep_in.trials,
-            objective=sweep_in.objective,
-            params=params,
+        plan = planning.plan_sweep(
+            sweep_in, max_grid=state.settings.max_grid, seed=secrets.randbits(31)
         )
-        trial_params = (
-            []
-            if search.method.adaptive
-            else sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=limit)
-        )
-    except (sweepspec.SpecError, methods.SearchError) as error:
+        methods.check_installed(plan.search)
+    except (planning.PlanError, methods.SearchError) as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from error
-    trial_count = sweep_in.trials if search.method.adaptive else len(trial_params)
     check_workdir(sweep_in, state, caller)
     with state.sessions.write.begin() as session:
-        check_quota(session, state, caller, trial_count or 0)
-        owner = store.get_or_create_owner(session=session, name=caller.name, uid=caller.account.uid)
-        sweep = store.create_sweep(
-            session=session,
-            sweep_in=sweep_in,
-            owner=owner,
-            seed=seed,
-            trial_params=trial_params,
-            search=search.method,
-            search_options=search.options,
-            prune=search.prune.text if search.prune else None,
+        check_quota(session, state, caller, plan.trial_count)
+        owner = owner_store.get_or_create_owner(
+            session=session, name=caller.name, uid=caller.account.uid
         )
+        sweep = sweep_store.create_sweep(session=session, plan=plan, owner=owner)
         detail = sweep_detail(session, sweep)
     state.notify()
     return detail
@@ -206,10 +182,10 @@ def list_sweeps(
         refuse_unless_owner(caller, owner, "the sweeps")
     elif not caller.admin or name is not None:
         owner = caller.name
-    sweeps, count = store.list_sweeps(
+    sweeps, count = sweep_store.list_sweeps(
         session=session, status=status_, owner=owner, name=name, offset=offset, limit=limit
     )
-    counts = store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
+    counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id for sweep in sweeps])
     return SweepsPublic(
         data=[sweep_public(sweep, counts[sweep.id]) for sweep in sweeps], count=count
     )
@@ -231,7 +207,7 @@ def cancel_sweep(sweep_id: SweepId, state: StateDep, caller: CallerDep) -> Sweep
     with state.sessions.write.begin() as session:
         sweep = sweep_or_404(session, sweep_id, caller)
         log.info("api: %s cancels sweep %d of %s", caller.name, sweep_id, sweep.owner.name)
-        sweep = store.request_cancel(session=session, sweep=sweep)
+        sweep = sweep_store.request_cancel(session=session, sweep=sweep)
         detail = sweep_detail(session, sweep)
     state.notify()
     return detail
@@ -248,7 +224,7 @@ def list_sweep_trials(
 ) -> TrialsPublic:
     """A sweep's trials in order, paginated."""
     sweep_or_404(session, sweep_id, caller)
-    trials, count = store.list_trials(
+    trials, count = trial_store.list_trials(
         session=session, sweep_id=sweep_id, status=status_, offset=offset, limit=limit
     )
     return TrialsPublic(data=[TrialPublic.model_validate(t) for t in trials], count=count)

@@ -22,8 +22,9 @@ from gpumux.server.api.deps import (
     refuse_unless_owner,
 )
 from gpumux.server.api.responses import AUTHENTICATED, problems
-from gpumux.storage import nodes, store
+from gpumux.storage import nodes
 from gpumux.storage import reports as report_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Trial
 
 router = APIRouter(tags=["trials"], responses=problems(*AUTHENTICATED, 404, 422))
@@ -33,7 +34,7 @@ LOG_CHUNK_MAX = 1024 * 1024
 
 def trial_or_404(session: Session, trial_id: int, caller: Caller) -> Trial:
     """The trial, if it exists (404) and the caller may touch its sweep (403)."""
-    trial = store.get_trial(session=session, trial_id=trial_id)
+    trial = trial_store.get_trial(session=session, trial_id=trial_id)
     if trial is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
     refuse_unless_owner(caller, trial.sweep.owner.name, f"trial {trial_id}")

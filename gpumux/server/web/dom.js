@@ -83,6 +83,11 @@ export function fmtNum(value) {
   return String(Number(value.toPrecision(4)));
 }
 
+// A sweep's objective as the command line takes it, "val_loss:min"; null without one.
+export function objectiveText(sweep) {
+  return sweep.metric ? `${sweep.metric}:${sweep.mode}` : null;
+}
+
 export function fmtValue(value) {
   if (typeof value === "number") return fmtNum(value);
   if (typeof value === "string") return value;

@@ -13,6 +13,7 @@ import {
   fmtTime,
   fmtValue,
   h,
+  objectiveText,
   legend,
   link,
   panel,
@@ -58,7 +59,7 @@ function trialsTable(sweep, trials, names, sort, onSort) {
     { key: "id", label: "trial", num: true, value: (t) => t.id, cell: (t) => link(trialHref(t.id), String(t.id)) },
     { key: "status", label: "status", value: (t) => t.status, cell: (t) => badge(t.status) },
     ...names.map((name) => ({ key: "p:" + name, label: name, num: true, value: (t) => t.params[name], cell: (t) => fmtValue(t.params[name]) })),
-    { key: "objective", label: sweep.objective ? `objective (${sweep.objective})` : "objective", num: true, value: (t) => t.objective },
+    { key: "objective", label: sweep.metric ? `objective (${objectiveText(sweep)})` : "objective", num: true, value: (t) => t.objective },
     // Steps as the user counts them, from 1 (the API keeps Optuna's, from 0).
     { key: "step", label: "step", num: true, value: (t) => userStep(t.step) },
     { key: "samples_per_s", label: "samples/s", num: true, value: (t) => t.samples_per_s },
@@ -100,7 +101,7 @@ function trialsTable(sweep, trials, names, sort, onSort) {
 
 // One scatter per swept parameter: the objective of each trial against its value.
 function objectiveCharts(sweep, trials, names) {
-  if (!sweep.objective) {
+  if (!sweep.metric) {
     return h("div", { class: "muted" }, "this sweep has no --objective: nothing to rank or plot");
   }
   const scored = trials.filter((t) => typeof t.objective === "number");
@@ -129,10 +130,10 @@ function objectiveCharts(sweep, trials, names) {
         cls: statusClass(t.status),
         highlight: sweep.best && t.id === sweep.best.id,
         href: trialHref(t.id),
-        title: `trial ${t.id}: ${name}=${fmtValue(t.params[name])}, ${sweep.objective.split(":")[0]}=${fmtNum(t.objective)} (${t.status})`,
+        title: `trial ${t.id}: ${name}=${fmtValue(t.params[name])}, ${sweep.metric}=${fmtNum(t.objective)} (${t.status})`,
       }));
-    const chartNode = chart({ series: [{ points }], x, y: { label: sweep.objective.split(":")[0] } });
-    figures.push(figure(`${sweep.objective.split(":")[0]} against ${name}${x.log ? " (log)" : ""}`, chartNode));
+    const chartNode = chart({ series: [{ points }], x, y: { label: sweep.metric } });
+    figures.push(figure(`${sweep.metric} against ${name}${x.log ? " (log)" : ""}`, chartNode));
   }
   if (!figures.length) return h("div", { class: "muted" }, "no parameter varies in this sweep");
   return h("div", { class: "charts" }, figures);
@@ -213,7 +214,7 @@ function trialsFact(sweep) {
 function curveTrials(sweep, trials) {
   const stepped = trials.filter((t) => t.step !== null && t.step !== undefined);
   const bestId = sweep.best ? sweep.best.id : null;
-  const sign = sweep.objective && sweep.objective.endsWith(":max") ? -1 : 1;
+  const sign = sweep.mode === "max" ? -1 : 1;
   const rank = (t) => (t.id === bestId ? 0 : typeof t.objective === "number" ? 1 : 2);
   const ranked = [...stepped].sort(
     (a, b) => rank(a) - rank(b) || (rank(a) === 1 ? sign * (a.objective - b.objective) : 0) || a.number - b.number,
@@ -256,10 +257,10 @@ function curvePoints(trial, reports, metric) {
 // One line per trial: the objective against the step; pruned trials dashed, ending in a dot;
 // the best trial thick, drawn last.
 function learningCurves(sweep, { chosen, reporting, reports }) {
-  if (!sweep.objective) {
+  if (!sweep.metric) {
     return h("div", { class: "muted" }, "this sweep has no --objective: no curve to draw");
   }
-  const metric = sweep.objective.split(":")[0];
+  const metric = sweep.metric;
   if (!reporting) {
     return h("div", { class: "muted" }, `no trial has reported ${metric} at a step yet`);
   }
@@ -340,7 +341,7 @@ export function sweepView(id) {
             ["parameters", h("code", null, sweep.params.join(" ") || "—")],
             ["trials", trialsFact(sweep)],
             ["pruner", sweep.prune && sweep.prune !== "none" ? sweep.prune : null],
-            ["objective", sweep.objective || "—"],
+            ["objective", objectiveText(sweep) || "—"],
             ["time limit", sweep.time_limit_s ? fmtDuration(sweep.time_limit_s) : null],
             ["directory", h("code", null, sweep.workdir)],
             ["owner", sweep.owner],
@@ -355,7 +356,7 @@ export function sweepView(id) {
                 h("h3", null, "Best trial"),
                 facts([
                   ["trial", link(trialHref(best.id), `${best.id} (#${best.number})`)],
-                  [sweep.objective, fmtNum(best.objective)],
+                  [objectiveText(sweep), fmtNum(best.objective)],
                   ["parameters", Object.entries(best.params).map(([k, v]) => `${k}=${fmtValue(v)}`).join("  ")],
                 ]),
               )

@@ -13,6 +13,7 @@ import {
   fmtValue,
   h,
   link,
+  objectiveText,
   panel,
   replace,
   seconds,
@@ -87,7 +88,7 @@ export function trialView(id) {
         panel(
           null,
           facts([
-            [sweep.objective ? `objective (${sweep.objective})` : "objective", fmtNum(trial.objective)],
+            [sweep.metric ? `objective (${objectiveText(sweep)})` : "objective", fmtNum(trial.objective)],
             ["samples/s", fmtNum(trial.samples_per_s)],
             [trial.status === "pruned" ? "stopped at step" : "last step", userStep(trial.step)],
             ["device", trial.device],

@@ -18,7 +18,8 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.server.api import create_app
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 
 GPU = DeviceSnapshot(
@@ -74,9 +75,9 @@ class Mixed:
 def launch(sessions: Sessions, trial_id: int, device: str, slot: int, split: int) -> None:
     """Record a queued trial as holding `slot` of `device` at `split`, as a launch does."""
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        store.set_trial_status(
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.starting,
@@ -98,9 +99,11 @@ def mixed(
         alices = stored_sweep(session, tmp_path, 4, owner=alice.name, name=ALICES_NAME)
         bobs = stored_sweep(session, tmp_path, 2, owner=bob.name)
         alice_trials = [
-            trial.id for trial in store.list_trials(session=session, sweep_id=alices.id)[0]
+            trial.id for trial in trial_store.list_trials(session=session, sweep_id=alices.id)[0]
         ]
-        bob_trials = [trial.id for trial in store.list_trials(session=session, sweep_id=bobs.id)[0]]
+        bob_trials = [
+            trial.id for trial in trial_store.list_trials(session=session, sweep_id=bobs.id)[0]
+        ]
         ids = (alices.id, bobs.id)
     launch(sessions, alice_trials[0], "gpu0", 0, 3)
     launch(sessions, alice_trials[1], "gpu0", 1, 3)
@@ -108,10 +111,10 @@ def mixed(
     launch(sessions, bob_trials[0], "gpu0", 2, 6)
     launch(sessions, bob_trials[1], "gpu0", 3, 6)
     with sessions.write.begin() as session:
-        ended = store.get_trial(session=session, trial_id=bob_trials[1])
+        ended = trial_store.get_trial(session=session, trial_id=bob_trials[1])
         assert ended is not None
-        store.set_trial_status(session=session, trial=ended, status=TrialStatus.running)
-        store.set_trial_status(session=session, trial=ended, status=TrialStatus.succeeded)
+        lifecycle.set_trial_status(session=session, trial=ended, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=ended, status=TrialStatus.succeeded)
     app = create_app(settings=settings, sessions=sessions, devices_view=lambda: [GPU, CPU])
     with served(app, bearer(sessions)) as admin:
         base = admin.base_url
@@ -175,7 +178,9 @@ def test_a_sweep_whose_trials_run_at_two_splits_has_a_share_for_each(
 ) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 6)
-        trial_ids = [trial.id for trial in store.list_trials(session=session, sweep_id=sweep.id)[0]]
+        trial_ids = [
+            trial.id for trial in trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        ]
     # The split search moved from N=2 to N=4 while the first trial still ran: it holds 1/2, the
     # three launched after it 1/4 each.
     launch(sessions, trial_ids[0], "cpu", 0, 2)

@@ -18,7 +18,8 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.server.api import create_app
 from gpumux.status import NodeState, TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node, token_hash, utcnow
 from gpumux.storage.nodes import NodeIdentity
@@ -59,9 +60,9 @@ def trials_on(
     """`n` trials of a new sweep started on `node`'s gpu:0 at `split`; their ids."""
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, n)
-        trials = store.list_trials(session=session, sweep_id=sweep.id)[0]
+        trials = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
         for slot, trial in enumerate(trials):
-            store.set_trial_status(
+            lifecycle.set_trial_status(
                 session=session,
                 trial=trial,
                 status=TrialStatus.starting,
@@ -199,7 +200,7 @@ def pair(tmp_path: Path, settings: Settings, sessions: Sessions) -> Iterator[Pai
     log_path.parent.mkdir()
     log_path.write_text(LOG_TEXT)
     with sessions.write.begin() as session:
-        trial = store.get_trial(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         trial.log_path = str(log_path)
     app_a = create_app(settings=settings, sessions=sessions, node=node_a)

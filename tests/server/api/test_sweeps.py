@@ -78,6 +78,37 @@ def test_bad_sweeps_are_refused_with_the_reason_and_leave_nothing(
     assert sweep_count(api) == 0
 
 
+def test_the_objective_is_a_metric_and_a_mode_both_ways(api: httpx.Client, tmp_path: Path) -> None:
+    body = sweep_body(tmp_path, "x=1,2", metric="val_loss", mode="max")
+    sweep = api.post("/sweeps", json=body).json()
+    assert (sweep["metric"], sweep["mode"]) == ("val_loss", "max") and "objective" not in sweep
+    assert api.get(f"/sweeps/{sweep['id']}").json()["mode"] == "max"
+    # The older joined form is still read, into the same two fields.
+    older = api.post("/sweeps", json=sweep_body(tmp_path, "x=1", objective="a:b:min")).json()
+    assert (older["metric"], older["mode"]) == ("a:b", "min")
+    plain = api.post("/sweeps", json=sweep_body(tmp_path, "x=1")).json()
+    assert (plain["metric"], plain["mode"]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"metric": "loss"}, "metric and mode go together"),
+        ({"mode": "min"}, "metric and mode go together"),
+        ({"metric": "loss", "mode": "least"}, "mode"),
+        ({"objective": "loss:min", "metric": "loss"}, "the objective is given twice"),
+        ({"objective": 3}, "objective must be text"),
+    ],
+)
+def test_a_metric_without_its_mode_is_refused(
+    api: httpx.Client, tmp_path: Path, fields: dict[str, Any], expected: str
+) -> None:
+    response = api.post("/sweeps", json=sweep_body(tmp_path, "x=1", **fields))
+    assert response.status_code == 422
+    assert expected in response.text
+    assert sweep_count(api) == 0
+
+
 def test_a_grid_over_the_limit_is_refused_with_its_size(
     api: httpx.Client, tmp_path: Path, settings: Settings
 ) -> None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from builders import sweep_in
+from builders import sweep_plan
 
 from gpumux.processes.logfiles import RotatingLog
 from gpumux.status import TrialStatus
-from gpumux.storage import store
+from gpumux.storage import lifecycle
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import token_hash
 
@@ -16,23 +19,21 @@ def running_trial(sessions: Sessions, tmp_path: Path, log_text: bytes = b"") -> 
     log_path = tmp_path / "trial.log"
     log_path.write_bytes(log_text)
     with sessions.write.begin() as session:
-        owner = store.get_or_create_owner(session=session, name="alice")
-        sweep = store.create_sweep(
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        sweep = sweep_store.create_sweep(
             session=session,
-            sweep_in=sweep_in(tmp_path, objective="loss:min"),
+            plan=sweep_plan(tmp_path, objective="loss:min", seed=1, trial_params=[{}]),
             owner=owner,
-            seed=1,
-            trial_params=[{}],
         )
-        trial = store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-        store.set_trial_status(
+        trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
+        lifecycle.set_trial_status(
             session=session,
             trial=trial,
             status=TrialStatus.starting,
             token_hash=token_hash("tok"),
             log_path=str(log_path),
         )
-        store.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
         return trial.id
 
 

@@ -1,0 +1,65 @@
+"""A sweep's one parse: the request, checked whole, becomes the plan that storage keeps.
+
+The daemon plans each submission before storing it, and `gpumux sweep` plans it before it
+contacts the daemon, so that both refuse the same sweeps with the same words.
+"""
+
+from __future__ import annotations
+
+from gpumux import sweepspec
+from gpumux.schemas import SweepCreate
+from gpumux.search import methods
+from gpumux.sweepplan import SweepPlan
+
+
+class PlanError(ValueError):
+    """A sweep that cannot run as asked; the message says what to change."""
+
+
+def plan_sweep(sweep_in: SweepCreate, *, max_grid: int, seed: int) -> SweepPlan:
+    """The sweep to store, its trials expanded; PlanError saying what to change. `seed` is
+    the random search's seed where the request gives none; `max_grid` the most trials."""
+    if sweep_in.trials is not None and sweep_in.trials > max_grid:
+        raise PlanError(
+            f"--trials {sweep_in.trials:,} is over the limit of {max_grid:,} trials per sweep"
+        )
+    if sweep_in.seed is not None:
+        seed = sweep_in.seed
+    try:
+        params = sweepspec.parse_params(sweep_in.params)
+        sweepspec.check_placeholders(sweep_in.command, [param.name for param in params])
+        search = methods.check(
+            method=sweep_in.search,
+            options=sweep_in.search_options,
+            prune=sweep_in.prune,
+            trials=sweep_in.trials,
+            metric=sweep_in.metric,
+            params=params,
+        )
+        trial_params = (
+            []
+            if search.method.adaptive
+            else sweepspec.expand(params, trials=sweep_in.trials, seed=seed, max_grid=max_grid)
+        )
+    except (sweepspec.SpecError, methods.SearchError) as error:
+        raise PlanError(str(error)) from error
+    return SweepPlan(
+        name=sweep_in.name,
+        command=sweep_in.command,
+        param_tokens=sweep_in.params,
+        workdir=sweep_in.workdir,
+        env=sweep_in.env,
+        trial_budget=sweep_in.trials,
+        search=search.method,
+        search_options=search.options,
+        prune=search.prune.text if search.prune else None,
+        seed=seed,
+        split=None if sweep_in.split == "auto" else sweep_in.split,
+        metric=sweep_in.metric,
+        mode=sweep_in.mode,
+        time_limit_s=sweep_in.time_limit_s,
+        retries=sweep_in.retries,
+        priority=sweep_in.priority,
+        warm=sweep_in.warm,
+        trial_params=trial_params,
+    )

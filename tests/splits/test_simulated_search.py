@@ -1,0 +1,179 @@
+"""The split search through a real daemon on a simulated GPU: where memory, not the rate, bounds
+N it climbs to the N that fits and never into one that runs out; a start that runs out of
+memory backs off and every trial still succeeds; two workloads at auto share one device, each
+measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from gpumux.client import Client
+from gpumux.config import Settings
+from gpumux.schemas import ProfilePublic, SweepCreate, TrialPublic
+from gpumux.server.daemon import embedded
+
+# Simulated seconds run 4x as fast, the split search's timers with them (as
+# benchmarks/split_search.py runs it): a trial's own cost on this host, a Python process, weighs
+# 4x in simulated time, which at a smaller scale would swamp its steps.
+SCALE = 0.25
+TRIAL = [sys.executable, "-m", "gpumux.devices.simulated.trial"]
+# The daemon's reserve and overhead per process (Settings' defaults): what a slice is cut from.
+RESERVE_MB, OVERHEAD_MB = 512, 1024
+
+
+def model_file(tmp_path: Path, *, memory_mb: int, per_process_mb: int, context_mb: int) -> Path:
+    """A card whose throughput would scale to 16 trials, with trials of this memory."""
+    path = tmp_path / "model.json"
+    model = {
+        "name": "Test GPU 16",
+        "memory_mb": memory_mb,
+        "cores": 16,
+        "per_process_mb": per_process_mb,
+        "context_mb": context_mb,
+        "startup_s": 1.0,
+        # One report every simulated second alone: a few per window at every N.
+        "epoch_samples": 1000,
+        "throughput": {"1": 1000, "16": 16000},
+    }
+    path.write_text(json.dumps(model), encoding="utf-8")
+    return path
+
+
+def fits(memory_mb: int, per_process_mb: int, context_mb: int) -> int:
+    """The most trials whose slices hold what each allocates (the simulator's rule)."""
+    room = memory_mb - RESERVE_MB
+    return max(n for n in range(1, 64) if room // n - OVERHEAD_MB >= per_process_mb - context_mb)
+
+
+Start = Callable[..., Client]
+
+
+@pytest.fixture
+def daemon_of(tmp_path: Path) -> Iterator[Start]:
+    """A factory: a real daemon serving one simulated GPU of a model, on the given host cores."""
+    with ExitStack() as stack:
+
+        def start(model: Path | str, *, host_cores: int) -> Client:
+            settings = Settings(
+                home=tmp_path / "home",
+                simulated_gpu=str(model),
+                simulated_time_scale=SCALE,
+                host_cores=host_cores,
+                poll_interval=0.1,
+                tune_warmup=0.2,
+                tune_window=0.5,
+                kill_grace=2.0,
+            )
+            daemon = stack.enter_context(embedded(settings))
+            return stack.enter_context(Client(daemon.url))
+
+        yield start
+
+
+def sweep(client: Client, *, trials: int, args: list[str]) -> int:
+    created = client.create_sweep(
+        SweepCreate(
+            params=[],
+            command=[*TRIAL, *args],
+            workdir=str(Path.cwd()),
+            env=dict(os.environ),
+            trials=trials,
+            split="auto",
+        )
+    )
+    return created.id
+
+
+def finished(client: Client, *sweep_ids: int) -> list[list[TrialPublic]]:
+    deadline = time.monotonic() + 240
+    for sweep_id in sweep_ids:
+        while (detail := client.get_sweep(sweep_id)).status != "finished":
+            assert time.monotonic() < deadline, f"sweep did not finish: {detail}"
+            time.sleep(0.2)
+    return [client.all_trials(sweep_id) for sweep_id in sweep_ids]
+
+
+def profile_of(client: Client, args: list[str]) -> ProfilePublic:
+    (profile,) = [p for p in client.list_profiles().data if p.command == [*TRIAL, *args]]
+    return profile
+
+
+def ran_out(trials: list[TrialPublic]) -> list[str]:
+    return [t.error for t in trials if t.error and "out of device memory" in t.error]
+
+
+def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
+    daemon_of: Start, tmp_path: Path
+) -> None:
+    # Slices of 7 hold a trial, of 8 do not; the rate would scale to 16. On 2 host cores the
+    # search starts at N=2, below the memory's bound.
+    shape = {"memory_mb": 60_000, "per_process_mb": 7_500, "context_mb": 728}
+    top = fits(**shape)
+    assert top == 7
+    client = daemon_of(model_file(tmp_path, **shape), host_cores=2)
+
+    (trials,) = finished(client, sweep(client, trials=20, args=["--seconds=20"]))
+
+    assert [t.status for t in trials] == ["succeeded"] * 20
+    assert ran_out(trials) == [], "no N above what fits was tried"
+    # The ascent's steps (a knee below the fit would show in them) reach the fit itself, and
+    # the profile keeps it as the workload's ceiling.
+    assert max(t.split or 0 for t in trials) == top
+    profile = profile_of(client, ["--seconds=20"])
+    assert profile.ceiling == top and profile.oom_at is None, profile.reason
+
+
+def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
+    daemon_of: Start, tmp_path: Path
+) -> None:
+    # The device's guess (a quarter of what the smallest slices allow, 7: the step 5) is above
+    # the 4 that fit.
+    shape = {"memory_mb": 40_000, "per_process_mb": 8_500, "context_mb": 728}
+    top = fits(**shape)
+    assert top == 4
+    client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
+
+    (trials,) = finished(client, sweep(client, trials=16, args=["--seconds=20"]))
+
+    assert [t.status for t in trials] == ["succeeded"] * 16
+    assert ran_out(trials), "the start ran out of memory and its trials were requeued"
+    assert all(t.split is not None and t.split <= top for t in trials)
+    profile = profile_of(client, ["--seconds=20"])
+    assert profile.oom_at is not None and profile.oom_at > top, profile.reason
+
+
+def test_two_workloads_at_auto_share_the_device_and_each_is_measured(daemon_of: Start) -> None:
+    client = daemon_of("h200-torch-mlp", host_cores=16)
+    # Two workloads (other commands), submitted together: they run side by side on one GPU.
+    first = sweep(client, trials=24, args=["--seconds=12"])
+    second = sweep(client, trials=24, args=["--seconds=12", "--memory-mb=2000"])
+
+    ones, twos = finished(client, first, second)
+
+    assert [t.status for t in ones + twos] == ["succeeded"] * 48
+    starts = [min(t.started_at for t in trials if t.started_at) for trials in (ones, twos)]
+    ends = [max(t.ended_at for t in trials if t.ended_at) for trials in (ones, twos)]
+    assert max(starts) < min(ends), "the two sweeps ran at the same time"
+    # Each trial holds 1/N of the device, N its own workload's: as each one started, the trials
+    # of both that had started and not ended held no more than the whole device.
+    both = ones + twos
+    for trial in both:
+        held = sum(
+            Fraction(1, other.split or 1)
+            for other in both
+            if other.started_at and other.ended_at and trial.started_at
+            if other.started_at <= trial.started_at < other.ended_at
+        )
+        assert held <= 1, f"{held} of the device held as trial {trial.id} started"
+    for args in (["--seconds=12"], ["--seconds=12", "--memory-mb=2000"]):
+        profile = profile_of(client, args)
+        assert profile.curve, f"{args}: no point measured ({profile.reason})"
