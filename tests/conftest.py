@@ -130,6 +130,23 @@ def kill_process(pid: int) -> str:
     return shown
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The workers of `-n auto`: two per core this run may use (most tests wait on what they
+    start, a daemon, its trials, PostgreSQL, more than they compute), at most one per test file
+    named; none for a single file, which runs in this process."""
+    files: set[Path] = set()
+    for arg in config.args:
+        path = config.invocation_params.dir / arg.split("::")[0]
+        files |= {path} if path.is_file() else set(path.rglob("test_*.py"))
+    return min(2 * len(os.sched_getaffinity(0)), len(files)) if len(files) > 1 else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, in their order, then the rest: parallel workers start each of them
+    at once instead of one worker running the last of them alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(WiderFixturesUnmarked())
     config.addinivalue_line(

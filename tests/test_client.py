@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
+import ssl
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from ports import free_port
 
 from gpumux import client as client_module
 from gpumux.client import (
@@ -29,12 +31,6 @@ from gpumux.status import SweepStatus, TrialStatus
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAX_GRID = 50
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ended(client: Client, sweep_id: int) -> SweepDetail:
@@ -213,3 +209,24 @@ def test_error_detail_of_a_problem_without_fields_is_its_detail() -> None:
     too_large = Problem(detail="the request's body is over the daemon's limit")
     response = httpx.Response(413, content=too_large.model_dump_json())
     assert error_detail(response) == "the request's body is over the daemon's limit"
+
+
+def test_only_an_https_client_loads_the_certificates_it_verifies_against(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # httpx builds a verifying client's context with ssl.create_default_context (its CA bundle
+    # or the system's, by SSL_CERT_FILE): a client that speaks plain HTTP needs none.
+    made: list[ssl.SSLContext] = []
+    default = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(default(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    Client("unix:/nonexistent/gpumux.sock").close()
+    Client("http://127.0.0.1:1", token="t").close()
+    assert made == [], "a plain HTTP client loaded certificates it never uses"
+    Client("https://gpumux.example:8443", token="t").close()
+    (context,) = made
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.cert_store_stats()["x509_ca"]

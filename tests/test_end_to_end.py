@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -11,18 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import daemon_bearer
+from ports import free_port
 
 from gpumux.config import Settings
 from gpumux.server.daemon import embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None:

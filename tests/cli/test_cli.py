@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from builders import daemon_token, terminal_signals
+from ports import free_port
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
@@ -32,12 +32,6 @@ WAIT_FOR_FILE = str(FIXTURES / "wait_for_file.py")
 BLOCK = str(FIXTURES / "block.py")
 MAX_GRID = 50
 DEADLINE_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cli_env(*, home: Path, url: str, **extra: str) -> dict[str, str]:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import typer
 from builders import daemon_token
-from test_cli import cli_env, free_port, gpumux, row, start_gpumux, wait_for, wait_running
+from ports import free_port
+from test_cli import cli_env, gpumux, row, start_gpumux, wait_for, wait_running
 
 from gpumux.cli.app import app
 from gpumux.client import Client, DaemonUnreachable

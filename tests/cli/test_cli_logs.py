@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from test_cli import cli_env, free_port, gpumux, start_gpumux
+from ports import free_port
+from test_cli import cli_env, gpumux, start_gpumux
 
 LINES = 3000
 

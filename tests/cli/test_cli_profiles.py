@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.storage import profiles as profile_store
@@ -33,12 +33,6 @@ class Server:
     url: str
     db: Path
     env: dict[str, str]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _answers(client: Client, process: subprocess.Popen[bytes]) -> bool:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,14 +46,17 @@ STARTED_THEN_BLOCK = (
 
 
 def tune_env(tmp_path: Path) -> dict[str, str]:
-    """A user whose gpumux data would live in tmp_path/home, temporary files in tmp_path/tmp."""
-    (tmp_path / "tmp").mkdir()
+    """A user whose gpumux data would live in tmp_path/home, temporary files in a directory of
+    their own, short: tune's socket lives there, and a Unix socket's path (107 bytes at most)
+    below tmp_path is too long under pytest-xdist (its worker's directory lengthens tmp_path)."""
+    tmp = tempfile.mkdtemp(prefix="gmx-tune-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     # Wide, so that table rows stay on one line each in what the tests read.
     env.update(
         GPUMUX_HOME=str(tmp_path / "home"),
         GPUMUX_KILL_GRACE="5",
-        TMPDIR=str(tmp_path / "tmp"),
+        TMPDIR=tmp,
         COLUMNS="200",
     )
     return env
@@ -111,7 +117,7 @@ def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path) -> None:
     assert f"wrote {png}" in " ".join(result.stderr.split())
     # A private daemon on a temporary directory: the user's data is untouched, nothing left over.
     assert not (tmp_path / "home").exists() and not (tmp_path / "mine.db").exists()
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
 def test_a_failing_command_is_reported_per_split(tmp_path: Path) -> None:
@@ -131,7 +137,7 @@ def test_a_failing_command_is_reported_per_split(tmp_path: Path) -> None:
     kept = re.search(r"kept (\S+): the database and the trials' logs", result.stderr)
     assert kept is not None, result.stderr
     data = Path(kept.group(1))
-    assert data.parent == tmp_path / "tmp"
+    assert data.parent == Path(env["TMPDIR"])
     assert (data / "gpumux.db").is_file()
     assert len(list((data / "logs").glob("sweep-*/*"))) == 3
     assert not (tmp_path / "home").exists()
@@ -162,7 +168,7 @@ def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) 
     assert "N=1:" not in out
     with pytest.raises(ProcessLookupError):
         os.kill(trial_pid, 0)
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list(Path(env["TMPDIR"]).iterdir()) == []
     assert not (tmp_path / "home").exists()
 
 
@@ -180,7 +186,7 @@ def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str)
     result = tune(*args, env=env)
     assert result.returncode == 2
     assert message in " ".join(result.stderr.split())
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
 def test_an_environment_variable_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
@@ -189,7 +195,7 @@ def test_an_environment_variable_that_is_not_utf8_is_refused_by_name(tmp_path: P
     result = tune("--splits", "1", "--", "true", env=env)
     assert result.returncode == 2
     assert "the environment variable GARBLED is not valid UTF-8" in result.stderr
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
 def test_the_first_visible_gpu_is_measured_by_default() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from builders import daemon_token, sweep_public, trial_public
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
+from ports import free_port
 
 from gpumux.cli.export import study_trials
 from gpumux.cli.state import CliError
@@ -208,12 +208,6 @@ class Daemon:
     url: str
     env: dict[str, str]
     client: Client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

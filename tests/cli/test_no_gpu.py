@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import daemon_bearer
-from reliability.conftest import free_port
+from ports import free_port
 
 from gpumux.config import Settings
 from gpumux.runtime.frameworks import NO_GPU_FIX

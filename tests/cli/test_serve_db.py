@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from test_cli import DEADLINE_S, cli_env, free_port, wait_for
+from ports import free_port
+from test_cli import DEADLINE_S, cli_env, wait_for
 
 from gpumux.storage.dialects import dialect_for
 

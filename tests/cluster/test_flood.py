@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from builders import daemon_bearer
 from flooding import HEALTH_BOUND_S, ROWS, HealthProbe, flood_sweep
 from reliability.conftest import DaemonProcess
@@ -30,6 +31,7 @@ LEASE = {"GPUMUX_NODE_LEASE": "10", "GPUMUX_NODE_HEARTBEAT": "2"}
 # needs only the tick in progress to end. The daemon before the budget, reading a flood's end
 # in one go on its event loop, took over a minute here.
 STOP_BOUND_S = 20.0
+pytestmark = pytest.mark.slow
 
 
 def submit(node: DaemonProcess, body: dict[str, object]) -> int:

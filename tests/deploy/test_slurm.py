@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import kill_processes_naming
+from ports import free_port
 from sqlalchemy import select
 
 from gpumux.scheduling.idle import IdleClock
@@ -129,12 +130,6 @@ def test_the_idle_clock_counts_only_an_unbroken_empty_queue() -> None:
     assert not clock.observe(pending=None, now=115.0)
     assert not clock.observe(pending=0, now=120.0)
     assert clock.observe(pending=0, now=130.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def batch_job(

@@ -293,11 +293,11 @@ def test_a_lapsed_lease_kills_a_grandchild_outside_the_group(
     lease = tmp_path / "node.lease"
     pidfile = tmp_path / "pids"
     argv = [sys.executable, str(FIXTURES / "escaper.py"), str(pidfile), "--ignore-term"]
-    rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+    rundir.write_lease(lease, until=rundir.boottime() + LEASE_S)
     process, run_dir = start(tmp_path, argv, kill_grace=600, lease_file=str(lease))
     # The daemon's heartbeat renews the lease until the trial runs, then stops.
     while not pidfile.exists():
-        rundir.write_lease(lease, until=rundir.boottime() + 0.5)
+        rundir.write_lease(lease, until=rundir.boottime() + LEASE_S)
         assert process.poll() is None, "the supervisor ended while its lease was renewed"
         time.sleep(0.1)
     leader, grandchild = escaped(pidfile, request)

@@ -6,7 +6,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,18 +17,12 @@ from typing import IO, Any, Protocol
 import httpx
 import pytest
 from builders import daemon_bearer
+from ports import free_port
 
 from gpumux.processes.spawner_client import SPAWNER_PATH
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fd_targets(pid: int) -> dict[int, str]:

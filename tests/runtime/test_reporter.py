@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from builders import stored_running_trial
+from ports import free_port
 
 import gpumux.runtime
 from gpumux import fields, schemas
@@ -22,10 +22,7 @@ from .support import FIXTURES, TOKEN, ReportServer, run_python, trial_env
 
 def closed_port_url() -> str:
     """An http:// URL where nothing listens: connecting is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def make_reporter(url: str) -> Reporter:

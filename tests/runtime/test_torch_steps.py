@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import daemon_bearer
-from reliability.conftest import free_port
+from ports import free_port
 
 from gpumux.config import Settings
 from gpumux.runtime.torch_steps import REPORT_INTERVAL_S

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import daemon_bearer
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumux.config import Settings
@@ -21,12 +22,6 @@ from gpumux.server.listening import bind_tcp, listen_where_clients_look
 from gpumux.storage.models import Node
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_finished(client: httpx.Client, sweep_id: int) -> dict[str, object]:

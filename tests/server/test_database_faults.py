@@ -5,11 +5,11 @@ database, a schema from a newer gpumux)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from ports import free_port
 from postgres import Cluster
 from sqlalchemy import text
 
@@ -45,9 +45,7 @@ def refused(home: Path, database: str) -> str:
 
 def closed_port() -> int:
     """A TCP port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 def test_a_socket_directory_with_no_server_is_unreachable(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ IMPORT_PATH = os.pathsep.join([str(Path(gpumux.__file__).parents[1]), *site.gets
 # long one killed process may take to exit.
 KILL_ROUNDS = 5
 EXIT_WAIT_S = 10.0
+pytestmark = pytest.mark.slow
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ def confinement() -> Iterator[tuple[Confinement, Path]]:
 
 @pytest.fixture(scope="module")
 def daemon(confinement: tuple[Confinement, Path]) -> Iterator[ConfinedDaemon]:
-    """The daemon both runs fuzz, its data directory (0700) its own."""
+    """The daemon the fuzz runs of this module (of this worker, under xdist) use, its data
+    directory (0700) its own."""
     who, base = confinement
     home = base / "home"
     home.mkdir(mode=0o700)
@@ -250,6 +252,28 @@ def _random_seed(environ: Mapping[str, str]) -> int:
     return int(environ[SEED_VARIABLE]) if environ.get(SEED_VARIABLE) else secrets.randbelow(2**31)
 
 
+def _assert_ran_confined(daemon: ConfinedDaemon) -> None:
+    """The daemon runs as the account, or every command it was sent was made /bin/true."""
+    account = daemon.confinement.account
+    if account is not None:
+        status = Path(f"/proc/{daemon.pid}/status").read_text()
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        assert set(uids) == {str(account.uid)}, status
+        return
+    commands: set[tuple[str, ...]] = set()
+    offset = 0
+    with daemon.client() as client:
+        while True:
+            page = client.get("/sweeps", params={"offset": offset, "limit": 500})
+            assert page.status_code == 200, page.text
+            sweeps = page.json()["data"]
+            commands |= {tuple(sweep["command"]) for sweep in sweeps}
+            offset += len(sweeps)
+            if not sweeps or offset >= page.json()["count"]:
+                break
+    assert commands <= {("/bin/true",)}, commands  # what fuzz_hooks.py sends
+
+
 @pytest.mark.parametrize("seeded", ["fixed-seed", "random-seed"])
 def test_the_api_keeps_its_schema_under_fuzzing(
     seeded: str, daemon: ConfinedDaemon, tmp_path: Path
@@ -278,27 +302,8 @@ def test_the_api_keeps_its_schema_under_fuzzing(
     )
     assert daemon.running, f"the daemon exited under fuzzing\n{daemon.log_tail()}"
     daemon.health()
-
-
-def test_the_fuzzed_commands_ran_confined(daemon: ConfinedDaemon) -> None:
-    account = daemon.confinement.account
-    if account is not None:
-        status = Path(f"/proc/{daemon.pid}/status").read_text()
-        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
-        assert set(uids) == {str(account.uid)}, status
-        return
-    commands: set[tuple[str, ...]] = set()
-    offset = 0
-    with daemon.client() as client:
-        while True:
-            page = client.get("/sweeps", params={"offset": offset, "limit": 500})
-            assert page.status_code == 200, page.text
-            sweeps = page.json()["data"]
-            commands |= {tuple(sweep["command"]) for sweep in sweeps}
-            offset += len(sweeps)
-            if not sweeps or offset >= page.json()["count"]:
-                break
-    assert commands <= {("/bin/true",)}, commands  # what fuzz_hooks.py sends
+    # Read after the run: each parallel worker that runs a fuzz test has its own daemon.
+    _assert_ran_confined(daemon)
 
 
 @pytest.mark.skipif(

@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 from builders import daemon_bearer
-from test_daemon import free_port, wait_finished
+from ports import free_port
+from test_daemon import wait_finished
 
 from gpumux.config import Settings
 from gpumux.server.daemon import embedded

@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 from builders import daemon_bearer
-from test_prior_daemon import device_model, free_port
+from ports import free_port
+from test_prior_daemon import device_model
 
 from gpumux.config import Settings
 from gpumux.server.daemon import embedded

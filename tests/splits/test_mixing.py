@@ -6,7 +6,6 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import bearer, cpu_snapshot, daemon_bearer, sweep_plan
+from ports import free_port
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -303,9 +303,7 @@ def peer_owner() -> str:
 def test_two_auto_sweeps_share_the_cpu_by_their_shares_and_both_searches_learn(
     tmp_path: Path,
 ) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     settings = Settings(
         home=tmp_path / "home",
         url=f"http://127.0.0.1:{port}",

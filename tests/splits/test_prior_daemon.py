@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import httpx
 from builders import daemon_bearer
+from ports import free_port
 
 from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
@@ -24,12 +24,6 @@ from gpumux.storage.migrate import upgrade
 # CPU's ceiling of two trials per core.
 SIMILAR_N = len(os.sched_getaffinity(0)) + 1
 TRIAL = "import time; time.sleep(1.0)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def device_model(settings: Settings) -> str:
