@@ -132,6 +132,6 @@ def test_write_png_without_matplotlib_says_how_to_install_it(
 ) -> None:
     for name in ("matplotlib", "matplotlib.backends.backend_agg", "matplotlib.figure"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(plot.PlotUnavailable, match=r"pip install 'gpumux\[plot\]'"):
+    with pytest.raises(plot.PlotUnavailable, match=r"pip install 'matplotlib>=3.7' \(in a clone"):
         plot.write_png(POINTS, unit="samples/s", best_split=5, title="t", path=tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
