@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 from builders import kill_processes_naming, planned, sweep_in
-from scripted_nvml import H100_MB, ScriptedProcess, scripted_nvml
+from scripted_nvml import (
+    H100_MB,
+    H100_NAME,
+    ScriptedGpu,
+    ScriptedNvml,
+    ScriptedProcess,
+    scripted_nvml,
+)
 
 from gpumux import sweepspec
 from gpumux.config import Settings
@@ -413,6 +420,55 @@ def test_the_overhead_a_running_trial_shows_in_nvml_is_measured(
         return harness.scheduler.overheads.measured()
 
     assert asyncio.run(scenario()) == {nvml.gpus[0].uuid: 700}
+
+
+def test_a_trial_that_ended_since_the_last_probe_does_not_shrink_the_next_slice(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    # Probes far apart, so that the next trial is placed on the snapshot that still lists the
+    # one that just ended (a real daemon probes every poll interval, and an exit wakes it now).
+    slow = settings.model_copy(update={"poll_interval": 5.0})
+    gpu = ScriptedGpu(
+        name=H100_NAME, uuid="GPU-ended-since-probe", total_mb=H100_MB, used_mb=0, utilization_pct=0
+    )
+    nvml = ScriptedNvml([gpu])
+    harness = Harness(slow, sessions, tmp_path, probe=NvmlProbe(nvml))
+    flag = tmp_path / "release"
+    sweep_id = harness.submit(
+        "x=1,2", command=[sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)], split=1
+    )
+
+    def running() -> Trial | None:
+        return next((t for t in harness.trials(sweep_id) if t.status == TrialStatus.running), None)
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+        task = asyncio.create_task(harness.scheduler.run(stop))
+        await until(lambda: (t := running()) is not None and t.pid is not None, "a trial to run")
+        first = running()
+        assert first is not None and first.pid is not None
+        gpu.processes = [ScriptedProcess(pid=first.pid, used_mb=20000)]
+        gpu.used_mb = 20000
+        await until(
+            lambda: any(p.pid == first.pid for p in harness.scheduler.devices[0].processes or ()),
+            "a probe that sees the first trial's process",
+        )
+        # From here NVML no longer lists it, as once it ends; the cached snapshot still does.
+        gpu.processes, gpu.used_mb = [], 0
+        flag.touch()
+        await until(lambda: harness.sweep_status(sweep_id) == SweepStatus.finished, "the sweep")
+        stop.set()
+        await task
+        return first.id
+
+    first_id = asyncio.run(scenario())
+    (first,) = (t for t in harness.trials(sweep_id) if t.id == first_id)
+    (second,) = (t for t in harness.trials(sweep_id) if t.id != first_id)
+    assert first.status == second.status == TrialStatus.succeeded
+    # Alone on the device, each trial gets the same slice: the first's process, listed in the
+    # snapshot the second was placed on, is ours, not another user's 20,000 MiB.
+    assert first.memory_limit_mb is not None
+    assert second.memory_limit_mb == first.memory_limit_mb
 
 
 def test_a_trial_whose_log_cannot_be_written_fails_and_the_rest_run_on(
