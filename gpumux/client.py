@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from gpumux.config import default_home
 from gpumux.home import tokenfile
-from gpumux.schemas import (
+from gpumux.schemas.sweeps import (
     DevicePublic,
     FieldProblem,
     Health,

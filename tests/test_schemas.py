@@ -30,7 +30,8 @@ from gpumux.fields import (
     QUOTE_CHARS,
     quoted,
 )
-from gpumux.schemas import ReportIn, SweepCreate, TokenCreate, parse_objective
+from gpumux.schemas.sweeps import ReportIn, SweepCreate, TokenCreate
+from gpumux.sweepplan import parse_objective
 
 SURROGATE = "\ud800"
 

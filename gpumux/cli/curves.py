@@ -13,7 +13,7 @@ from rich.text import Text
 from gpumux.cli import render
 from gpumux.cli.plot import eighths
 from gpumux.client import Client
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepDetail, TrialPublic
 from gpumux.status import TrialStatus
 
 # Rows drawn at most: each costs its trial's reports.

@@ -13,7 +13,7 @@ from gpumux.cli import render
 from gpumux.cli.commands import Url
 from gpumux.cli.connect import connect
 from gpumux.cli.state import get_state
-from gpumux.schemas import DevicePublic, NodePublic
+from gpumux.schemas.sweeps import DevicePublic, NodePublic
 
 
 def state_text(node: NodePublic) -> str:

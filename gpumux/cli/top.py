@@ -19,7 +19,7 @@ from gpumux.cli import glance, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import finite, get_state
 from gpumux.client import Client
-from gpumux.schemas import (
+from gpumux.schemas.sweeps import (
     DevicePublic,
     DeviceShare,
     DeviceTrial,

@@ -34,7 +34,7 @@ from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.fields import MAX_SPLIT
 from gpumux.home.layout import Layout
 from gpumux.home.lockfile import DaemonError
-from gpumux.schemas import DevicePublic, SweepCreate
+from gpumux.schemas.sweeps import DevicePublic, SweepCreate
 from gpumux.splits.curve import SEQUENCE
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)

@@ -30,7 +30,7 @@ from test_cli import (
 
 from gpumux.cli import top
 from gpumux.client import Client
-from gpumux.schemas import (
+from gpumux.schemas.sweeps import (
     DevicePublic,
     DeviceShare,
     DeviceTrial,

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console, RenderableType
 
 from gpumux.cli import follow
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepDetail, TrialPublic
 from gpumux.status import PruneNote, SearchMethod, SweepStatus, TrialStatus
 from gpumux.sweepplan import parse_objective
 

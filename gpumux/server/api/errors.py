@@ -15,7 +15,7 @@ from sqlalchemy import exc
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpumux.schemas import FieldProblem
+from gpumux.schemas.sweeps import FieldProblem
 from gpumux.server.api.allow import NO_ROUTE, allow_header
 from gpumux.server.api.deps import get_state
 from gpumux.server.api.responses import problem_response

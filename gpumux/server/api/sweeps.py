@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from gpumux import accounts
 from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
 from gpumux.runtime.frameworks import NO_GPU_FIX
-from gpumux.schemas import (
+from gpumux.schemas.sweeps import (
     NoGpuPublic,
     ProfilePublic,
     SweepCreate,
