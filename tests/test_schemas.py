@@ -30,7 +30,9 @@ from gpumux.fields import (
     QUOTE_CHARS,
     quoted,
 )
-from gpumux.schemas.sweeps import ReportIn, SweepCreate, TokenCreate
+from gpumux.schemas.reports import ReportIn
+from gpumux.schemas.sweeps import SweepCreate
+from gpumux.schemas.tokens import TokenCreate
 from gpumux.sweepplan import parse_objective
 
 SURROGATE = "\ud800"

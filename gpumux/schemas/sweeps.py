@@ -1,8 +1,7 @@
-"""Pydantic models of the REST API: what clients send and what they get back."""
+"""A sweep as submitted (POST /sweeps) and as answered, with its best trial and profiles."""
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -18,47 +17,28 @@ from gpumux.fields import (
     MAX_ENV_BYTES,
     MAX_ENV_ENTRIES,
     MAX_ID,
-    MAX_METRICS,
     MAX_NAME_CHARS,
-    MAX_REPORT_SECONDS,
-    MAX_SAMPLES,
     MAX_SEARCH_OPTIONS,
     MAX_SPLIT,
     MAX_TIME_LIMIT_S,
     CommandWord,
     EnvName,
     EnvValue,
-    MetricName,
     ObjectiveMetric,
     ParamToken,
     ShortText,
-    UserName,
     Workdir,
     json_integer,
     json_number,
     names_in_property_names,
     quoted,
 )
+from gpumux.schemas.common import NoGpuFramework
+from gpumux.schemas.profiles import ProfilePublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.searchspec import split_spec
-from gpumux.status import NodeState, ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
+from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
 from gpumux.sweepplan import Objective, parse_objective
-from gpumux.throughput import CurvePoint, ThroughputUnit
-
-
-class FieldProblem(BaseModel):
-    """One reason a request was refused: where in the request, and what is wrong there."""
-
-    loc: list[str | int] = Field(description="where: body, query, path or header, then the field")
-    msg: str
-    type: str = Field(description="the kind of problem, e.g. too_long, finite_number, value_error")
-
-
-class Problem(BaseModel):
-    """Every error answer has this shape: one line that says what went wrong and what to do,
-    and for a refused request each field at fault (the value itself is never echoed)."""
-
-    detail: str
-    errors: list[FieldProblem] = Field(default_factory=list)
 
 
 def _env_names(schema: dict[str, Any]) -> None:
@@ -270,67 +250,12 @@ class SweepCreate(BaseModel):
         return {**data, "search": method, "search_options": options}
 
 
-# The frameworks whose runtime hook reports that it sees no GPU (gpumux.runtime.frameworks).
-NoGpuFramework = Literal["tensorflow", "torch"]
-
-
 class NoGpuPublic(BaseModel):
     """A framework that saw no GPU in a sweep's trials placed on one, and what to install."""
 
     framework: NoGpuFramework
     trials: int = Field(description="the sweep's trials in which it saw no GPU")
     fix: str = Field(description="what to install for the framework to see the GPU")
-
-
-class TrialPublic(BaseModel):
-    """One trial: its parameters, where it ran and how it ended."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    sweep_id: int
-    number: int
-    params: dict[str, Any]
-    status: TrialStatus
-    attempt: int
-    failures: int = Field(default=0, description="reruns spent on the command failing")
-    device: str | None
-    slot: int | None
-    split: int | None
-    memory_limit_mb: int | None
-    cpu_threads: int | None
-    pid: int | None
-    queued_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    exit_code: int | None
-    signal: int | None
-    error: str | None
-    objective: float | None
-    samples_per_s: float | None
-    steps_per_s: float | None = Field(
-        default=None,
-        description="optimizer steps/s the runtime counted, for a script that reports no samples",
-    )
-    last_report_at: datetime | None
-    step: int | None = Field(
-        default=None, description="the last step (epoch or iteration) the trial reported"
-    )
-    reports_dropped: int = Field(
-        default=0,
-        description="reports over the trial's budget (GPUMUX_REPORT_RATE, _BURST, _ROWS), not "
-        "stored; their samples still count",
-    )
-    no_gpu: NoGpuFramework | None = Field(
-        default=None,
-        description="the framework that saw no GPU on the GPU gpumux placed the trial on (a "
-        "CPU-only build): the trial trained on the CPU, and the split search left it out",
-    )
-
-
-class TrialsPublic(BaseModel):
-    data: list[TrialPublic]
-    count: int
 
 
 class SweepPublic(BaseModel):
@@ -390,287 +315,3 @@ class SweepDetail(SweepPublic):
 class SweepsPublic(BaseModel):
     data: list[SweepPublic]
     count: int
-
-
-ReportKind = Literal["batch", "epoch", "manual", "line", "steps", "device"]
-
-
-class ReportIn(BaseModel):
-    """What a trial's runtime sends: samples processed in `seconds`, and its metrics at a step."""
-
-    trial_id: int = Field(ge=1, le=MAX_ID)
-    attempt: int = Field(ge=1, le=MAX_COUNT)
-    kind: ReportKind = Field(
-        description="batch or epoch (the Keras hook), manual (gpumux.runtime.report), "
-        "line (a GPUMUX_REPORT line the trial printed), steps (PyTorch's optimizer steps, "
-        "counted by the runtime), device (what the trial's framework sees of its device)"
-    )
-    step: int | None = Field(
-        default=None,
-        ge=0,
-        le=2**31 - 1,
-        description="the epoch or iteration (from 0) the metrics belong to",
-    )
-    samples: float | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_SAMPLES,
-        allow_inf_nan=False,
-        description="samples processed since the previous report",
-    )
-    seconds: float | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_REPORT_SECONDS,
-        allow_inf_nan=False,
-        description="the interval the samples (or steps) took",
-    )
-    steps: float | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_SAMPLES,
-        allow_inf_nan=False,
-        description="optimizer steps taken since the previous report, counted by the runtime",
-    )
-    no_gpu: NoGpuFramework | None = Field(
-        default=None,
-        description="the framework that sees no GPU, though gpumux placed the trial on one",
-    )
-    metrics: dict[MetricName, float] = Field(
-        default_factory=dict,
-        max_length=MAX_METRICS,
-        json_schema_extra=names_in_property_names,
-        description="metrics by name; values that are not finite numbers are dropped",
-    )
-
-    _integers = field_validator("trial_id", "attempt", "step", mode="before")(json_integer)
-    _numbers = field_validator("samples", "seconds", "steps", mode="before")(json_number)
-
-    @field_validator("metrics", mode="before")
-    @classmethod
-    def _numbers_only(cls, metrics: object) -> object:
-        if isinstance(metrics, dict):
-            for value in metrics.values():
-                json_number(value)
-        return metrics
-
-    @field_validator("metrics")
-    @classmethod
-    def _finite(cls, metrics: dict[str, float]) -> dict[str, float]:
-        return {name: value for name, value in metrics.items() if math.isfinite(value)}
-
-
-class ReportPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    attempt: int
-    kind: str
-    at: datetime
-    step: int | None
-    samples: float | None
-    seconds: float | None
-    samples_per_s: float | None
-    steps: float | None = None
-    metrics: dict[str, float]
-
-
-class ReportsPublic(BaseModel):
-    data: list[ReportPublic]
-    count: int
-
-
-class LogChunk(BaseModel):
-    """A piece of a trial's log; ask again from `next_offset` to follow it."""
-
-    trial_id: int
-    attempt: int
-    offset: int
-    next_offset: int
-    size: int
-    skipped: int = Field(
-        default=0,
-        description="bytes after the asked offset that the log's rotation dropped before "
-        "they were read; the chunk starts after them",
-    )
-    data: str
-    complete: bool = Field(description="the trial has ended and this chunk reaches the end")
-
-
-class DeviceTrial(BaseModel):
-    trial_id: int
-    sweep_id: int
-    slot: int | None
-    memory_limit_mb: int | None
-    samples_per_s: float | None
-
-
-class DeviceShare(BaseModel):
-    """The trials of one sweep launched at one split on a device, and the part of it they hold."""
-
-    sweep_id: int
-    owner: str | None = Field(
-        description="the sweep's owner; null for another user's sweep (only admins see whose)"
-    )
-    name: str | None = Field(description="the sweep's name; null when unnamed or not the caller's")
-    split: int = Field(description="the N its trials were launched under: each holds 1/N")
-    trials: int = Field(description="how many of its trials hold a slot on the device")
-    share: float = Field(description="trials/split: the part of the device they hold")
-
-
-class DevicePublic(BaseModel):
-    """A device as last probed, with the trials packed on it and the mix of sweeps they are."""
-
-    key: str
-    kind: str = Field(description="how trials share it: gpu (memory slices) or cpu (threads)")
-    index: int
-    name: str
-    uuid: str | None
-    memory_total_mb: int | None
-    memory_used_mb: int | None
-    memory_free_mb: int | None
-    utilization_pct: int | None
-    cpu_count: int | None = Field(
-        description="the host's cores its trials share: all of them for the CPU device, an "
-        "equal block of them for each GPU; a trial gets 1/N as threads"
-    )
-    error: str | None
-    trials: list[DeviceTrial]
-    mix: list[DeviceShare] = Field(description="the sweeps on the device, by sweep id and split")
-    load: float = Field(description="the sum of the mix's shares: 1 is a full device")
-    load_fraction: str = Field(description='the load as an exact fraction: "0", "5/6", "1"')
-    node: str | None = Field(
-        default=None, description="the node the device is on; null for a daemon that is no node"
-    )
-
-
-class NodeDevice(BaseModel):
-    """A device as its node's probe saw it at its last heartbeat."""
-
-    key: str
-    kind: str
-    name: str
-    memory_mb: int | None = None
-
-
-class NodePublic(BaseModel):
-    """A daemon on the shared database: where it serves, its devices, its lease and its load."""
-
-    id: int
-    name: str
-    state: NodeState
-    incarnation: int
-    url: str | None = Field(description="where its API serves the other nodes; null: no TCP")
-    pid: int
-    devices: list[NodeDevice]
-    started_at: datetime
-    heartbeat_at: datetime
-    lease_until: datetime
-    live: bool = Field(description="active and its lease not yet run out, now")
-    active_trials: int = Field(description="how many trials hold a slot on it")
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    version: str
-    database: str
-    devices: int
-    queued_trials: int
-    active_trials: int
-
-
-def _curve_points(curve: object) -> object:
-    """A curve's points checked as CurvePoint.from_json checks what is stored: a point arrives
-    as stored JSON (the daemon), as the daemon's answer (the client) or as measured (tune)."""
-    if not isinstance(curve, list):
-        return curve
-    return [
-        point if isinstance(point, CurvePoint) else CurvePoint.from_json(point) for point in curve
-    ]
-
-
-class ProfilePublic(BaseModel):
-    """A workload's measured throughput against N on one device model, and the best N."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    device_name: str
-    fingerprint: str
-    workdir: str | None = Field(default=None, description="the directory the command runs in")
-    command: list[str]
-    param_tokens: list[str] = Field(description="the parameters that change the cost of a trial")
-    unit: ThroughputUnit
-    curve: list[CurvePoint] = Field(description="one point per N measured, in the order of N")
-    best_split: int | None
-    oom_at: int | None = Field(
-        default=None, description="the smallest N that ran out of memory: never tried again"
-    )
-    ceiling: int | None = Field(
-        default=None, description="the most trials memory was seen to allow: never exceeded"
-    )
-    settled: bool = Field(description="the split search has stopped")
-    reason: str | None = Field(description="why the split search made its last decision")
-    sweep_id: int | None = Field(description="the sweep that measured it last")
-    created_at: datetime
-    updated_at: datetime
-
-    @field_validator("curve", mode="before")
-    @classmethod
-    def _checked_points(cls, curve: object) -> object:
-        return _curve_points(curve)
-
-
-class ProfileMeasured(BaseModel):
-    """A curve measured outside a sweep (`gpumux tune`), kept as its workload's profile: the
-    next sweep of that command and directory at `auto` starts settled at `best_split`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    device: str = Field(
-        min_length=1, max_length=200, description="the key of the device measured (GET /devices)"
-    )
-    device_name: str = Field(
-        min_length=1,
-        max_length=200,
-        description="its name: a device of that name stands for it where none has its key "
-        "(a simulated GPU's key is its daemon's)",
-    )
-    workdir: Workdir = Field(description="absolute directory the command ran in")
-    command: list[CommandWord] = Field(min_length=1, max_length=MAX_COMMAND_WORDS)
-    unit: ThroughputUnit
-    curve: list[CurvePoint] = Field(min_length=1, max_length=MAX_SPLIT)
-    best_split: int = Field(ge=1, le=MAX_SPLIT)
-    reason: ShortText
-
-    @field_validator("curve", mode="before")
-    @classmethod
-    def _checked_points(cls, curve: object) -> object:
-        return _curve_points(curve)
-
-    @model_validator(mode="after")
-    def _best_measured(self) -> ProfileMeasured:
-        if self.best_split not in {point.split for point in self.curve}:
-            raise ValueError(f"best_split {self.best_split} is no N of the curve")
-        return self
-
-
-class ProfilesPublic(BaseModel):
-    data: list[ProfilePublic]
-    count: int
-
-
-SweepDetail.model_rebuild()
-
-
-class TokenCreate(BaseModel):
-    user: UserName | None = Field(default=None, description="whose token (default: yours)")
-
-
-class TokenCreated(BaseModel):
-    user: str
-    token: str = Field(description="shown once: only its hash is stored")
-
-
-class TokensRevoked(BaseModel):
-    user: str
-    revoked: int

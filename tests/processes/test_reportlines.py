@@ -15,7 +15,7 @@ from gpumux.processes.reportlines import (
     RejectedLine,
     ReportLines,
 )
-from gpumux.schemas.sweeps import ReportIn
+from gpumux.schemas.reports import ReportIn
 
 LOG = (
     b"Epoch 1/3\n"

@@ -15,7 +15,7 @@ import gpumux.runtime
 from gpumux import fields
 from gpumux.runtime import reporter as runtime_reporter
 from gpumux.runtime.reporter import Reporter, finite_metrics, report_metrics
-from gpumux.schemas.sweeps import ReportIn
+from gpumux.schemas.reports import ReportIn
 from gpumux.storage.engine import Sessions
 
 from .support import FIXTURES, TOKEN, ReportServer, run_python, trial_env
