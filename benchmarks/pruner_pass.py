@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from gpumux.schemas import SweepCreate
+from gpumux.schemas.sweeps import SweepCreate
 from gpumux.search import planning
 from gpumux.search.studies import Studies
 from gpumux.status import TrialStatus

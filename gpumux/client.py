@@ -15,27 +15,15 @@ from pydantic import TypeAdapter
 
 from gpumux.config import default_home
 from gpumux.home import tokenfile
-from gpumux.schemas import (
-    DevicePublic,
-    FieldProblem,
-    Health,
-    LogChunk,
-    NodePublic,
-    Problem,
-    ProfileMeasured,
-    ProfilePublic,
-    ProfilesPublic,
-    ReportPublic,
-    ReportsPublic,
-    SweepCreate,
-    SweepDetail,
-    SweepsPublic,
-    TokenCreate,
-    TokenCreated,
-    TokensRevoked,
-    TrialPublic,
-    TrialsPublic,
-)
+from gpumux.schemas.common import FieldProblem, Problem
+from gpumux.schemas.devices import DevicePublic
+from gpumux.schemas.health import Health
+from gpumux.schemas.nodes import NodePublic
+from gpumux.schemas.profiles import ProfileMeasured, ProfilePublic, ProfilesPublic
+from gpumux.schemas.reports import ReportPublic, ReportsPublic
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail, SweepsPublic
+from gpumux.schemas.tokens import TokenCreate, TokenCreated, TokensRevoked
+from gpumux.schemas.trials import LogChunk, TrialPublic, TrialsPublic
 from gpumux.status import SweepStatus, TrialStatus
 
 DEFAULT_TIMEOUT = 30.0

@@ -27,7 +27,9 @@ from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_COUNT
 from gpumux.home import tokenfile
-from gpumux.schemas import Problem, SweepCreate, SweepPublic, TrialPublic
+from gpumux.schemas.common import Problem
+from gpumux.schemas.sweeps import SweepCreate, SweepPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.search import planning
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 from gpumux.storage import lifecycle, tokens

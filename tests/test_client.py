@@ -25,7 +25,8 @@ from gpumux.client import (
 )
 from gpumux.config import Settings
 from gpumux.home import tokenfile
-from gpumux.schemas import FieldProblem, Problem, SweepCreate, SweepDetail
+from gpumux.schemas.common import FieldProblem, Problem
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 from gpumux.status import SweepStatus, TrialStatus
 

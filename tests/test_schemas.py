@@ -30,7 +30,10 @@ from gpumux.fields import (
     QUOTE_CHARS,
     quoted,
 )
-from gpumux.schemas import ReportIn, SweepCreate, TokenCreate, parse_objective
+from gpumux.schemas.reports import ReportIn
+from gpumux.schemas.sweeps import SweepCreate
+from gpumux.schemas.tokens import TokenCreate
+from gpumux.sweepplan import parse_objective
 
 SURROGATE = "\ud800"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpumux.schemas import ProfilePublic
+from gpumux.schemas.profiles import ProfilePublic
 from gpumux.storage import profiles as profile_store
 from gpumux.storage.engine import Sessions
 from gpumux.throughput import THROUGHPUT_UNITS, CurvePoint, throughput_unit

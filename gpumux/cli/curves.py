@@ -13,7 +13,8 @@ from rich.text import Text
 from gpumux.cli import render
 from gpumux.cli.plot import eighths
 from gpumux.client import Client
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepDetail
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import TrialStatus
 
 # Rows drawn at most: each costs its trial's reports.

@@ -20,7 +20,9 @@ from gpumux.cli.commands import SweepRef, Url, sweep_id_of
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state
 from gpumux.client import Client
-from gpumux.schemas import ReportPublic, SweepPublic, TrialPublic
+from gpumux.schemas.reports import ReportPublic
+from gpumux.schemas.sweeps import SweepPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import ObjectiveMode, SearchMethod, TrialStatus
 
 if TYPE_CHECKING:

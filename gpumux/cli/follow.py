@@ -15,7 +15,8 @@ from rich.text import Text
 
 from gpumux.cli import glance, render
 from gpumux.client import TRIALS_PAGE, Client
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepDetail
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import ACTIVE_TRIAL_STATUSES, FINAL_TRIAL_STATUSES, SweepStatus, TrialStatus
 
 POLL_S = 0.5

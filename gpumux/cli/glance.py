@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpumux.schemas import TrialPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import PruneNote, TrialStatus
 from gpumux.sweepspec import format_value
 

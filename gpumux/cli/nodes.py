@@ -13,7 +13,8 @@ from gpumux.cli import render
 from gpumux.cli.commands import Url
 from gpumux.cli.connect import connect
 from gpumux.cli.state import get_state
-from gpumux.schemas import DevicePublic, NodePublic
+from gpumux.schemas.devices import DevicePublic
+from gpumux.schemas.nodes import NodePublic
 
 
 def state_text(node: NodePublic) -> str:

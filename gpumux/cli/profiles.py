@@ -19,7 +19,7 @@ from gpumux.cli.render import NONE, local_time, visible
 from gpumux.cli.state import EXIT_USAGE, CliError, CliState, get_state
 from gpumux.client import Client
 from gpumux.fields import MAX_ID
-from gpumux.schemas import ProfilePublic
+from gpumux.schemas.profiles import ProfilePublic
 from gpumux.throughput import SWEEP_ENDED
 
 PAGE = 500

@@ -12,12 +12,10 @@ from rich.text import Text
 
 from gpumux.cli.glance import NONE, ShortValues, reason_text, slot_text, step_text, visible
 from gpumux.cli.glance import error_summary as error_summary
-from gpumux.schemas import (
-    DevicePublic,
-    ProfilePublic,
-    SweepPublic,
-    TrialPublic,
-)
+from gpumux.schemas.devices import DevicePublic
+from gpumux.schemas.profiles import ProfilePublic
+from gpumux.schemas.sweeps import SweepPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.searchspec import spec_text
 from gpumux.status import (
     FINAL_TRIAL_STATUSES,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from gpumux.cli import plot, render
-from gpumux.schemas import TrialPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import TrialStatus
 from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S, CurvePoint, ThroughputUnit
 

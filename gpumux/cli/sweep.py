@@ -24,7 +24,8 @@ from gpumux.cli.state import (
     validation_message,
 )
 from gpumux.client import Client, DaemonUnreachable
-from gpumux.schemas import SweepCreate, SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.sweepplan import Objective, parse_objective
 

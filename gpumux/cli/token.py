@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state, validation_message
 from gpumux.home import tokenfile
-from gpumux.schemas import TokenCreate
+from gpumux.schemas.tokens import TokenCreate
 
 Url = Annotated[
     str | None, typer.Option(help="the daemon's Unix socket, unix:/path (default GPUMUX_URL)")

@@ -19,14 +19,10 @@ from gpumux.cli import glance, render
 from gpumux.cli.connect import connect
 from gpumux.cli.state import finite, get_state
 from gpumux.client import Client
-from gpumux.schemas import (
-    DevicePublic,
-    DeviceShare,
-    DeviceTrial,
-    Health,
-    SweepPublic,
-    TrialPublic,
-)
+from gpumux.schemas.devices import DevicePublic, DeviceShare, DeviceTrial
+from gpumux.schemas.health import Health
+from gpumux.schemas.sweeps import SweepPublic
+from gpumux.schemas.trials import TrialPublic
 
 MEMORY_BAR_WIDTH = 24
 # time.sleep() overflows past time_t: an hour between frames is more than anyone waits.

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from gpumux import sweepspec
 from gpumux.cli import glance, render
-from gpumux.schemas import TrialPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import FINAL_TRIAL_STATUSES, PruneNote, TrialStatus
 from gpumux.sweepplan import Objective
 

@@ -34,7 +34,8 @@ from gpumux.devices.snapshot import DeviceSnapshot, is_visible, visible_gpus
 from gpumux.fields import MAX_SPLIT
 from gpumux.home.layout import Layout
 from gpumux.home.lockfile import DaemonError
-from gpumux.schemas import DevicePublic, SweepCreate
+from gpumux.schemas.devices import DevicePublic
+from gpumux.schemas.sweeps import SweepCreate
 from gpumux.splits.curve import SEQUENCE
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)

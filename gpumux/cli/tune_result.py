@@ -17,7 +17,10 @@ from gpumux.cli.connect import find_daemon
 from gpumux.cli.rounds import Round, best_split, chart_points, choose_unit, results_table
 from gpumux.cli.state import CliError, CliState
 from gpumux.client import ApiError, DaemonUnreachable
-from gpumux.schemas import DevicePublic, ProfileMeasured, ReportPublic, TrialPublic
+from gpumux.schemas.devices import DevicePublic
+from gpumux.schemas.profiles import ProfileMeasured
+from gpumux.schemas.reports import ReportPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.throughput import TRIALS_PER_S
 
 # A trial whose start-up (imports, device set-up) took more of it than this ran mostly to start:

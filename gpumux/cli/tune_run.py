@@ -18,7 +18,9 @@ from gpumux.cli.rounds import Round, measure_round, seconds
 from gpumux.cli.state import CliState
 from gpumux.cli.tune_result import HostLoad, startup_s
 from gpumux.client import Client
-from gpumux.schemas import ReportPublic, SweepCreate, SweepDetail, TrialPublic
+from gpumux.schemas.reports import ReportPublic
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import ACTIVE_TRIAL_STATUSES, TrialStatus
 
 POLL_S = 0.25

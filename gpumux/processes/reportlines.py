@@ -20,7 +20,7 @@ from typing import NamedTuple
 PREFIX = b"GPUMUX_REPORT "
 # A longer line is skipped to its end rather than held: the log is the trial's to fill.
 MAX_LINE_BYTES = 64 * 1024
-# ReportIn's bounds (gpumux.schemas), mirrored: a line may hold no more than a report may.
+# ReportIn's bounds (gpumux.schemas.reports), mirrored: a line may hold no more than a report may.
 MAX_STEP = 2**31 - 1
 MAX_SAMPLES = 1e12
 MAX_METRICS = 256

@@ -31,8 +31,9 @@ REQUEST_TIMEOUT_S = 5.0
 EXIT_FLUSH_TIMEOUT_S = 2.0
 # After a failed delivery, reports are dropped for this long rather than sent to a dead daemon.
 RETRY_AFTER_S = 5.0
-# What POST /reports accepts (gpumux.schemas), mirrored: the runtime imports nothing else from
-# gpumux, and the daemon refuses a report beyond them whole (tests check that the two agree).
+# What POST /reports accepts (gpumux.schemas.reports), mirrored: the runtime imports nothing
+# else from gpumux, and the daemon refuses a report beyond them whole (tests check that the two
+# agree).
 MAX_METRICS = 256
 MAX_METRIC_CHARS = 200
 MAX_SAMPLES = 1e12

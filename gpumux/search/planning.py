@@ -7,7 +7,7 @@ contacts the daemon, so that both refuse the same sweeps with the same words.
 from __future__ import annotations
 
 from gpumux import sweepspec
-from gpumux.schemas import SweepCreate
+from gpumux.schemas.sweeps import SweepCreate
 from gpumux.search import methods
 from gpumux.sweepplan import SweepPlan
 

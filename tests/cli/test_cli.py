@@ -21,7 +21,7 @@ from ports import free_port
 
 from gpumux.client import Client, DaemonUnreachable
 from gpumux.config import Settings
-from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
 

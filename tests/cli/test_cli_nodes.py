@@ -14,7 +14,7 @@ from test_cli import cli_env, gpumux, row
 
 from gpumux.cli import nodes as nodes_cli
 from gpumux.config import Settings
-from gpumux.schemas import NodePublic
+from gpumux.schemas.nodes import NodePublic
 from gpumux.server.api import create_app
 from gpumux.status import NodeState
 from gpumux.storage.engine import Sessions

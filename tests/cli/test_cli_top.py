@@ -30,14 +30,10 @@ from test_cli import (
 
 from gpumux.cli import top
 from gpumux.client import Client
-from gpumux.schemas import (
-    DevicePublic,
-    DeviceShare,
-    DeviceTrial,
-    Health,
-    SweepPublic,
-    TrialPublic,
-)
+from gpumux.schemas.devices import DevicePublic, DeviceShare, DeviceTrial
+from gpumux.schemas.health import Health
+from gpumux.schemas.sweeps import SweepPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import SweepStatus, TrialStatus
 
 __all__ = ["client", "server"]  # fixtures shared with test_cli

@@ -28,7 +28,7 @@ from gpumux.cli.rounds import (
 )
 from gpumux.cli.state import CliError
 from gpumux.cli.tune import choose_gpu
-from gpumux.schemas import TrialPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import TrialStatus
 from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
 

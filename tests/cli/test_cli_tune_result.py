@@ -25,7 +25,8 @@ from gpumux.cli.tune_result import HostLoad, explain, startup_s
 from gpumux.client import Client
 from gpumux.config import Settings
 from gpumux.main import ServerDaemons
-from gpumux.schemas import ReportPublic, SweepCreate
+from gpumux.schemas.reports import ReportPublic
+from gpumux.schemas.sweeps import SweepCreate
 from gpumux.server.daemon import embedded
 from gpumux.status import TrialStatus
 

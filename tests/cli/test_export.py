@@ -23,7 +23,9 @@ from gpumux.cli.export import study_trials
 from gpumux.cli.state import CliError
 from gpumux.client import Client
 from gpumux.config import Settings
-from gpumux.schemas import ReportPublic, SweepCreate, SweepPublic, TrialPublic
+from gpumux.schemas.reports import ReportPublic
+from gpumux.schemas.sweeps import SweepCreate, SweepPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.server.daemon import embedded
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
 

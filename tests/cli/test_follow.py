@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console, RenderableType
 
 from gpumux.cli import follow
-from gpumux.schemas import SweepDetail, TrialPublic
+from gpumux.schemas.sweeps import SweepDetail
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import PruneNote, SearchMethod, SweepStatus, TrialStatus
 from gpumux.sweepplan import parse_objective
 

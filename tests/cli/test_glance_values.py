@@ -11,7 +11,7 @@ from rich.console import Console
 
 from gpumux.cli.curves import Curve, LearningChart
 from gpumux.cli.glance import ShortValues, digits_to_tell_apart
-from gpumux.schemas import TrialPublic
+from gpumux.schemas.trials import TrialPublic
 from gpumux.status import TrialStatus
 
 floats = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)

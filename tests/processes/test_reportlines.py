@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gpumux import fields, schemas
+from gpumux import fields
 from gpumux.processes import reportlines
 from gpumux.processes.reportlines import (
     MAX_LINE_BYTES,
@@ -15,6 +15,7 @@ from gpumux.processes.reportlines import (
     RejectedLine,
     ReportLines,
 )
+from gpumux.schemas.reports import ReportIn
 
 LOG = (
     b"Epoch 1/3\n"
@@ -212,7 +213,7 @@ def test_step_and_samples_are_not_metrics() -> None:
 def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
     assert (
         reportlines.MAX_STEP
-        == schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]["maximum"]
+        == ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]["maximum"]
     )
     assert reportlines.MAX_SAMPLES == fields.MAX_SAMPLES
     assert reportlines.MAX_METRICS == fields.MAX_METRICS
@@ -222,7 +223,7 @@ def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
 @pytest.mark.parametrize("name", ["", "m" * 201, "loss\ud800", "\udc00"])
 def test_a_metric_name_a_report_may_not_hold_rejects_the_line(name: str) -> None:
     with pytest.raises(ValidationError):
-        schemas.ReportIn(trial_id=1, attempt=1, kind="line", metrics={name: 1.0})
+        ReportIn(trial_id=1, attempt=1, kind="line", metrics={name: 1.0})
     line = b"GPUMUX_REPORT " + json.dumps({name: 1.0}).encode()
 
     assert isinstance(reportlines.parse(line), RejectedLine)

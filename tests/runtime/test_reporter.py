@@ -12,9 +12,10 @@ from builders import stored_running_trial
 from ports import free_port
 
 import gpumux.runtime
-from gpumux import fields, schemas
+from gpumux import fields
 from gpumux.runtime import reporter as runtime_reporter
 from gpumux.runtime.reporter import Reporter, finite_metrics, report_metrics
+from gpumux.schemas.reports import ReportIn
 from gpumux.storage.engine import Sessions
 
 from .support import FIXTURES, TOKEN, ReportServer, run_python, trial_env
@@ -131,7 +132,7 @@ def test_trial_survives_a_failing_daemon(
 
 
 def test_the_runtime_knows_the_bounds_of_a_report() -> None:
-    step = schemas.ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]
+    step = ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]
     assert gpumux.runtime.MAX_STEP == step["maximum"]
     assert runtime_reporter.MAX_METRICS == fields.MAX_METRICS
     assert runtime_reporter.MAX_METRIC_CHARS == fields.MAX_NAME_CHARS

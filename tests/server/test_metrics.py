@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.schemas import ReportIn
+from gpumux.schemas.reports import ReportIn
 from gpumux.server.api import create_app
 from gpumux.server.metrics import DURATION_BUCKETS, MIB, QUEUE_WAIT_BUCKETS, TICK_BUCKETS, Metrics
 from gpumux.status import TrialStatus

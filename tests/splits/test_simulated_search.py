@@ -18,7 +18,9 @@ import pytest
 
 from gpumux.client import Client
 from gpumux.config import Settings
-from gpumux.schemas import ProfilePublic, SweepCreate, TrialPublic
+from gpumux.schemas.profiles import ProfilePublic
+from gpumux.schemas.sweeps import SweepCreate
+from gpumux.schemas.trials import TrialPublic
 from gpumux.server.daemon import embedded
 
 # Simulated seconds run 4x as fast, the split search's timers with them (as

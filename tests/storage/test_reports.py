@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builders import ample_budget, stored_running_trial
 
-from gpumux.schemas import ReportIn
+from gpumux.schemas.reports import ReportIn
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import reports as report_store

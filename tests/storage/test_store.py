@@ -6,7 +6,7 @@ import pytest
 from builders import ample_budget, stored_running_trial, stored_sweep, sweep_plan
 
 from gpumux.fields import MAX_ID
-from gpumux.schemas import ReportIn
+from gpumux.schemas.reports import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store

@@ -10,7 +10,7 @@ from fractions import Fraction
 from fastapi import APIRouter, Depends
 
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
-from gpumux.schemas import DevicePublic, DeviceShare, DeviceTrial
+from gpumux.schemas.devices import DevicePublic, DeviceShare, DeviceTrial
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
 from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.storage import nodes

@@ -1,6 +1,6 @@
-"""Every error answer in one shape (schemas.Problem): refusals, refused fields, unknown routes,
-database failures (a full disk, a lock held too long, a server out of reach) and the daemon's
-own bugs."""
+"""Every error answer in one shape (schemas.common.Problem): refusals, refused fields, unknown
+routes, database failures (a full disk, a lock held too long, a server out of reach) and the
+daemon's own bugs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sqlalchemy import exc
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpumux.schemas import FieldProblem
+from gpumux.schemas.common import FieldProblem
 from gpumux.server.api.allow import NO_ROUTE, allow_header
 from gpumux.server.api.deps import get_state
 from gpumux.server.api.responses import problem_response

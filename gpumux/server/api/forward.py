@@ -8,7 +8,7 @@ import httpx
 from fastapi import HTTPException, status
 from pydantic import ValidationError
 
-from gpumux.schemas import LogChunk
+from gpumux.schemas.trials import LogChunk
 from gpumux.server import identity
 from gpumux.status import NodeState
 from gpumux.storage.models import Node, Trial, utcnow

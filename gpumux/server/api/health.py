@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc
 
 from gpumux import __version__
-from gpumux.schemas import Health
+from gpumux.schemas.health import Health
 from gpumux.server.api.deps import ReadSessionDep, StateDep
 from gpumux.server.api.errors import RETRY_AFTER_S, first_line, unreachable
 from gpumux.server.api.responses import problem_response, problems

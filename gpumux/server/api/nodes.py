@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
 
 from gpumux.devices.snapshot import DeviceSummary
 from gpumux.fields import MAX_ID
-from gpumux.schemas import LogChunk, NodeDevice, NodePublic
+from gpumux.schemas.nodes import NodeDevice, NodePublic
+from gpumux.schemas.trials import LogChunk
 from gpumux.server.api.deps import ReadSessionDep, StateDep, TrialId, get_caller
 from gpumux.server.api.forward import NODE_SCHEME, parse_node_authorization
 from gpumux.server.api.responses import AUTHENTICATED, problems

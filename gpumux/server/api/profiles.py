@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from gpumux.devices.kinds import kind_of
-from gpumux.schemas import ProfileMeasured, ProfilePublic, ProfilesPublic
+from gpumux.schemas.profiles import ProfileMeasured, ProfilePublic, ProfilesPublic
 from gpumux.server.api.deps import Offset, ProfileId, ReadSessionDep, StateDep, get_caller
 from gpumux.server.api.responses import AUTHENTICATED, problems
 from gpumux.splits.curve import workload_fingerprint

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Response, status
 
-from gpumux.schemas import ReportIn
+from gpumux.schemas.reports import ReportIn
 from gpumux.server import identity
 from gpumux.server.api.deps import StateDep
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems

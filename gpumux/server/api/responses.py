@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from gpumux.schemas import FieldProblem, Problem
+from gpumux.schemas.common import FieldProblem, Problem
 
 # What each error status means in this API, as the schema tells clients. No route lists 405: it
 # answers a method that no route at the path serves (its Allow header names those that do).

@@ -12,16 +12,9 @@ from sqlalchemy.orm import Session
 from gpumux import accounts
 from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
 from gpumux.runtime.frameworks import NO_GPU_FIX
-from gpumux.schemas import (
-    NoGpuPublic,
-    ProfilePublic,
-    SweepCreate,
-    SweepDetail,
-    SweepPublic,
-    SweepsPublic,
-    TrialPublic,
-    TrialsPublic,
-)
+from gpumux.schemas.profiles import ProfilePublic
+from gpumux.schemas.sweeps import NoGpuPublic, SweepCreate, SweepDetail, SweepPublic, SweepsPublic
+from gpumux.schemas.trials import TrialPublic, TrialsPublic
 from gpumux.search import methods, planning
 from gpumux.server.api.deps import (
     AppState,

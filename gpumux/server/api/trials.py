@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_ID
 from gpumux.processes.logfiles import read_log
-from gpumux.schemas import LogChunk, ReportPublic, ReportsPublic, TrialPublic
+from gpumux.schemas.reports import ReportPublic, ReportsPublic
+from gpumux.schemas.trials import LogChunk, TrialPublic
 from gpumux.server.api import forward
 from gpumux.server.api.deps import (
     Caller,

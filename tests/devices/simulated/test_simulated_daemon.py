@@ -15,7 +15,7 @@ from gpumux.client import Client
 from gpumux.config import Settings
 from gpumux.devices.simulated.state import load_model
 from gpumux.devices.simulated.trial import TICK_S
-from gpumux.schemas import SweepCreate, SweepDetail
+from gpumux.schemas.sweeps import SweepCreate, SweepDetail
 from gpumux.server.daemon import embedded
 
 MODEL = "h200-torch-mlp"

@@ -13,7 +13,7 @@ from builders import bearer, problem, served, sweep_body
 from sqlalchemy import event, text
 
 from gpumux.config import Settings
-from gpumux.schemas import FieldProblem, Problem
+from gpumux.schemas.common import FieldProblem, Problem
 from gpumux.server.api import create_app, errors
 from gpumux.storage.dialects.sqlite import BUSY_TIMEOUT_MS
 from gpumux.storage.engine import Sessions
