@@ -16,6 +16,7 @@ memory that way is measured again alone.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -50,8 +51,11 @@ class Gate:
         directory.mkdir(parents=True)
         self.directory = directory
         self.opened_at: datetime | None = None
+        # Held while closed: a tune killed before it opens the gate releases its trials.
+        self._lock: int | None = None
         if closed:
-            (directory / CLOSED).touch()
+            self._lock = os.open(directory / CLOSED, os.O_CREAT | os.O_WRONLY, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         else:
             self.opened_at = datetime.now(UTC)
 
@@ -65,6 +69,9 @@ class Gate:
         if self.opened_at is None:
             (self.directory / CLOSED).unlink()
             self.opened_at = datetime.now(UTC)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def ready(self) -> dict[int, datetime]:
         """When each trial (by id) said it was ready."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumux.cli.overlap import Gate
 from gpumux.processes import contract
 from gpumux.processes.contract import LaunchSpec
 from gpumux.runtime.gate import CLOSED, GATE_ENV
@@ -28,23 +29,53 @@ def wait_ready(trial: subprocess.Popen[str], ready: Path) -> None:
         time.sleep(0.01)
 
 
-def test_a_trial_says_it_is_ready_and_computes_only_once_the_gate_opens(tmp_path: Path) -> None:
-    (tmp_path / CLOSED).touch()
-    env = {**os.environ, GATE_ENV: str(tmp_path), "GPUMUX_TRIAL_ID": "7"}
+def waiting_trial(gate: Path) -> subprocess.Popen[str]:
+    """A trial at the gate, said ready and seen waiting (a wait that can only pass early,
+    never fail, on a slow host)."""
+    env = {**os.environ, GATE_ENV: str(gate), "GPUMUX_TRIAL_ID": "7"}
     trial = subprocess.Popen(
         [sys.executable, "-c", WAIT_AT_GATE], env=env, stdout=subprocess.PIPE, text=True
     )
+    wait_ready(trial, gate / "7")
+    with pytest.raises(subprocess.TimeoutExpired):
+        trial.wait(timeout=0.5)
+    return trial
+
+
+def test_a_trial_says_it_is_ready_and_computes_only_once_the_gate_opens(tmp_path: Path) -> None:
+    gate = Gate(tmp_path / "gate", closed=True)
+    trial = waiting_trial(gate.directory)
     try:
-        wait_ready(trial, tmp_path / "7")
-        # Ready, it waits while the gate is closed (a wait that can only pass early, never fail
-        # on a slow host).
-        with pytest.raises(subprocess.TimeoutExpired):
-            trial.wait(timeout=0.5)
-        (tmp_path / CLOSED).unlink()
+        gate.open()
         out, _ = trial.communicate(timeout=TIMEOUT_S)
     finally:
         trial.kill()
     assert (trial.returncode, out) == (0, "computing\n")
+
+
+def test_a_trial_goes_on_when_the_tune_holding_its_gate_is_killed(tmp_path: Path) -> None:
+    """A tune killed by SIGKILL never opens the gate: its trials must not hold their slices
+    of the device for ever."""
+    directory = tmp_path / "gate"
+    hold = (
+        "import sys, time; from pathlib import Path; from gpumux.cli.overlap import Gate; "
+        "gate = Gate(Path(sys.argv[1]), closed=True); print('closed', flush=True); time.sleep(600)"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(directory)], stdout=subprocess.PIPE, text=True
+    ) as tune:
+        try:
+            assert tune.stdout is not None and tune.stdout.readline() == "closed\n"
+            trial = waiting_trial(directory)
+            try:
+                tune.kill()
+                out, _ = trial.communicate(timeout=TIMEOUT_S)
+            finally:
+                trial.kill()
+        finally:
+            tune.kill()
+    assert (trial.returncode, out) == (0, "computing\n")
+    assert (directory / CLOSED).exists()
 
 
 @pytest.mark.slow
