@@ -183,8 +183,7 @@ def build_sweep(
     from gpumux.search import planning
 
     try:
-        # The seed only draws a random search's trials, which this check then drops.
-        planning.plan_sweep(sweep_in, max_grid=state.settings.max_grid, seed=0)
+        planning.check_sweep(sweep_in)
     except planning.PlanError as error:
         raise CliError(str(error), EXIT_USAGE) from error
     return sweep_in

@@ -119,6 +119,14 @@ def build_rounds(
         except ValidationError as error:
             message = validation_message(error, lambda field: OPTION_NAMES.get(field, field))
             raise CliError(message, EXIT_USAGE) from error
+    # Imported here: planning imports Optuna (0.4 s), which most commands never need.
+    from gpumux.search import planning
+
+    try:
+        # Before a daemon of tune's own starts: a `{name}` no parameter fills, say.
+        planning.check_sweep(sweeps[0])
+    except planning.PlanError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
     return sweeps
 
 

@@ -179,6 +179,7 @@ def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) 
         ([], "no command: write gpumux tune [OPTIONS] -- COMMAND"),
         (["--splits", "1,two", "--", "true"], "--splits 1,two: expected numbers"),
         (["--splits", "0", "--", "true"], "--splits: N=0 is not between 1 and 64"),
+        (["--splits", "1", "--", "python", "t.py", "{lr}"], "{lr} names no parameter"),
     ],
 )
 def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str) -> None:
