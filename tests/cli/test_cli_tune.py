@@ -187,6 +187,7 @@ def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str)
     result = tune(*args, env=env)
     assert result.returncode == 2
     assert message in " ".join(result.stderr.split())
+    assert "starting a daemon" not in result.stdout + result.stderr
     assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
