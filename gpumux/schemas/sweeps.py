@@ -204,6 +204,18 @@ class SweepCreate(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _not_an_older_command_line(cls, data: Any) -> Any:
+        """`warm` is what a gpumux command line older than this daemon sends (now `preload`):
+        say so, rather than only that the field is unknown."""
+        if isinstance(data, dict) and "warm" in data:
+            raise ValueError(
+                "warm is now preload: this request comes from an older gpumux than the "
+                "daemon's; upgrade gpumux where the command runs"
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _objective_apart(cls, data: Any) -> Any:
         """The older `objective: "val_loss:min"` is the metric and the mode in one word."""
         if not (isinstance(data, dict) and "objective" in data):

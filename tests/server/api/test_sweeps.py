@@ -98,6 +98,7 @@ def test_the_objective_is_a_metric_and_a_mode_both_ways(api: httpx.Client, tmp_p
         ({"metric": "loss", "mode": "least"}, "mode"),
         ({"objective": "loss:min", "metric": "loss"}, "the objective is given twice"),
         ({"objective": 3}, "objective must be text"),
+        ({"warm": False}, "warm is now preload: this request comes from an older gpumux"),
     ],
 )
 def test_a_metric_without_its_mode_is_refused(
