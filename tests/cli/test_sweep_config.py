@@ -79,7 +79,7 @@ def test_a_random_sweep_file_draws_each_parameter_from_its_distribution(
         result.stderr
     )
     sweep = wait_ended(client, sweep_id)
-    assert (sweep.search, sweep.seed, sweep.objective) == (SearchMethod.random, 3, "loss:min")
+    assert (sweep.search, sweep.seed, str(sweep.objective)) == (SearchMethod.random, 3, "loss:min")
     assert sweep.counts == {TrialStatus.succeeded: 4}
     for trial in client.all_trials(sweep_id):
         values = trial.params
@@ -129,7 +129,7 @@ def test_a_bayes_sweep_file_is_a_tpe_search_with_the_budget_it_is_given(
     sweep_id = submitted(result.stdout, "a tpe search of 3 trials")
     sweep = client.cancel_sweep(sweep_id)
     assert (sweep.name, sweep.search, sweep.trial_count) == ("sweepdemo", SearchMethod.tpe, 3)
-    assert sweep.objective == "validation_loss:min"
+    assert (sweep.metric, sweep.mode) == ("validation_loss", "min")
     assert sweep.params == [
         "learning_rate=0.0001..0.1:lin", "batch_size=16,32,64", "epochs=5,10,15",
         "optimizer=adam,sgd",
