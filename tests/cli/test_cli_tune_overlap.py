@@ -80,7 +80,7 @@ def test_on_a_gpu_the_next_n_starts_up_beside_the_one_before_and_computes_after_
 ) -> None:
     env = tune_env(tmp_path)
     env.update(GPUMUX_SIMULATED_GPU="h200-torch-mlp", GPUMUX_SIMULATED_TIME_SCALE="0.25")
-    computing = Computing(tmp_path / "tmp")
+    computing = Computing(Path(env["TMPDIR"]))
     try:
         result = run_tune(env, "--splits", "1,2,3", "--", *TRIAL, "--epochs=10")
     finally:
