@@ -170,6 +170,16 @@ class Scheduler:
         finally:
             self.watched.sync_readers()
 
+    async def probe_first(self) -> None:
+        """Probe the devices once before the API answers, so that a client asking right after
+        the daemon started (`gpumux tune` does) finds them listed. A failure is the first tick's
+        to meet and log."""
+        try:
+            await self._in_worker(self._devices)
+        except Exception:
+            log.exception("scheduler: the first probe of the devices failed; the ticks retry it")
+            self._probed_at = float("-inf")
+
     def close(self) -> None:
         """Let the tick's thread go (after the last tick)."""
         self._worker.shutdown(wait=True)

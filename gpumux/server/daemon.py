@@ -248,6 +248,7 @@ class Daemon:
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
+        await scheduler.probe_first()
         stop_scheduling = asyncio.Event()
         server_task = asyncio.create_task(server.serve(sockets=self._sockets))
         scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
