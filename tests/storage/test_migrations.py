@@ -268,6 +268,19 @@ def assert_sound(engine: Engine) -> None:
         assert connection.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
 
 
+def populated_then_upgraded(engine: Engine, revision: str) -> None:
+    """A database populated as gpumux at `revision` wrote it, then upgraded to head."""
+    migrate(engine, revision)
+    with engine.begin() as connection:
+        populate(connection, revision)
+    upgrade(engine)
+
+
+def columns_of(engine: Engine, table: str) -> set[str]:
+    with engine.connect() as connection:
+        return {c["name"] for c in inspect(connection).get_columns(table)}
+
+
 def test_head_is_the_newest_revision_and_the_earlier_ones_lead_to_it(engine: Engine) -> None:
     scripts = ScriptDirectory.from_config(alembic_config(engine))
     assert scripts.get_current_head() == HEAD
@@ -379,8 +392,7 @@ def test_a_populated_database_goes_down_to_the_base_step_by_step_and_back_up(
             for table, count in ROWS.items()
             if CREATED_AT_REVISION.get(table, "0001") <= down_to
         }
-        with engine.connect() as connection:
-            columns = {c["name"] for c in inspect(connection).get_columns("trials")}
+        columns = columns_of(engine, "trials")
         assert ("supervisor_pid" in columns) == (down_to == "0003")
         assert ("failures" in columns) == (down_to == "0003")
 
@@ -407,17 +419,13 @@ def test_head_down_to_0003_and_up_again_keeps_every_row(engine: Engine) -> None:
 
 
 def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine) -> None:
-    migrate(engine, "0005")
-    with engine.begin() as connection:
-        populate(connection, "0005")
-    upgrade(engine)
+    populated_then_upgraded(engine, "0005")
     with engine.begin() as connection:
         connection.execute(text("UPDATE profiles SET oom_at = 8, ceiling = 6"))
 
     migrate(engine, "0005")
 
-    with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
+    columns = columns_of(engine, "profiles")
     assert {"oom_at", "ceiling"}.isdisjoint(columns) and "best_split" in columns
     assert row_counts(engine) == {table: n for table, n in ROWS.items() if table != "nodes"}
     assert_sound(engine)
@@ -428,17 +436,13 @@ def test_0006_down_drops_the_profile_limits_and_keeps_the_profile(engine: Engine
 
 
 def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engine) -> None:
-    migrate(engine, "0012")
-    with engine.begin() as connection:
-        populate(connection, "0012")
-    upgrade(engine)
+    populated_then_upgraded(engine, "0012")
 
     migrate(engine, "0012")
 
+    assert "workdir" not in columns_of(engine, "profiles")
     with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("profiles")}
         command = connection.execute(text("SELECT command FROM profiles")).scalar_one()
-    assert "workdir" not in columns
     assert (json.loads(command) if isinstance(command, str) else command) == [
         WORKDIR,
         "python",
@@ -448,37 +452,30 @@ def test_0013_down_puts_the_directory_back_in_front_of_the_command(engine: Engin
 
 
 def test_0015_down_names_the_budget_random_trials_again_and_keeps_it(engine: Engine) -> None:
-    migrate(engine, "0014")
-    with engine.begin() as connection:
-        populate(connection, "0014")
-    upgrade(engine)
+    populated_then_upgraded(engine, "0014")
 
     migrate(engine, "0014")
 
+    assert "trial_budget" not in columns_of(engine, "sweeps")
     with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
         budgets = connection.execute(text("SELECT random_trials FROM sweeps ORDER BY id"))
         assert [row[0] for row in budgets] == [None, 2]
-    assert "trial_budget" not in columns
     assert row_counts(engine) == ROWS
     assert_sound(engine)
 
 
 def test_0016_renames_warm_to_preload_and_back_keeping_the_flag(engine: Engine) -> None:
-    migrate(engine, "0015")
-    with engine.begin() as connection:
-        populate(connection, "0015")
-    upgrade(engine)
+    populated_then_upgraded(engine, "0015")
     with engine.connect() as connection:
         rows = connection.execute(text("SELECT id, preload FROM sweeps ORDER BY id")).all()
     assert [(sweep_id, bool(flag)) for sweep_id, flag in rows] == [(1, False), (2, True)]
 
     migrate(engine, "0015")
 
-    with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
-        rows = connection.execute(text("SELECT id, warm FROM sweeps ORDER BY id")).all()
+    columns = columns_of(engine, "sweeps")
     assert "warm" in columns and "preload" not in columns
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT id, warm FROM sweeps ORDER BY id")).all()
     assert [(sweep_id, bool(flag)) for sweep_id, flag in rows] == [(1, False), (2, True)]
     assert_sound(engine)
 
