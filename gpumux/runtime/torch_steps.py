@@ -41,8 +41,12 @@ class StepCounter:
         if not self._stepped:
             self._stepped = True
             frameworks.training_with("torch")
-            # Launched ahead by gpumux tune, it waits here for the round before to end.
+            # Launched ahead by gpumux tune, it waits here for the round before to end: no part
+            # of its rate, which counts the script's start and its steps.
+            waiting = time.monotonic()
             gate.wait_for_turn()
+            with self._lock:
+                self._mark += time.monotonic() - waiting
         now = time.monotonic()
         with self._lock:
             self._steps += 1

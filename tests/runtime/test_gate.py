@@ -14,6 +14,7 @@ from gpumux.cli.overlap import Gate
 from gpumux.processes import contract
 from gpumux.processes.contract import LaunchSpec
 from gpumux.runtime.gate import CLOSED, GATE_ENV
+from gpumux.runtime.torch_steps import REPORT_INTERVAL_S
 
 from .support import FIXTURES, TIMEOUT_S, ReportServer, trial_env
 
@@ -107,6 +108,34 @@ def test_an_unmodified_script_waits_at_the_gate_where_it_begins_to_train(
         trial.kill()
     assert trial.returncode == 0, out
     assert any(line.startswith(done) for line in out.splitlines()), out
+
+
+@pytest.mark.slow
+def test_a_pytorch_trials_rate_leaves_out_its_wait_at_the_gate(
+    report_server: ReportServer, tmp_path: Path
+) -> None:
+    gate = Gate(tmp_path / "gate", closed=True)
+    env = trial_env(report_server.url, **{GATE_ENV: str(gate.directory)})
+    # Held past two report intervals: a rate that counted the wait would show it.
+    hold_s = 2 * REPORT_INTERVAL_S
+    with subprocess.Popen(
+        [sys.executable, str(Path(__file__).parents[1] / "fixtures" / "torch_loop.py"), "20"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as trial:  # fmt: skip
+        try:
+            wait_ready(trial, gate.directory / "7")
+            with pytest.raises(subprocess.TimeoutExpired):
+                trial.wait(timeout=hold_s)
+            gate.open()
+            out, _ = trial.communicate(timeout=TIMEOUT_S)
+        finally:
+            trial.kill()
+    assert trial.returncode == 0, out
+    steps = [r for r in report_server.reports if r["kind"] == "steps"]
+    assert sum(r["steps"] for r in steps) == 20, steps
+    # Its 20 small steps take far less than the hold it waited ready through: its reports'
+    # seconds cover the steps, not the wait.
+    assert sum(r["seconds"] for r in steps) < hold_s, steps
 
 
 def test_without_a_gate_a_trial_computes_at_once(tmp_path: Path) -> None:
