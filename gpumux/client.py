@@ -25,6 +25,7 @@ from gpumux.schemas.sweeps import SweepCreate, SweepDetail, SweepsPublic
 from gpumux.schemas.tokens import TokenCreate, TokenCreated, TokensRevoked
 from gpumux.schemas.trials import LogChunk, TrialPublic, TrialsPublic
 from gpumux.status import SweepStatus, TrialStatus
+from gpumux.text import cut, quoted
 
 DEFAULT_TIMEOUT = 30.0
 UNIX_PREFIX = "unix:"
@@ -72,8 +73,9 @@ class InvalidDaemonUrl(ValueError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
-            f"the daemon's address {_cut(repr(url))} is not a URL ({_cut(reason)}): give --url "
-            "or GPUMUX_URL as http://HOST:PORT or unix:/path/to.sock"
+            f"the daemon's address {quoted(url, SHOWN_CHARS)} is not a URL "
+            f"({cut(reason, SHOWN_CHARS)}): give --url or GPUMUX_URL as http://HOST:PORT or "
+            "unix:/path/to.sock"
         )
         self.url = url
 
@@ -289,11 +291,6 @@ def _check_unix_socket(url: str, path: str) -> None:
             probe.connect(path)
         except OSError as error:
             raise DaemonUnreachable(url, error.strerror or str(error)) from error
-
-
-def _cut(text: str) -> str:
-    """`text`, or its first SHOWN_CHARS characters and an ellipsis."""
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
 
 
 def _segment(text: str) -> str:

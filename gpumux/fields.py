@@ -31,8 +31,6 @@ MAX_TIME_LIMIT_S = 366 * 86400.0
 MAX_SAMPLES = 1e12  # one report's samples
 MAX_REPORT_SECONDS = 1e7  # one report's interval (about 116 days)
 MAX_METRICS = 256  # metrics in one report
-# What a message quotes of a value that was sent: enough to recognise it, never all of it.
-QUOTE_CHARS = 60
 
 # The schema's patterns; each is checked by a validator that says what is wrong in words.
 NUL_FREE = r"^[^\x00]*$"
@@ -42,11 +40,6 @@ PARAM_TOKEN = r"^[A-Za-z_][A-Za-z0-9_-]*=[^\x00-\x1f\x7f-\x9f]*$"
 ABSOLUTE_PATH = r"^/[^\x00]*$"
 ENV_NAME = r"^[^=\x00]+$"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def quoted(text: str) -> str:
-    """`text` as a message may quote it: its repr, cut to QUOTE_CHARS characters and "…"."""
-    return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…")
 
 
 def valid_unicode(text: str) -> str:

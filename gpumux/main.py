@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from gpumux.cli.app import main as run_cli
 from gpumux.cli.state import EmbeddedDaemon, print_error
 from gpumux.config import Settings
+from gpumux.text import escaped
 
 # How much of an unforeseen exception's message the one line quotes.
 SUMMARY_CHARS = 200
@@ -50,8 +51,7 @@ def summary(error: BaseException) -> str:
     # The message may quote an argument of any length and of any characters (escapes for the
     # terminal among them): the traceback file has all of it.
     first = (str(error).splitlines() or [""])[0]
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in first[:SUMMARY_CHARS])
-    return f"{type(error).__name__}: {shown}" + ("…" if len(first) > SUMMARY_CHARS else "")
+    return f"{type(error).__name__}: {escaped(first, SUMMARY_CHARS)}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

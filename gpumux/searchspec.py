@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 
+from gpumux.text import quoted
+
 # A value as the request carries it: the JSON API's own types, or the text after `=`.
 OptionValue = bool | int | float | str
 Options = dict[str, OptionValue]
 
 _OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^,=]+)")
-# The longest option text a refusal quotes: a refusal is a line, whatever was sent.
-_QUOTED_CHARS = 120
+# The longest option text, or Optuna's message, a refusal repeats: a refusal is a line.
+OPTION_CHARS = 120
 
 
 class SearchError(ValueError):
@@ -34,9 +36,8 @@ def split_spec(text: str, *, flag: str, example: str) -> tuple[str, Options]:
     for item in rest.split(","):
         match = _OPTION.fullmatch(item.strip())
         if match is None:
-            raise SearchError(
-                f"{flag} option {quoted(item.strip())} is not NAME=VALUE; e.g. {name}:{example}"
-            )
+            given = quoted(item.strip(), OPTION_CHARS)
+            raise SearchError(f"{flag} option {given} is not NAME=VALUE; e.g. {name}:{example}")
         key, value = match.groups()
         if key in options:
             raise SearchError(f"{flag} option {key} given twice; keep one")
@@ -49,19 +50,6 @@ def spec_text(name: str, options: Options) -> str:
     if not options:
         return name
     return f"{name}:" + ",".join(f"{k}={_value_text(v)}" for k, v in options.items())
-
-
-def quoted(text: str) -> str:
-    """`text` as a refusal quotes it: repr'd, and cut short past a few words."""
-    if len(text) > _QUOTED_CHARS:
-        return repr(text[:_QUOTED_CHARS]) + "..."
-    return repr(text)
-
-
-def clipped(text: str) -> str:
-    """Another library's message as a refusal repeats it: its first line, cut short."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= _QUOTED_CHARS else line[:_QUOTED_CHARS] + "..."
 
 
 def number_or_text(text: str) -> int | float | str:

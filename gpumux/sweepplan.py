@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gpumux.fields import quoted
 from gpumux.status import ObjectiveMode, SearchMethod
+from gpumux.text import quoted
 
 
 class Objective(NamedTuple):

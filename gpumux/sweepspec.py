@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gpumux.text import QUOTE_CHARS, cut
+
 Value = int | float | str
 
 DEFAULT_POINTS = 5
@@ -22,8 +24,6 @@ MAX_PARAMS_CHARS = 65_536
 SIGNIFICANT_DIGITS = 10
 # Log and :N spacing go through floats, which hold every integer exactly only up to 2**53.
 MAX_INT_END = 2**53
-# What an error quotes of the text it refuses (a token, a name, a fix made from them).
-MAX_QUOTED_CHARS = 60
 
 FORMS = "name=value, name=lo..hi[:log|:lin][:N] or name=a,b,c"
 _NAME_RULE = "use letters, digits, '_' and '-', starting with a letter or '_'"
@@ -286,8 +286,8 @@ def _error(token: str, problem: str) -> SpecError:
 
 
 def _cut(text: str) -> str:
-    """`text` as an error quotes it: its first MAX_QUOTED_CHARS characters, then "…"."""
-    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS] + "…"
+    """`text` as an error quotes it: cut by gpumux.text's rule."""
+    return cut(text, QUOTE_CHARS)
 
 
 def _cut_choice(name: str, items: Iterable[str]) -> str:

@@ -27,13 +27,12 @@ from gpumux.fields import (
     PARAM_TOKEN,
     PATH_MAX,
     PRINTABLE,
-    QUOTE_CHARS,
-    quoted,
 )
 from gpumux.schemas.reports import ReportIn
 from gpumux.schemas.sweeps import SweepCreate
 from gpumux.schemas.tokens import TokenCreate
 from gpumux.sweepplan import parse_objective
+from gpumux.text import QUOTE_CHARS, quoted
 
 SURROGATE = "\ud800"
 

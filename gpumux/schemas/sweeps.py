@@ -31,7 +31,6 @@ from gpumux.fields import (
     json_integer,
     json_number,
     names_in_property_names,
-    quoted,
 )
 from gpumux.schemas.common import NoGpuFramework
 from gpumux.schemas.profiles import ProfilePublic
@@ -39,6 +38,7 @@ from gpumux.schemas.trials import TrialPublic
 from gpumux.searchspec import split_spec
 from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
 from gpumux.sweepplan import Objective, parse_objective
+from gpumux.text import quoted
 
 
 def _env_names(schema: dict[str, Any]) -> None:

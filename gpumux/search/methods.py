@@ -29,10 +29,9 @@ from optuna.samplers import BaseSampler
 from gpumux.fields import MAX_COUNT
 from gpumux.search.space import distributions_of
 from gpumux.searchspec import (
+    OPTION_CHARS,
     Options,
     OptionValue,
-    clipped,
-    quoted,
     spec_text,
     split_spec,
 )
@@ -41,6 +40,7 @@ from gpumux.searchspec import (
 from gpumux.searchspec import SearchError as SearchError
 from gpumux.status import SearchMethod
 from gpumux.sweepspec import Param
+from gpumux.text import first_line, quoted
 
 PRUNERS: dict[str, type[BasePruner]] = {
     "median": MedianPruner,
@@ -191,9 +191,8 @@ def check_sampler_options(
             raise SearchError(f"--search {method}: the seed is --seed, not an option")
         kind = accepted.get(key)
         if kind is None:
-            raise SearchError(
-                f"--search {method} has no option {quoted(key)}; its options: {listed}"
-            )
+            shown = quoted(key, OPTION_CHARS)
+            raise SearchError(f"--search {method} has no option {shown}; its options: {listed}")
         checked[key] = _typed(method, key, kind, value)
     given = f"--search {spec_text(str(method), checked)}"
     with warnings.catch_warnings(record=True) as warned:
@@ -201,12 +200,14 @@ def check_sampler_options(
         try:
             make_sampler(method, seed=0, budget=budget, options=checked)
         except (TypeError, ValueError) as error:
-            raise SearchError(f"{given}: {clipped(str(error))}") from error
+            raise SearchError(f"{given}: {first_line(str(error), OPTION_CHARS)}") from error
     for warning in warned:
         # An option Optuna deprecates would be refused by the release that drops it.
         said = str(warning.message)
         if issubclass(warning.category, FutureWarning) and any(key in said for key in checked):
-            raise SearchError(f"{given}: Optuna says: {clipped(said)} Leave it out.")
+            raise SearchError(
+                f"{given}: Optuna says: {first_line(said, OPTION_CHARS)} Leave it out."
+            )
     return checked
 
 

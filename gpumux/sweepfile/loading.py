@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from gpumux.text import cut
+
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 # Far beyond any sweep file, and beyond what the daemon would take in one request.
 MAX_FILE_BYTES = 1024 * 1024
@@ -22,9 +24,7 @@ class SweepFileError(ValueError):
 
     def __init__(self, file: str, key: str, problem: str) -> None:
         message = f"{file}: {key}: {problem}" if key else f"{file}: {problem}"
-        if len(message) > MAX_MESSAGE_CHARS:
-            message = message[:MAX_MESSAGE_CHARS] + "…"
-        super().__init__(message)
+        super().__init__(cut(message, MAX_MESSAGE_CHARS))
         self.file = file
         self.key = key
 

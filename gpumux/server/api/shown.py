@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from starlette.types import Scope
 
+from gpumux.text import escaped
+
 # A name a client chose (a field, a dict key, a method) as an answer or the log shows it.
 NAME_CHARS = 64
 # A request's path as the log shows it.
@@ -14,8 +16,7 @@ def shown(text: str, limit: int = NAME_CHARS) -> str:
     """`text` cut to `limit` characters (then "…"), each character that is not printable
     (a control character, a line break, an unpaired surrogate) written as its escape, so that
     what a client sent can neither forge a log line nor grow an answer without bound."""
-    cut = text if len(text) <= limit else text[:limit] + "…"
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in cut)
+    return escaped(text, limit)
 
 
 def shown_path(scope: Scope) -> str:
