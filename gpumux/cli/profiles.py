@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -25,31 +26,48 @@ from gpumux.throughput import SWEEP_ENDED
 PAGE = 500
 
 
-def profiles_table(profiles: Sequence[ProfilePublic]) -> Table:
+# Under this many columns the list leaves out when each profile was updated (`gpumux profiles ID`
+# shows it) and wraps the device's name, so that the workload keeps room to be read.
+NARROW = 110
+NARROW_DEVICE = 16
+
+
+@dataclass(frozen=True)
+class ProfilesTable:
     """One row per profile: device model, best N or how far the search got, and the workload:
-    its command, the directory it runs in and its cost parameters, each on a line of its own."""
-    table = Table(header_style="bold")
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("device", min_width=8)
-    table.add_column("best N", no_wrap=True)
-    table.add_column("unit")
-    table.add_column("updated")
-    table.add_column("workload", overflow="fold", min_width=16)
-    for profile in profiles:
-        workload = Text(visible(shlex.join(profile.command)))
-        if profile.workdir is not None:
-            workload.append(f"\nin {visible(profile.workdir)}", style="dim")
-        if profile.param_tokens:
-            workload.append(f"\ncost: {visible(' '.join(profile.param_tokens))}", style="dim")
-        table.add_row(
-            str(profile.id),
-            visible(profile.device_name),
-            _best(profile, short=True),
-            profile.unit,
-            local_time(profile.updated_at, year=False),
-            workload,
-        )
-    return table
+    its command, the directory it runs in and its cost parameters, each on a line of its own;
+    fitted to the width."""
+
+    profiles: Sequence[ProfilePublic]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        narrow = options.max_width < NARROW
+        table = Table(header_style="bold")
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("device", max_width=NARROW_DEVICE if narrow else None)
+        table.add_column("best N", no_wrap=True)
+        table.add_column("unit")
+        if not narrow:
+            table.add_column("updated", no_wrap=True)
+        # No minimum width: rich widens a column back to its minimum after fitting the table,
+        # past the terminal's edge.
+        table.add_column("workload", overflow="fold")
+        for profile in self.profiles:
+            workload = Text(visible(shlex.join(profile.command)))
+            if profile.workdir is not None:
+                workload.append(f"\nin {visible(profile.workdir)}", style="dim")
+            if profile.param_tokens:
+                workload.append(f"\ncost: {visible(' '.join(profile.param_tokens))}", style="dim")
+            updated = [] if narrow else [local_time(profile.updated_at, year=False)]
+            table.add_row(
+                str(profile.id),
+                visible(profile.device_name),
+                _best(profile, short=True),
+                profile.unit,
+                *updated,
+                workload,
+            )
+        yield table
 
 
 def _best(profile: ProfilePublic, *, short: bool = False) -> str:
@@ -205,6 +223,6 @@ def _list_profiles(state: CliState, client: Client, *, all_: bool, limit: int) -
     if not found:
         state.note("no profiles yet; a sweep with --split auto measures one")
         return
-    state.out.print(profiles_table(found))
+    state.out.print(ProfilesTable(found))
     if len(found) < count:
         state.note(f"{len(found)} of {count} profiles shown; --all or --limit N for more")

@@ -196,6 +196,35 @@ def test_the_list_shows_a_profiles_command_and_its_directory_apart(server: Serve
     assert row(shown, "directory").split()[1:] == [workdir]
 
 
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_list_fits_the_terminals_width(server: Server, columns: int) -> None:
+    device = "AMD EPYC 7B13 64-Core Processor"
+    command = ["/home/alice/.venv/bin/python", "examples/digits_keras.py", "--epochs", "10"]
+    workdir = "/home/alice/experiments/digits"
+    profile_id = store_profile(
+        server,
+        device_name=device,
+        workdir=workdir,
+        command=command,
+        best_split=None,
+        settled=False,
+    )
+
+    result = gpumux(server, "profiles", columns=columns)
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # Every line of the table whole: within the width and closed by its right border.
+    assert all(len(line) <= columns and line[-1] in "┓┃┩│┘" for line in lines), result.stdout
+    assert " ".join(column(result.stdout, str(profile_id), 1)) == device
+    assert cells(row(result.stdout, str(profile_id)))[2] == "searching"
+    # The workload's lines as wrapped (a path longer than the column is folded).
+    workload = "".join(column(result.stdout, str(profile_id), -1)).replace(" ", "")
+    assert workload == f"{''.join(command)}in{workdir}cost:bs=128"
+    # When each profile was updated is left out where it would squeeze the workload.
+    assert ("updated" in lines[1]) == (columns == 120)
+
+
 def test_a_profile_whose_sweep_ended_unsettled_says_so_and_what_it_measured(
     server: Server,
 ) -> None:
