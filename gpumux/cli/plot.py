@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
+import shlex
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
@@ -19,7 +24,7 @@ from gpumux.throughput import CurvePoint
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PLOT_INSTALL = "pip install 'matplotlib>=3.7' (in a clone of gpumux: pip install -e '.[plot]')"
+MATPLOTLIB = "matplotlib>=3.7"
 # Eighths of a character cell, so that close values still draw bars of different lengths.
 BLOCKS = " ▏▎▍▌▋▊▉"
 FULL_BLOCK = "█"
@@ -34,6 +39,39 @@ TITLE_MARGIN = 0.02
 
 class PlotUnavailable(RuntimeError):
     """Drawing a PNG needs matplotlib, which is not installed."""
+
+
+def install_hint(distribution: importlib.metadata.Distribution | None) -> str:
+    """How to install matplotlib the way gpumux's `distribution` was installed: the `plot`
+    extra by name where it came from an index, from the directory it was installed from (with
+    -e where editable), and matplotlib alone where the extra cannot be named (a wheel file, a
+    repository URL, a source tree on the path that no installer recorded)."""
+    alone = f"pip install {shlex.quote(MATPLOTLIB)}"
+    if distribution is None:
+        return alone
+    recorded = distribution.read_text("direct_url.json")
+    if recorded is None:
+        # Installers record a direct URL (PEP 610) for every install not resolved by name.
+        return "pip install 'gpumux[plot]'"
+    try:
+        direct = json.loads(recorded)
+    except ValueError:
+        return alone
+    if not isinstance(direct, dict) or not isinstance(direct.get("dir_info"), dict):
+        return alone
+    url = urlparse(str(direct.get("url", "")))
+    if url.scheme != "file":
+        return alone
+    editable = "-e " if direct["dir_info"].get("editable") else ""
+    return f"pip install {editable}{shlex.quote(url2pathname(url.path) + '[plot]')}"
+
+
+def plot_install() -> str:
+    """How to install matplotlib for the gpumux this process runs (install_hint)."""
+    try:
+        return install_hint(importlib.metadata.distribution("gpumux"))
+    except importlib.metadata.PackageNotFoundError:
+        return install_hint(None)
 
 
 def by_split(points: Iterable[CurvePoint]) -> list[CurvePoint]:
@@ -185,7 +223,7 @@ def write_png(
         from matplotlib.figure import Figure
         from matplotlib.ticker import NullLocator
     except ImportError as error:
-        raise PlotUnavailable(f"writing a PNG needs matplotlib: {PLOT_INSTALL}") from error
+        raise PlotUnavailable(f"writing a PNG needs matplotlib: {plot_install()}") from error
     figure = Figure(figsize=(7, 6), layout="constrained")
     FigureCanvasAgg(figure)
     rate_axes, time_axes = figure.subplots(2, 1, sharex=True)

@@ -133,7 +133,7 @@ def build_rounds(
 def _check_png(png: Path) -> None:
     """Refuse a PNG that cannot be written before spending minutes measuring."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise CliError(f"--png needs matplotlib: {plot.PLOT_INSTALL}", EXIT_USAGE)
+        raise CliError(f"--png needs matplotlib: {plot.plot_install()}", EXIT_USAGE)
     if not png.parent.is_dir():
         raise CliError(f"--png {png}: no directory {png.parent}", EXIT_USAGE)
 

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import re
+import shlex
+import subprocess
 import sys
 from io import StringIO
 from pathlib import Path
@@ -11,6 +16,8 @@ from gpumux.cli import plot
 from gpumux.throughput import CurvePoint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[2]
+PIP_TIMEOUT_S = 300
 
 # Given out of order: what is drawn is ordered by N.
 POINTS = [
@@ -132,6 +139,84 @@ def test_write_png_without_matplotlib_says_how_to_install_it(
 ) -> None:
     for name in ("matplotlib", "matplotlib.backends.backend_agg", "matplotlib.figure"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(plot.PlotUnavailable, match=r"pip install 'matplotlib>=3.7' \(in a clone"):
+    hint = f"writing a PNG needs matplotlib: {re.escape(plot.plot_install())}$"
+    with pytest.raises(plot.PlotUnavailable, match=hint):
         plot.write_png(POINTS, unit="samples/s", best_split=5, title="t", path=tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
+
+
+def _python_without_gpumux(venv: Path) -> Path:
+    """A fresh virtual environment's python that sees this one's dependencies after its own
+    site-packages, so that the gpumux installed into it is the one it finds."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = [entry for entry in sys.path if entry.endswith(("site-packages", "dist-packages"))]
+    Path(purelib, "dependencies.pth").write_text("\n".join(ours) + "\n")
+    return python
+
+
+def _pip(python: Path | str, *args: str) -> None:
+    subprocess.run(
+        [str(python), "-m", "pip", *args, "--quiet", "--no-deps", "--no-index"]
+        + ["--no-build-isolation"],
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        check=True,
+        timeout=PIP_TIMEOUT_S,
+    )
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this gpumux, as an index would serve it."""
+    pytest.importorskip("hatchling", reason="building gpumux needs hatchling (the dev extra)")
+    wheels = tmp_path_factory.mktemp("wheels")
+    _pip(sys.executable, "wheel", "--wheel-dir", str(wheels), str(ROOT))
+    (built,) = wheels.glob("gpumux-*.whl")
+    return built
+
+
+@pytest.mark.parametrize(
+    ("install", "hint"),
+    [
+        (["-e", str(ROOT)], f"pip install -e {shlex.quote(f'{ROOT}[plot]')}"),
+        ([str(ROOT)], f"pip install {shlex.quote(f'{ROOT}[plot]')}"),
+        (["--find-links", "{wheels}", "gpumux"], "pip install 'gpumux[plot]'"),
+        (["{wheel}"], "pip install 'matplotlib>=3.7'"),
+    ],
+    ids=["editable-clone", "clone", "index", "wheel-file"],
+)
+def test_the_matplotlib_hint_follows_how_gpumux_was_installed(
+    wheel: Path, tmp_path: Path, install: list[str], hint: str
+) -> None:
+    python = _python_without_gpumux(tmp_path / "venv")
+    args = [arg.format(wheels=wheel.parent, wheel=wheel) for arg in install]
+    # Past the gpumux this environment sees among its dependencies, as a user has none.
+    _pip(python, "install", "--ignore-installed", *args)
+
+    shown = subprocess.run(
+        [python, "-c", "from gpumux.cli import plot; print(plot.plot_install())"],
+        env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+    )
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == hint
+
+
+@pytest.mark.parametrize("recorded", ["{", "[]", '{"url": "file:///src/gpumux"}'])
+def test_an_install_record_naming_no_directory_hints_matplotlib_alone(
+    tmp_path: Path, recorded: str
+) -> None:
+    (tmp_path / "direct_url.json").write_text(recorded)
+    distribution = importlib.metadata.PathDistribution(tmp_path)
+    assert plot.install_hint(distribution) == "pip install 'matplotlib>=3.7'"
+    assert plot.install_hint(None) == "pip install 'matplotlib>=3.7'"
