@@ -35,6 +35,7 @@ from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
 from gpumux.server import identity
 from gpumux.server.api import create_app
+from gpumux.server.api.forward import NodeClient
 from gpumux.server.listening import bind, listen_where_clients_look, serves_other_users
 from gpumux.server.metrics import Metrics
 from gpumux.storage import membership, tokens
@@ -226,6 +227,7 @@ class Daemon:
                 url=self._tcp_url(),
                 home=membership.home_id(self.settings.home),
             )
+        node_client = NodeClient()
         app = create_app(
             settings=self.settings,
             sessions=self.sessions,
@@ -234,6 +236,7 @@ class Daemon:
             metrics=metrics,
             node=self.node,
             budget=budget,
+            node_client=node_client,
         )
         config = uvicorn.Config(
             app,
@@ -266,6 +269,7 @@ class Daemon:
                 leaving.cancel()
             server.should_exit = True
             await server_task
+            node_client.close()
             stop_beating.set()
             if heartbeat is not None and heartbeat_task is not None:
                 await heartbeat_task

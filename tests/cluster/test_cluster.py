@@ -236,3 +236,45 @@ def every_trial_ended(db: Sessions) -> list[Trial] | None:
     with db.read() as session:
         trials = list(session.scalars(select(Trial)))
     return trials if all(t.status.is_final for t in trials) else None
+
+
+PRINT_THEN_WAIT = (
+    "import os, pathlib, sys, time\n"
+    "print('hello from trial', os.environ['GPUMUX_TRIAL_ID'], flush=True)\n"
+    "while not pathlib.Path(sys.argv[1]).exists():\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def test_a_trials_log_is_read_through_another_node_which_then_stops_cleanly(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    b = make_node("b")
+    release = tmp_path / "release"
+    command = [sys.executable, "-c", PRINT_THEN_WAIT, str(release)]
+    sweep_id = submit(b, tmp_path, ["x=1"], command)
+
+    def running() -> list[Trial] | None:
+        trials = trials_of(cluster_db, sweep_id)
+        return trials if trials and all(t.status is TrialStatus.running for t in trials) else None
+
+    (trial,) = wait_until("the trial to run on b", running, b)
+    line = f"hello from trial {trial.id}\n"
+
+    def logged() -> str | None:
+        with b.client() as client:
+            data: str = client.get(f"/trials/{trial.id}/log").json()["data"]
+        return data if line in data else None
+
+    on_b = wait_until("the trial's line in its log", logged, b)
+    a = make_node("a")
+    # Asked of a, which has no such log on its disk: a asks b for it, each time.
+    with a.client() as client:
+        answers = [client.get(f"/trials/{trial.id}/log") for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 200], answers[-1].text
+    assert [answer.json()["data"] for answer in answers] == [on_b, on_b]
+    assert a.stop() == 0, a.log_tail()
+    assert "Traceback" not in a.log_tail(200)
+    release.touch()
+    ended = wait_until("the trial to end", lambda: all_ended(cluster_db, sweep_id), b)
+    assert [t.status for t in ended] == [TrialStatus.succeeded]

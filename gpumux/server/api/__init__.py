@@ -24,6 +24,7 @@ from gpumux.server.api import (
 from gpumux.server.api import metrics as metrics_route
 from gpumux.server.api.allow import Methods
 from gpumux.server.api.deps import AppState
+from gpumux.server.api.forward import NodeClient
 from gpumux.server.api.limits import BodyLimit
 from gpumux.server.api.responses import EVERY_ROUTE, problems
 from gpumux.server.metrics import Metrics
@@ -41,13 +42,15 @@ def create_app(
     metrics: Metrics | None = None,
     node: NodeIdentity | None = None,
     budget: ReportBudget | None = None,
+    node_client: NodeClient | None = None,
 ) -> FastAPI:
     """The API over this database; `notify` nudges the scheduler after a write of intent.
 
     `metrics` is shared with the scheduler, which records its tick times in it; the app adds
     the state read at each scrape of /metrics, so one Metrics serves one app. `budget` is
     shared with the scheduler, which records the report lines trials print (default: the
-    settings' own).
+    settings' own). `node_client`, which asks other nodes for their trials' logs, is the
+    caller's to close (default: one of the app's own, made at its first request).
     """
     app = FastAPI(
         title="gpumux",
@@ -61,6 +64,7 @@ def create_app(
         notify=notify,
         budget=budget or ReportBudget.of(settings),
         node=node,
+        node_client=node_client or NodeClient(),
     )
     app.state.metrics = metrics or Metrics()
     app.state.metrics.collect_state(sessions=sessions, devices_view=devices_view)

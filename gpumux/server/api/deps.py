@@ -17,6 +17,7 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_ID, MAX_USER_CHARS
 from gpumux.server import identity
+from gpumux.server.api.forward import NodeClient
 from gpumux.server.api.shown import shown
 from gpumux.storage import tokens
 from gpumux.storage.budget import ReportBudget
@@ -44,6 +45,8 @@ class AppState:
     daemon_uid: int = field(default_factory=os.geteuid)
     # The node this daemon joined as; None for an app served without a scheduler (tests).
     node: NodeIdentity | None = None
+    # What asks other nodes for the logs of their trials.
+    node_client: NodeClient = field(default_factory=NodeClient)
 
 
 def get_state(request: Request) -> AppState:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import httpx
 from fastapi import HTTPException, status
@@ -19,6 +20,37 @@ log = logging.getLogger(__name__)
 NODE_SCHEME = "Node"
 # A node that does not answer in this long is taken as unreachable: the user is waiting.
 FORWARD_TIMEOUT_S = 10.0
+# An idle connection to another node is dropped after this long, before that node's uvicorn
+# closes it (5 s keep-alive): a request never goes out on a connection closing under it.
+FORWARD_KEEPALIVE_S = 2.0
+
+
+class NodeClient:
+    """The HTTP client this daemon asks other nodes with, one for the daemon's life: made at
+    its first request (the CA bundle loaded once, connections to each node kept between
+    requests), closed when the daemon stops."""
+
+    def __init__(self) -> None:
+        # Routes run in a thread pool: two first requests at once still make one client.
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+
+    def client(self) -> httpx.Client:
+        """The client, made at the first call."""
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(
+                    timeout=FORWARD_TIMEOUT_S,
+                    limits=httpx.Limits(keepalive_expiry=FORWARD_KEEPALIVE_S),
+                )
+            return self._client
+
+    def close(self) -> None:
+        """Close the client and its connections, if one was made."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 def node_authorization(node: NodeIdentity) -> str:
@@ -51,7 +83,13 @@ def _unavailable(trial: Trial, holder: Node | None) -> str | None:
 
 
 def trial_log(
-    *, asker: NodeIdentity, holder: Node | None, trial: Trial, offset: int | None, limit: int
+    *,
+    node_client: NodeClient,
+    asker: NodeIdentity,
+    holder: Node | None,
+    trial: Trial,
+    offset: int | None,
+    limit: int,
 ) -> LogChunk:
     """The trial's log as the node holding it serves it; 502/503 saying why it cannot."""
     why = _unavailable(trial, holder)
@@ -61,12 +99,11 @@ def trial_log(
     params: dict[str, int] = (
         {"limit": limit} if offset is None else {"offset": offset, "limit": limit}
     )
-    path = f"/nodes/{holder.id}/trials/{trial.id}/log"
+    url = f"{holder.url.rstrip('/')}/nodes/{holder.id}/trials/{trial.id}/log"
     try:
-        with httpx.Client(base_url=holder.url, timeout=FORWARD_TIMEOUT_S) as client:
-            response = client.get(
-                path, params=params, headers={"Authorization": node_authorization(asker)}
-            )
+        response = node_client.client().get(
+            url, params=params, headers={"Authorization": node_authorization(asker)}
+        )
     except httpx.HTTPError as error:
         log.warning("api: node %s at %s unreachable: %s", holder.name, holder.url, error)
         raise HTTPException(

@@ -71,7 +71,14 @@ def get_trial_log(
     here = state.node
     if here is not None and trial.node_id is not None and trial.node_id != here.id:
         holder = nodes.get_node(session=session, node_id=trial.node_id)
-        return forward.trial_log(asker=here, holder=holder, trial=trial, offset=offset, limit=limit)
+        return forward.trial_log(
+            node_client=state.node_client,
+            asker=here,
+            holder=holder,
+            trial=trial,
+            offset=offset,
+            limit=limit,
+        )
     return log_chunk(trial, offset, limit)
 
 

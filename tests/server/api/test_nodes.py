@@ -17,6 +17,7 @@ from builders import bearer, problem, served, stored_sweep
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.server.api import create_app
+from gpumux.server.api.forward import NodeClient
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
@@ -189,6 +190,8 @@ class Pair:
     node_a: NodeIdentity
     node_b: NodeIdentity
     trial_id: int
+    # What node A asks node B with.
+    node_client: NodeClient
 
 
 @pytest.fixture
@@ -203,12 +206,16 @@ def pair(tmp_path: Path, settings: Settings, sessions: Sessions) -> Iterator[Pai
         trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
         trial.log_path = str(log_path)
-    app_a = create_app(settings=settings, sessions=sessions, node=node_a)
+    node_client = NodeClient()
+    app_a = create_app(settings=settings, sessions=sessions, node=node_a, node_client=node_client)
     app_b = create_app(settings=settings, sessions=sessions, node=node_b)
-    with served(app_a, bearer(sessions)) as a, served(app_b) as b:
-        update_node(sessions, node_a.id, url=str(a.base_url))
-        update_node(sessions, node_b.id, url=str(b.base_url))
-        yield Pair(a, b, node_a, node_b, trial_id)
+    try:
+        with served(app_a, bearer(sessions)) as a, served(app_b) as b:
+            update_node(sessions, node_a.id, url=str(a.base_url))
+            update_node(sessions, node_b.id, url=str(b.base_url))
+            yield Pair(a, b, node_a, node_b, trial_id, node_client)
+    finally:
+        node_client.close()
 
 
 def test_a_trials_log_read_through_another_node_comes_from_the_node_that_holds_it(
@@ -223,6 +230,27 @@ def test_a_trials_log_read_through_another_node_comes_from_the_node_that_holds_i
     tail = pair.a.get(f"/trials/{pair.trial_id}/log").json()
     assert tail["data"] == LOG_TEXT
     assert f"node a reads the log of trial {pair.trial_id}" in caplog.text, "B served it"
+
+
+def test_forwarded_requests_share_one_client_until_it_is_closed(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[httpx.Client] = []
+    init = httpx.Client.__init__
+
+    def counted(client: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        made.append(client)
+        init(client, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "__init__", counted)
+    for offset in (0, 6, 17):
+        response = pair.a.get(f"/trials/{pair.trial_id}/log", params={"offset": offset})
+        assert response.status_code == 200, response.text
+        assert response.json()["data"] == LOG_TEXT[offset:]
+    # One client (one CA bundle loaded), made by the first request, the others reusing it.
+    assert len(made) == 1 and pair.node_client.client() is made[0]
+    pair.node_client.close()
+    assert made[0].is_closed
 
 
 def test_a_node_that_cannot_be_reached_is_a_502_naming_it_and_its_url(
