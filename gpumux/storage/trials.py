@@ -10,6 +10,7 @@ from gpumux.status import (
     NodeState,
     TrialStatus,
 )
+from gpumux.storage.dialects import dialect_for
 from gpumux.storage.models import Node, Sweep, Trial
 from gpumux.storage.nodes import NodeIdentity
 
@@ -61,12 +62,14 @@ def active_trials(*, session: Session, node_id: int | None = None) -> list[Trial
 
 def claim_trial(*, session: Session, trial_id: int, node: NodeIdentity | None) -> Trial | None:
     """The queued trial, locked for this node to launch, or None: no longer queued, locked by
-    another node's claim, or this node's lease lost (a lost node claims nothing)."""
+    another node's claim, or this node's lease lost or run out on the database's clock (not
+    yet marked lost, its trials are any other node's to requeue at its next heartbeat)."""
     if node is not None and not session.scalar(
         select(func.count()).where(
             Node.id == node.id,
             Node.incarnation == node.incarnation,
             Node.state == NodeState.active,
+            Node.lease_until > dialect_for(session.get_bind().engine.url).now(),
         )
     ):
         return None

@@ -176,6 +176,25 @@ def test_expiry_spares_a_node_that_renewed(db: Sessions, tmp_path: Path) -> None
     assert row(db, a).state is NodeState.active
 
 
+def test_a_node_whose_lease_ran_out_claims_nothing_until_it_renews(
+    db: Sessions, tmp_path: Path
+) -> None:
+    a = join(db, name="a", home="home-a")
+    with db.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 1)
+        (trial_id,) = (t.id for t in trial_store.list_trials(session=session, sweep_id=sweep.id)[0])
+    lapse(db, a)
+    with db.write.begin() as session:
+        assert trial_store.claim_trial(session=session, trial_id=trial_id, node=a) is None
+    # Still active, no node having expired it yet, but any node's next heartbeat may.
+    assert row(db, a).state is NodeState.active
+    with db.write.begin() as session:
+        assert membership.heartbeat(session=session, node=a, lease_s=LEASE_S)
+    with db.write.begin() as session:
+        claimed = trial_store.claim_trial(session=session, trial_id=trial_id, node=a)
+        assert claimed is not None and claimed.id == trial_id
+
+
 def test_leave_waits_for_the_active_trials(db: Sessions, tmp_path: Path) -> None:
     a = join(db)
     (trial_id,) = claimed_trials(db, tmp_path, a, 1)
