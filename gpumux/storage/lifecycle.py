@@ -44,6 +44,15 @@ def set_trial_status(
     return trial
 
 
+def record_started(*, session: Session, trial: Trial, pid: int, pid_started: int | None) -> None:
+    """The trial's command started, as process group `pid` (whose leader started at ticks
+    `pid_started`, None if unknown): the trial is running, and a later daemon finds its
+    processes by these."""
+    if trial.status is TrialStatus.starting:
+        set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    trial.pid, trial.pid_started = pid, pid_started
+
+
 def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None = None) -> None:
     """Derive a sweep's status from its trials' (called after every trial transition)."""
     counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]

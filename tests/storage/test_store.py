@@ -65,6 +65,24 @@ def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> 
         assert sweep.status == SweepStatus.finished and sweep.finished_at is not None
 
 
+def test_a_started_trial_runs_with_its_process_group(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 2)
+        starting, adopted = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        for trial in (starting, adopted):
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        # Adopted by a restarted daemon, it was recorded running before its leader was seen.
+        lifecycle.set_trial_status(session=session, trial=adopted, status=TrialStatus.running)
+        lifecycle.record_started(session=session, trial=starting, pid=4321, pid_started=2**40)
+        lifecycle.record_started(session=session, trial=adopted, pid=8765, pid_started=99)
+    with sessions.read() as session:
+        stored = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert [(t.status, t.pid, t.pid_started) for t in stored] == [
+            (TrialStatus.running, 4321, 2**40),
+            (TrialStatus.running, 8765, 99),
+        ]
+
+
 def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:
     with sessions.write.begin() as session:
         sweep = stored_sweep(session, tmp_path, 5)
