@@ -413,7 +413,7 @@ class Scheduler:
                     trial = trial_store.get_trial(session=session, trial_id=decision.trial_id)
                     attempt = self.watched[decision.trial_id].process.attempt
                     if trial is not None and self._holds(trial, attempt, "the pruning"):
-                        trial.error = decision.note
+                        lifecycle.note_pruned(session=session, trial=trial, note=decision.note)
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:
         running = list(self.watched.items())

@@ -53,6 +53,12 @@ def record_started(*, session: Session, trial: Trial, pid: int, pid_started: int
     trial.pid, trial.pid_started = pid, pid_started
 
 
+def note_pruned(*, session: Session, trial: Trial, note: str) -> None:
+    """The pruner stops the running trial, for `note` (a `PruneNote`): kept as its error now,
+    for its end to carry into the pruned status (the trial reports on until the signal lands)."""
+    trial.error = note
+
+
 def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None = None) -> None:
     """Derive a sweep's status from its trials' (called after every trial transition)."""
     counts = sweep_store.trial_counts(session=session, sweep_ids=[sweep.id])[sweep.id]
