@@ -8,7 +8,7 @@ from builders import ample_budget, stored_running_trial, stored_sweep, sweep_pla
 from gpumux.fields import MAX_ID
 from gpumux.schemas.reports import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
-from gpumux.storage import lifecycle
+from gpumux.storage import lifecycle, membership
 from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import sweeps as sweep_store
@@ -81,6 +81,34 @@ def test_a_started_trial_runs_with_its_process_group(sessions: Sessions, tmp_pat
             (TrialStatus.running, 4321, 2**40),
             (TrialStatus.running, 8765, 99),
         ]
+
+
+def test_a_trial_written_before_nodes_existed_becomes_the_finders_own(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        here, there = (
+            membership.join(
+                session=session,
+                name=name,
+                home=f"home-{name}",
+                url=None,
+                pid=1,
+                lease_s=30,
+                lost_retries=2,
+            ).id
+            for name in ("here", "there")
+        )
+        sweep = stored_sweep(session, tmp_path, 2)
+        nodeless, elsewhere = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        lifecycle.set_trial_status(
+            session=session, trial=elsewhere, status=TrialStatus.starting, node_id=there
+        )
+        for trial in (nodeless, elsewhere):
+            trial_store.adopt_nodeless(session=session, trial=trial, node_id=here)
+    with sessions.read() as session:
+        stored = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert [t.node_id for t in stored] == [here, there]
 
 
 def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:
