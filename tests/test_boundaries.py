@@ -5,15 +5,14 @@ from __future__ import annotations
 import ast
 import os
 import pkgutil
-import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from sourcetree import ROOT, copy_of_the_package, scopes
 
-ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(
@@ -31,12 +30,6 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-
-
-def copy_of_the_package(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "gpumux", tmp_path / "gpumux", ignore=shutil.ignore_patterns("web"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    return tmp_path
 
 
 def test_the_runtime_contract_forbids_every_other_top_level_module() -> None:
@@ -130,30 +123,67 @@ def queries_outside_storage(package: Path) -> list[str]:
         where = path.relative_to(package.parent)
         if where.parts[1] == "storage":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [f"{node.module}.{alias.name}" for alias in node.names]
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in SESSION_QUERIES
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "session"
-            ):
-                names = [f"session.{node.func.attr}"]
-            else:
-                continue
-            found += [
-                f"{where}:{node.lineno}: {name}"
-                for name in names
-                if (name.startswith("sqlalchemy") or name.startswith("session."))
-                and not any(
-                    name == allowed or name.startswith(f"{allowed}.")
-                    for allowed in ALLOWED_OUTSIDE_STORAGE
-                )
-            ]
+        for nodes in scopes(ast.parse(path.read_text(), str(path))):
+            found += _queries(where, nodes, _sessions(nodes))
+    return found
+
+
+def _sessions(nodes: list[ast.AST]) -> set[str]:
+    """The names that hold a session in one function (or in the rest of a module): `session`,
+    a parameter annotated `Session`, and what a `with` over `Sessions.read()`, a write's
+    `begin()` or `Session(...)` binds."""
+    names = {"session"}
+    for node in nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            every = arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+            names |= {a.arg for a in every if "Session" in _named(a.annotation)}
+        elif (
+            isinstance(node, ast.withitem)
+            and isinstance(node.optional_vars, ast.Name)
+            and isinstance(node.context_expr, ast.Call)
+            and _named(node.context_expr.func) & {"read", "begin", "Session"}
+        ):
+            names.add(node.optional_vars.id)
+    return names
+
+
+def _named(node: ast.expr | None) -> set[str]:
+    """The names an expression mentions, dotted ones by their last part."""
+    return {
+        sub.id if isinstance(sub, ast.Name) else sub.attr
+        for sub in (ast.walk(node) if node is not None else ())
+        if isinstance(sub, (ast.Name, ast.Attribute))
+    }
+
+
+def _queries(where: Path, nodes: list[ast.AST], sessions: set[str]) -> list[str]:
+    """The imports of SQLAlchemy and the session queries among `nodes` that break the rule."""
+    found: list[str] = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SESSION_QUERIES
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in sessions
+        ):
+            names = [f"session.{node.func.attr}"]
+        else:
+            continue
+        found += [
+            f"{where}:{node.lineno}: {name}"
+            for name in names
+            if (name.startswith("sqlalchemy") or name.startswith("session."))
+            and not any(
+                name == allowed or name.startswith(f"{allowed}.")
+                for allowed in ALLOWED_OUTSIDE_STORAGE
+            )
+        ]
     return found
 
 
@@ -169,6 +199,13 @@ def test_every_query_and_row_written_is_in_storage() -> None:
         ("gpumux/server/api/sweeps.py", "import sqlalchemy.sql"),
         ("gpumux/splits/searches.py", "def sneak(session):\n    session.add(None)"),
         ("gpumux/scheduling/next_trials.py", "def sneak(session):\n    session.scalars(None)"),
+        ("gpumux/scheduling/loop.py", "def sneak(db: Session) -> None:\n    db.execute(None)"),
+        (
+            "gpumux/scheduling/lines.py",
+            "def sneak(sessions: Sessions) -> None:\n"
+            "    with sessions.write.begin() as db:\n"
+            "        db.add(None)",
+        ),
     ],
 )
 def test_a_query_outside_storage_is_found(tmp_path: Path, module: str, line: str) -> None:

@@ -26,7 +26,7 @@ from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial, token_hash, utcnow
+from gpumux.storage.models import Sweep, Trial, utcnow
 from gpumux.storage.nodes import NodeIdentity
 
 log = logging.getLogger(__name__)
@@ -120,26 +120,17 @@ class Launcher:
         log_path = self.settings.layout.trial_log(
             sweep_id=trial.sweep_id, trial_id=trial.id, attempt=trial.attempt
         )
-        lifecycle.set_trial_status(
+        lifecycle.record_launch(
             session=session,
             trial=trial,
-            status=TrialStatus.starting,
             node_id=None if self.node is None else self.node.id,
             device=chosen.device_key,
             slot=chosen.slot,
             split=chosen.split,
             memory_limit_mb=chosen.memory_limit_mb,
             cpu_threads=chosen.cpu_threads,
-            token_hash=token_hash(token),
+            token=token,
             log_path=str(log_path),
-            log_scanned=0,
-            step=None,
-            objective=None,
-            exit_code=None,
-            signal=None,
-            pid=None,
-            pid_started=None,
-            started_at=utcnow(),
         )
         sweep = trial.sweep
         setup = kind_of(device).trial_setup(

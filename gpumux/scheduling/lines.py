@@ -186,8 +186,8 @@ class LogReports:
                     trial=trial,
                     reports=_timed(batches, None if since is None else now - since),
                     budget=self.budget,
+                    read_to=scanned,
                 )
-                trial.log_scanned = scanned
 
 
 def _timed(batches: list[_Batch], elapsed: timedelta | None) -> list[Incoming]:

@@ -41,7 +41,6 @@ from gpumux.scheduling.reconcile import reconcile, stop_reason
 from gpumux.scheduling.watched import Running, Watched
 from gpumux.search.studies import Studies
 from gpumux.splits.searches import SplitSearches
-from gpumux.status import TrialStatus
 from gpumux.storage import backlog, lifecycle
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -338,11 +337,9 @@ class Scheduler:
                 trial = trial_store.get_trial(session=session, trial_id=trial_id)
                 attempt = self.watched[trial_id].process.attempt
                 if trial is not None and self._holds(trial, attempt, "its start"):
-                    if trial.status is TrialStatus.starting:
-                        lifecycle.set_trial_status(
-                            session=session, trial=trial, status=TrialStatus.running
-                        )
-                    trial.pid, trial.pid_started = pid, started
+                    lifecycle.record_started(
+                        session=session, trial=trial, pid=pid, pid_started=started
+                    )
         for trial_id in leaders:
             self.watched[trial_id].leader_recorded = True
 
@@ -416,7 +413,7 @@ class Scheduler:
                     trial = trial_store.get_trial(session=session, trial_id=decision.trial_id)
                     attempt = self.watched[decision.trial_id].process.attempt
                     if trial is not None and self._holds(trial, attempt, "the pruning"):
-                        trial.error = decision.note
+                        lifecycle.note_pruned(session=session, trial=trial, note=decision.note)
 
     def _trials_of_cancelled_sweeps(self) -> list[int]:
         running = list(self.watched.items())

@@ -45,8 +45,7 @@ def reconcile(
     for trial in trial_store.active_trials(session=session, node_id=node_id):
         if trial.id in watched:
             continue
-        if trial.node_id is None:
-            trial.node_id = node_id
+        trial_store.adopt_nodeless(session=session, trial=trial, node_id=node_id)
         directory = run_dir(settings, trial)
         end = recorded_end(directory, trial.attempt)
         if end is None:

@@ -18,7 +18,7 @@ from gpumux.status import (
     TrialStatus,
 )
 from gpumux.storage import sweeps as sweep_store
-from gpumux.storage.models import Sweep, Trial, utcnow
+from gpumux.storage.models import Sweep, Trial, token_hash, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,61 @@ def set_trial_status(
     session.flush()
     refresh_sweep_status(session=session, sweep=trial.sweep)
     return trial
+
+
+def record_launch(
+    *,
+    session: Session,
+    trial: Trial,
+    node_id: int | None,
+    device: str,
+    slot: int,
+    split: int,
+    memory_limit_mb: int | None,
+    cpu_threads: int | None,
+    token: str,
+    log_path: str,
+) -> None:
+    """The trial's attempt is launched on node `node_id` (None: the only scheduler) in `slot`
+    of `device` at `split`, with its cap, its report token (kept as its hash) and its log: it
+    is starting, and what an earlier attempt left (its step, objective, exit, process group,
+    and where its log was read to) is cleared."""
+    set_trial_status(
+        session=session,
+        trial=trial,
+        status=TrialStatus.starting,
+        node_id=node_id,
+        device=device,
+        slot=slot,
+        split=split,
+        memory_limit_mb=memory_limit_mb,
+        cpu_threads=cpu_threads,
+        token_hash=token_hash(token),
+        log_path=log_path,
+        log_scanned=0,
+        step=None,
+        objective=None,
+        exit_code=None,
+        signal=None,
+        pid=None,
+        pid_started=None,
+        started_at=utcnow(),
+    )
+
+
+def record_started(*, session: Session, trial: Trial, pid: int, pid_started: int | None) -> None:
+    """The trial's command started, as process group `pid` (whose leader started at ticks
+    `pid_started`, None if unknown): the trial is running, and a later daemon finds its
+    processes by these."""
+    if trial.status is TrialStatus.starting:
+        set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    trial.pid, trial.pid_started = pid, pid_started
+
+
+def note_pruned(*, session: Session, trial: Trial, note: str) -> None:
+    """The pruner stops the running trial, for `note` (a `PruneNote`): kept as its error now,
+    for its end to carry into the pruned status (the trial reports on until the signal lands)."""
+    trial.error = note
 
 
 def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None = None) -> None:

@@ -102,15 +102,23 @@ def add_report(
 
 
 def add_line_reports(
-    *, session: Session, trial: Trial, reports: Sequence[Incoming], budget: ReportBudget
+    *,
+    session: Session,
+    trial: Trial,
+    reports: Sequence[Incoming],
+    budget: ReportBudget,
+    read_to: int,
 ) -> list[Verdict]:
     """Record the GPUMUX_REPORT lines that the daemon read in the log of the trial's current
-    attempt, within its budget.
+    attempt, within its budget, and the offset of its output they were read up to: stored with
+    them, so that a restarted daemon reads on from there and finds none of them twice.
 
     Its status is not checked: the last lines of a trial that just ended count too. A line says
     no interval: the reader gives each report the seconds its samples took.
     """
-    return _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
+    verdicts = _record(session=session, trial=trial, kind="line", reports=reports, budget=budget)
+    trial.log_scanned = read_to
+    return verdicts
 
 
 def _record(

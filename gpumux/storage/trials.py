@@ -90,3 +90,10 @@ def still_held(trial: Trial, *, node_id: int | None, attempt: int) -> str | None
     if node_id is not None and trial.node_id not in (node_id, None):
         return f"now on node {trial.node_id}"
     return None
+
+
+def adopt_nodeless(*, session: Session, trial: Trial, node_id: int | None) -> None:
+    """A trial written before nodes existed (it has none) becomes `node_id`'s: the one daemon
+    of those days is the node that finds it active. Another node's trial stays its own."""
+    if trial.node_id is None:
+        trial.node_id = node_id

@@ -114,7 +114,9 @@ def test_a_report_merged_into_its_steps_row_after_a_look_is_judged(
             trial = trial_store.get_trial(session=session, trial_id=trial_id)
             assert trial is not None
             reports = [Incoming(step=0, samples=None, metrics={"loss": loss})]
-            return add_line_reports(session=session, trial=trial, reports=reports, budget=budget)[0]
+            return add_line_reports(
+                session=session, trial=trial, reports=reports, budget=budget, read_to=0
+            )[0]
 
     studies = Studies()
     # The first batches of step 0 hold the median; the step ends far worse, within the second

@@ -77,12 +77,13 @@ def report_lines(
     with sessions.write.begin() as session:
         trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        for step, value in lines:
+        for line, (step, value) in enumerate(lines, 1):
             report_store.add_line_reports(
                 session=session,
                 trial=trial,
                 reports=[Incoming(step=step, samples=1.0, metrics={"val_loss": value})],
                 budget=budget,
+                read_to=line * 64,
             )
 
 

@@ -45,11 +45,13 @@ def test_a_line_report_sets_the_step_and_the_objective(sessions: Sessions, tmp_p
             session=session,
             trial=trial,
             reports=[Incoming(step=3, samples=512.0, metrics={"val_loss": 0.41})],
+            read_to=4096,
         )
         assert verdict is Verdict.row
 
     trial = the_trial(sessions, trial_id)
     assert (trial.step, trial.objective) == (3, 0.41)
+    assert trial.log_scanned == 4096, "a restarted daemon reads on from the lines recorded"
     assert trial.samples_per_s == 25, "a line has no interval: the last measured rate stays"
     with sessions.read() as session:
         reports, count = report_store.list_reports(session=session, trial_id=trial_id)
@@ -77,12 +79,14 @@ def test_a_line_without_step_or_objective_keeps_them(sessions: Sessions, tmp_pat
             session=session,
             trial=trial,
             reports=[Incoming(step=1, samples=None, metrics={"val_loss": 0.5})],
+            read_to=100,
         )
         report_store.add_line_reports(
             budget=ample_budget(),
             session=session,
             trial=trial,
             reports=[Incoming(step=None, samples=None, metrics={"loss": 0.1})],
+            read_to=200,
         )
 
     trial = the_trial(sessions, trial_id)
@@ -103,6 +107,7 @@ def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
             session=session,
             trial=trial,
             reports=[Incoming(step=9, samples=None, metrics={"val_loss": 0.2})],
+            read_to=300,
         )
 
     trial = the_trial(sessions, trial_id)

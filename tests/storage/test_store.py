@@ -4,16 +4,19 @@ from pathlib import Path
 
 import pytest
 from builders import ample_budget, stored_running_trial, stored_sweep, sweep_plan
+from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_ID
 from gpumux.schemas.reports import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
-from gpumux.storage import lifecycle
+from gpumux.storage import lifecycle, membership
 from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Trial, token_hash
+from gpumux.storage.reports import Incoming
 
 
 def test_create_sweep_queues_one_trial_per_parameter_set(
@@ -63,6 +66,90 @@ def test_sweep_status_follows_its_trials(sessions: Sessions, tmp_path: Path) -> 
         lifecycle.set_trial_status(session=session, trial=second, status=TrialStatus.starting)
         lifecycle.set_trial_status(session=session, trial=second, status=TrialStatus.failed)
         assert sweep.status == SweepStatus.finished and sweep.finished_at is not None
+
+
+def test_a_launch_clears_what_the_previous_attempt_left(sessions: Sessions, tmp_path: Path) -> None:
+    def launch(session: Session, trial: Trial, token: str, memory_limit_mb: int | None) -> None:
+        lifecycle.record_launch(
+            session=session,
+            trial=trial,
+            node_id=None,
+            device="cpu",
+            slot=0,
+            split=2,
+            memory_limit_mb=memory_limit_mb,
+            cpu_threads=None if memory_limit_mb is None else 2,
+            token=token,
+            log_path=str(tmp_path / "log"),
+        )
+
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
+        [trial] = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        launch(session, trial, "first", 4000)
+        lifecycle.record_started(session=session, trial=trial, pid=4321, pid_started=7)
+        report_store.add_line_reports(
+            session=session,
+            trial=trial,
+            reports=[Incoming(step=3, samples=None, metrics={"val_loss": 0.4})],
+            budget=ample_budget(),
+            read_to=512,
+        )
+        lifecycle.requeue(session=session, trial=trial, why="was cut off", then="requeued")
+        launch(session, trial, "second", None)
+    with sessions.read() as session:
+        [stored] = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert (stored.status, stored.attempt, stored.split) == (TrialStatus.starting, 2, 2)
+        assert stored.token_hash == token_hash("second")
+        assert (stored.memory_limit_mb, stored.cpu_threads) == (None, None)
+        left = (stored.step, stored.objective, stored.pid, stored.pid_started, stored.log_scanned)
+        assert left == (None, None, None, None, 0)
+
+
+def test_a_started_trial_runs_with_its_process_group(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 2)
+        starting, adopted = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        for trial in (starting, adopted):
+            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+        # Adopted by a restarted daemon, it was recorded running before its leader was seen.
+        lifecycle.set_trial_status(session=session, trial=adopted, status=TrialStatus.running)
+        lifecycle.record_started(session=session, trial=starting, pid=4321, pid_started=2**40)
+        lifecycle.record_started(session=session, trial=adopted, pid=8765, pid_started=99)
+    with sessions.read() as session:
+        stored = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert [(t.status, t.pid, t.pid_started) for t in stored] == [
+            (TrialStatus.running, 4321, 2**40),
+            (TrialStatus.running, 8765, 99),
+        ]
+
+
+def test_a_trial_written_before_nodes_existed_becomes_the_finders_own(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        here, there = (
+            membership.join(
+                session=session,
+                name=name,
+                home=f"home-{name}",
+                url=None,
+                pid=1,
+                lease_s=30,
+                lost_retries=2,
+            ).id
+            for name in ("here", "there")
+        )
+        sweep = stored_sweep(session, tmp_path, 2)
+        nodeless, elsewhere = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        lifecycle.set_trial_status(
+            session=session, trial=elsewhere, status=TrialStatus.starting, node_id=there
+        )
+        for trial in (nodeless, elsewhere):
+            trial_store.adopt_nodeless(session=session, trial=trial, node_id=here)
+    with sessions.read() as session:
+        stored = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert [t.node_id for t in stored] == [here, there]
 
 
 def test_cancel_drops_queued_trials_in_one_statement(sessions: Sessions, tmp_path: Path) -> None:

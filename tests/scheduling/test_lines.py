@@ -1,0 +1,35 @@
+"""Report lines read from running trials' logs: recorded once, even across a daemon restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builders import ample_budget, stored_running_trial
+
+from gpumux.scheduling.lines import LogReports
+from gpumux.storage import reports as report_store
+from gpumux.storage import trials as trial_store
+from gpumux.storage.engine import Sessions
+
+
+def test_a_restarted_daemon_reads_on_from_the_offset_stored_with_the_reports(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "trial.log"
+    first = b'GPUMUX_REPORT {"step": 0, "val_loss": 0.9}\nnoise\n'
+    log_path.write_bytes(first)
+    with sessions.write.begin() as session:
+        trial_id = stored_running_trial(session, tmp_path, log_path=str(log_path))
+
+    LogReports(sessions=sessions, budget=ample_budget()).collect()
+    with log_path.open("ab") as log:
+        log.write(b'GPUMUX_REPORT {"step": 1, "val_loss": 0.5}\n')
+    # A new reader, as a restarted daemon has: it knows only what the database holds.
+    LogReports(sessions=sessions, budget=ample_budget()).collect()
+
+    with sessions.read() as session:
+        reports, _ = report_store.list_reports(session=session, trial_id=trial_id)
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
+        assert trial is not None
+        assert [report.step for report in reports] == [0, 1], "each line recorded once"
+        assert trial.log_scanned == log_path.stat().st_size
