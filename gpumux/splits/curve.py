@@ -278,6 +278,17 @@ def _descend(
     return Decision(split=leader.split, settled=True, reason=reason)
 
 
+def smallest_within(curve: Sequence[CurvePoint], *, threshold: float) -> int:
+    """The smallest N of a curve (not empty) that does as well as its best: the best gains less
+    than `threshold` over it."""
+    best = max(curve, key=lambda point: point.throughput)
+    return min(
+        point.split
+        for point in curve
+        if point is best or _does_as_well(point, best, margin=threshold)
+    )
+
+
 def _does_as_well(lower: CurvePoint, leader: CurvePoint, *, margin: float) -> bool:
     """Whether a lower N does as well as the leader: the leader gains less than `margin` over it
     (with no margin, it measured at least as much)."""

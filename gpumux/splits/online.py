@@ -332,12 +332,12 @@ class SplitSearch:
 
     def _cannot_fill(self, *, left: int) -> bool:
         """Whether the sweep's trials left here (running and queued) cannot fill the N the
-        search climbs to next: it then settles on the best it measured, saying so, rather than
-        end unsettled (on a big GPU a first sweep has a few waves: the N above the last is
-        rarely reachable)."""
-        measured = max((point.split for point in self.curve), default=self.split)
-        if left >= self.split or self.split <= measured:
+        search measures next: it then settles on what it measured, saying so, rather than end
+        unsettled (on a big GPU a first sweep has a few waves: the N above the last is rarely
+        reachable, nor, after a few waves, an N below the start)."""
+        if left >= self.split or not self.curve:
             return False
+        measured = max(point.split for point in self.curve)
         decision = split_curve.next_split(
             self.curve,
             ceiling=measured,
@@ -345,15 +345,23 @@ class SplitSearch:
             oom_at=self.oom_at,
             start=self.start,
         )
-        if not decision.settled:
-            return False
+        if self.split > measured and decision.settled:
+            using = f"N={decision.split}, the best of {len(self.curve)} point(s) measured"
+        else:
+            # A descent or a bisection below the largest N measured: the smallest N measured
+            # that does as well, as the finished search would settle on.
+            split = split_curve.smallest_within(self.curve, threshold=self.timing.threshold)
+            using = (
+                f"N={split}, the smallest of {len(self.curve)} point(s) measured within "
+                f"{self.timing.threshold:.0%} of the best"
+            )
+            decision = replace(decision, split=split, settled=True)
         self.phase_start = self.filling_since = None
+        if self.start != 1:
+            using = f"{using}; started at N={self.start}: {self.origin}"
         self.decision = replace(
             decision,
-            reason=(
-                f"{left} trial(s) of the sweep left cannot fill N={self.split}: using "
-                f"N={decision.split}, the best of {len(self.curve)} point(s) measured"
-            ),
+            reason=f"{left} trial(s) of the sweep left cannot fill N={self.split}: using {using}",
         )
         return True
 

@@ -631,3 +631,23 @@ def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
         reason="2 trial(s) of the sweep left cannot fill N=3: using N=2, the best of 2 point(s) "
         "measured",
     )
+
+
+def test_a_descent_the_trials_left_cannot_fill_settles_on_the_smallest_n_that_does_as_well(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    search.start, search.origin = 5, "a guess"
+    # N=8 gains 4% on the start: a knee, and the search goes below the start, to 3.
+    search.curve = [CurvePoint(split=5, throughput=100.0), CurvePoint(split=8, throughput=104.0)]
+    search.decision = search._decide()
+    assert (search.split, search.decision.settled) == (3, False)
+
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=utcnow(), running=0, queued=2, sweep_id=1)
+
+    assert (search.split, search.decision.settled) == (5, True)
+    assert search.decision.reason == (
+        "2 trial(s) of the sweep left cannot fill N=3: using N=5, the smallest of 2 point(s) "
+        "measured within 5% of the best; started at N=5: a guess"
+    )
