@@ -25,6 +25,7 @@ from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
+from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,11 @@ class SlotFiller:
         launcher: Launcher,
         watched: Watched,
         overheads: Overheads,
-        node_id: int | None = None,
+        here: ThisNode | None = None,
     ) -> None:
         self.settings = settings
         # Placement counts this node's trials on its devices; fair share counts every node's.
-        self.node_id = node_id
+        self.here = here or ThisNode()
         self.sessions = sessions
         self.searches = searches
         self.studies = studies
@@ -86,7 +87,7 @@ class SlotFiller:
         with self.sessions.read() as session:
             everywhere = trial_store.active_trials(session=session)
             active = [
-                t for t in everywhere if self.node_id is None or t.node_id in (self.node_id, None)
+                t for t in everywhere if self.here.id is None or t.node_id in (self.here.id, None)
             ]
             # No device holds more than MAX_SPLIT trials: no more can be placed in one tick.
             queued = next_trials(session=session, limit=MAX_SPLIT * max(1, len(devices)))
@@ -194,13 +195,13 @@ class SlotFiller:
 
     def other_nodes(self) -> list[OtherNode]:
         """The other active nodes and their devices, none when this scheduler owns every trial."""
-        if self.node_id is None:
+        if self.here.id is None:
             return []
         with self.sessions.read() as session:
             return [
                 OtherNode(name=node.name, devices=list(node.devices))
                 for node in nodes.active_nodes(session=session)
-                if node.id != self.node_id
+                if node.id != self.here.id
             ]
 
     def asked(self, trial_id: int, sweep_id: int) -> int | None:

@@ -27,7 +27,7 @@ from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, utcnow
-from gpumux.storage.nodes import NodeIdentity
+from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,18 @@ class Launcher:
         sessions: Sessions,
         url: str,
         spawner: Spawner | None = None,
-        node: NodeIdentity | None = None,
+        here: ThisNode | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         # The node incarnation that claims: a claim needs its lease to hold.
-        self.node = node
+        self.here = here or ThisNode()
         # Forks the supervisors, when the daemon runs one; else each starts afresh.
         self.spawner = spawner
         # Where trials report: the daemon's first listening address.
         self.url = url
         # A scheduler that runs for no node (a tool, a test) holds no lease to watch.
-        lease_file = None if node is None else node_lease_file(settings, sessions)
+        lease_file = None if self.here.identity is None else node_lease_file(settings, sessions)
         self.options = SupervisorOptions(
             kill_grace=settings.kill_grace,
             heartbeat_interval=settings.heartbeat_interval,
@@ -75,7 +75,7 @@ class Launcher:
         # One transaction, one commit: a launch's every write waits for the disk.
         with self.sessions.write.begin() as session:
             trial = trial_store.claim_trial(
-                session=session, trial_id=chosen.trial_id, node=self.node
+                session=session, trial_id=chosen.trial_id, node=self.here.identity
             )
             if trial is None:
                 return None
@@ -123,7 +123,7 @@ class Launcher:
         lifecycle.record_launch(
             session=session,
             trial=trial,
-            node_id=None if self.node is None else self.node.id,
+            node_id=self.here.id,
             device=chosen.device_key,
             slot=chosen.slot,
             split=chosen.split,
@@ -159,11 +159,13 @@ class Launcher:
 
     def fail_unstarted(self, trial_id: int, error: str) -> None:
         """Record a trial that could not start as failed, with the reason."""
-        node_id = None if self.node is None else self.node.id
+        node_id = self.here.id
         with self.sessions.write.begin() as session:
             trial = trial_store.get_trial(session=session, trial_id=trial_id)
             if trial is not None and trial.status is TrialStatus.queued:
-                trial = trial_store.claim_trial(session=session, trial_id=trial_id, node=self.node)
+                trial = trial_store.claim_trial(
+                    session=session, trial_id=trial_id, node=self.here.identity
+                )
             elif trial is not None and trial.status is TrialStatus.starting:
                 trial = trial if trial.node_id in (node_id, None) else None
             else:

@@ -26,6 +26,7 @@ from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import utcnow
+from gpumux.storage.nodes import ThisNode
 from gpumux.storage.reports import Incoming
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,12 @@ class LogReports:
     """Reads the report lines of the running trials from their logs and records them."""
 
     def __init__(
-        self, *, sessions: Sessions, budget: ReportBudget, node_id: int | None = None
+        self, *, sessions: Sessions, budget: ReportBudget, here: ThisNode | None = None
     ) -> None:
         self.sessions = sessions
         self.budget = budget
         # This node's trials only: another node's logs are on its own disk.
-        self.node_id = node_id
+        self.here = here or ThisNode()
         # One reader per (trial, attempt), from the offset stored with the trial.
         self._readers: dict[tuple[int, int], _Reader] = {}
         self._warned: set[tuple[int, int]] = set()
@@ -80,7 +81,7 @@ class LogReports:
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
-                for trial in trial_store.active_trials(session=session, node_id=self.node_id)
+                for trial in trial_store.active_trials(session=session, node_id=self.here.id)
                 if trial.log_path is not None and (only is None or trial.id in only)
             ]
         live = {(trial_id, attempt) for trial_id, attempt, _, _ in targets}
@@ -172,7 +173,7 @@ class LogReports:
                 trial = trial_store.get_trial(session=session, trial_id=trial_id)
                 if trial is None:
                     continue
-                if trial_store.still_held(trial, node_id=self.node_id, attempt=attempt) is not None:
+                if trial_store.still_held(trial, node_id=self.here.id, attempt=attempt) is not None:
                     continue
                 now = utcnow()
                 reader = self._readers.get((trial_id, attempt))

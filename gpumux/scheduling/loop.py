@@ -47,7 +47,7 @@ from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial, utcnow
-from gpumux.storage.nodes import NodeIdentity
+from gpumux.storage.nodes import NodeIdentity, ThisNode
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ class Scheduler:
         self.settings = settings
         # The node this scheduler runs trials for: it claims, watches and records only its
         # own. None: the database's only scheduler (a tool, a test), which owns every trial.
-        self.node = node
+        # Its collaborators share this one object: a rejoin changes it for all of them.
+        self.here = ThisNode(node)
         # Told how long each tick took (the daemon's /metrics histogram).
         self.on_tick = on_tick
         self.sessions = sessions
@@ -81,17 +82,16 @@ class Scheduler:
         self.probe = probe
         self.devices: list[DeviceSnapshot] = []
         self.overheads = Overheads(configured_mb=settings.overhead_mb)
-        self.searches = SplitSearches(settings, overheads=self.overheads)
-        self.searches.node_id = None if node is None else node.id
+        self.searches = SplitSearches(settings, overheads=self.overheads, here=self.here)
         self.watched = Watched(
             kill_grace=settings.kill_grace, heartbeat_timeout=settings.heartbeat_timeout
         )
         self.studies = Studies()
         # Shared with the API's report route (default: the settings' own).
         self.budget = budget or ReportBudget.of(settings)
-        self.lines = LogReports(sessions=sessions, budget=self.budget, node_id=self.node_id)
+        self.lines = LogReports(sessions=sessions, budget=self.budget, here=self.here)
         self.launcher = Launcher(
-            settings=settings, sessions=sessions, url=url, spawner=spawner, node=node
+            settings=settings, sessions=sessions, url=url, spawner=spawner, here=self.here
         )
         self.filler = SlotFiller(
             settings=settings,
@@ -101,7 +101,7 @@ class Scheduler:
             launcher=self.launcher,
             watched=self.watched,
             overheads=self.overheads,
-            node_id=self.node_id,
+            here=self.here,
         )
         self._probed_at = float("-inf")
         # Our trials' processes seen since the devices were last probed: one that ended since
@@ -123,18 +123,21 @@ class Scheduler:
         return len(self.watched)
 
     @property
+    def node(self) -> NodeIdentity | None:
+        """This scheduler's node incarnation, None when it owns every trial."""
+        return self.here.identity
+
+    @property
     def node_id(self) -> int | None:
         """The id of this scheduler's node, None when it owns every trial."""
-        return None if self.node is None else self.node.id
+        return self.here.id
 
     async def use_node(self, node: NodeIdentity) -> None:
         """Run trials for this node incarnation from now on (after a rejoin)."""
         await self._in_worker(self._use_node, node)
 
     def _use_node(self, node: NodeIdentity) -> None:
-        self.node = node
-        self.launcher.node = node
-        self.filler.node_id = self.lines.node_id = self.searches.node_id = node.id
+        self.here.identity = node
         self.wake()
 
     async def abandon(self) -> None:

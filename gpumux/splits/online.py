@@ -44,6 +44,7 @@ from gpumux.splits import curve as split_curve
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
 from gpumux.storage.models import Profile, Sweep, Trial
+from gpumux.storage.nodes import ThisNode
 from gpumux.throughput import (
     SAMPLES_PER_S,
     STEPS_PER_S,
@@ -143,8 +144,8 @@ class SplitSearch:
     lowered: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
-    # The node whose device this is, on a database several nodes share (None: the only one).
-    node_id: int | None = None
+    # The node whose device this is, on a database several nodes share (none: the only one).
+    here: ThisNode = field(default_factory=ThisNode, repr=False, compare=False)
     # The cores that do the trials' work where the device is the host's CPU (None: a GPU).
     cores: int | None = None
     # Points that could not be, and why the search stopped for this sweep (None: it goes on).
@@ -176,6 +177,7 @@ class SplitSearch:
         guess: FirstSplit | None = None,
         cores: int | None = None,
         workdir: str | None = None,
+        here: ThisNode | None = None,
     ) -> SplitSearch:
         """A search for this workload, from the best prior: its stored profile, a similar
         workload's, else `guess` (the device kind's; none: from N=1)."""
@@ -193,6 +195,7 @@ class SplitSearch:
             ceiling=ceiling,
             timing=timing,
             cores=cores,
+            here=here or ThisNode(),
         )
         profile = profile_store.get_profile(
             session=session, device_name=device_name, fingerprint=search.fingerprint
@@ -413,7 +416,7 @@ class SplitSearch:
         if all(point.seconds_per_trial is not None for point in self.curve):
             return False
         times = report_store.run_times(
-            session=session, sweep_id=sweep_id, device=self.device_key, node_id=self.node_id
+            session=session, sweep_id=sweep_id, device=self.device_key, node_id=self.here.id
         )
         timed = [
             point
@@ -531,7 +534,7 @@ class SplitSearch:
                 device=self.device_key,
                 split=self.split,
                 since=start,
-                node_id=self.node_id,
+                node_id=self.here.id,
             )
             if self._ours(trial)
         ]

@@ -25,6 +25,7 @@ from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
 from gpumux.status import SweepStatus
 from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
+from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,16 @@ class SplitSearches:
     one profile.
     """
 
-    def __init__(self, settings: Settings, overheads: Overheads | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        overheads: Overheads | None = None,
+        here: ThisNode | None = None,
+    ) -> None:
         self.settings = settings
         # The node whose devices these are, on a database several nodes share: another
         # node's trials run on another machine's devices, whatever their keys.
-        self.node_id: int | None = None
+        self.here = here or ThisNode()
         # The per-process overhead placement budgets with, so that the ceiling divides by the
         # same figure; a SplitSearches of its own (a tool, a test) measures none.
         self.overheads = (
@@ -96,8 +102,8 @@ class SplitSearches:
                 timing=self.timing,
                 guess=kind.first_split(device, ceiling, steps=SEQUENCE, cores=self.host_cores),
                 cores=kind.work_cores(device),
+                here=self.here,
             )
-            self._searches[key].node_id = self.node_id
         return self._searches[key]
 
     def observe(
@@ -116,7 +122,7 @@ class SplitSearches:
         the memory each measured trial holds. Returns the searches whose curve or decision
         changed: their profiles need saving.
         """
-        on = ActiveTrials.now(session=session, node_id=self.node_id)
+        on = ActiveTrials.now(session=session, node_id=self.here.id)
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         workload = {
             sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting

@@ -24,6 +24,20 @@ class NodeIdentity:
     secret: str = field(repr=False)
 
 
+class ThisNode:
+    """The node a scheduler runs trials for, one object its collaborators share (the launcher,
+    the filler, the log readers, the split searches): a rejoin changes it for all of them at
+    once. Without an identity, the database's only scheduler (a tool, a test), which owns every
+    trial."""
+
+    def __init__(self, identity: NodeIdentity | None = None) -> None:
+        self.identity = identity
+
+    @property
+    def id(self) -> int | None:
+        return None if self.identity is None else self.identity.id
+
+
 def list_nodes(*, session: Session) -> list[Node]:
     """Every node that ever joined, by name (those that left or were lost too)."""
     return list(session.scalars(select(Node).order_by(Node.name)))

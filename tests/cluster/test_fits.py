@@ -24,7 +24,7 @@ from gpumux.storage import membership
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node
-from gpumux.storage.nodes import NodeIdentity
+from gpumux.storage.nodes import NodeIdentity, ThisNode
 
 SMALL_MB = 16 * 1024
 LARGE_MB = 80 * 1024
@@ -72,15 +72,16 @@ def join(db: Sessions, name: str, devices: list[dict[str, Any]]) -> NodeIdentity
 def filler(settings: Settings, db: Sessions, node: NodeIdentity) -> SlotFiller:
     """This node's filler, as its scheduler builds it."""
     overheads = Overheads(configured_mb=settings.overhead_mb)
+    here = ThisNode(node)
     return SlotFiller(
         settings=settings,
         sessions=db,
-        searches=SplitSearches(settings, overheads=overheads),
+        searches=SplitSearches(settings, overheads=overheads, here=here),
         studies=Studies(),
-        launcher=Launcher(settings=settings, sessions=db, url="http://unused", node=node),
+        launcher=Launcher(settings=settings, sessions=db, url="http://unused", here=here),
         watched=Watched(kill_grace=1.0, heartbeat_timeout=60.0),
         overheads=overheads,
-        node_id=node.id,
+        here=here,
     )
 
 
