@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import getpass
 import os
 import signal
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -282,25 +284,85 @@ def daemon_bearer(home: Path) -> dict[str, str]:
 PLAIN_HTTP = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
+class _Mount:
+    """The ASGI app of a shared server: forwards each request to the app of the test that now
+    holds the server (lifespan off: requests only)."""
+
+    def __init__(self) -> None:
+        self.app: FastAPI | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.app is not None, f"a request after its test let the server go: {scope}"
+        await self.app(scope, receive, send)
+
+
+class _SharedServer:
+    """uvicorn on a real TCP socket in a thread of its own, kept for the whole run: starting one
+    is quick, but stopping one takes uvicorn 0.2 s (its ticks of 0.1 s), on each of hundreds of
+    tests. Each test mounts its own app; nothing of a test's outlives it but the socket."""
+
+    def __init__(self) -> None:
+        self.mount = _Mount()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.mount, log_level="warning", lifespan="off")
+        )
+        # A daemon thread: the run may end with the server still idle in the pool (stopped at
+        # exit, below, where the interpreter lets it).
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
+        )
+        self.thread.start()
+
+    def idle(self) -> bool:
+        """Whether no connection or request of the last test is left (waits up to 5 s)."""
+        state = self.server.server_state
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while state.connections or state.tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+        self.sock.close()
+
+
+# How long a test's connections may take to close once its clients have: a server still busy
+# with the test's requests after it is stopped, not lent to the next test.
+IDLE_WAIT_S = 5.0
+_idle_servers: list[_SharedServer] = []
+
+
+@atexit.register
+def _stop_idle_servers() -> None:
+    while _idle_servers:
+        _idle_servers.pop().stop()
+
+
 @contextmanager
 def served(app: FastAPI, headers: Mapping[str, str] | None = None) -> Iterator[httpx.Client]:
-    """A client of `app` served by uvicorn on a real TCP socket, in a thread, for the block."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
+    """A client of `app` served by uvicorn on a real TCP socket, in a thread, for the block (a
+    server of the run's, idle, lent to the block: see _SharedServer)."""
+    server = _idle_servers.pop() if _idle_servers else _SharedServer()
+    server.mount.app = app
     try:
-        base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         with httpx.Client(
-            base_url=base_url, timeout=30, headers=headers, verify=PLAIN_HTTP
+            base_url=server.url, timeout=30, headers=headers, verify=PLAIN_HTTP
         ) as client:
             yield client
     finally:
-        server.should_exit = True
-        thread.join()
-        sock.close()
+        drained = server.idle()
+        server.mount.app = None
+        if drained:
+            _idle_servers.append(server)
+        else:
+            server.stop()
 
 
 # Marks every process a test starts (through the environment it inherits, which the trials of

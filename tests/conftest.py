@@ -20,7 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import TEST_MARK, bearer, served
-from postgres import SQLITE_ONLY, Cluster, on_both_backends, throwaway_cluster
+from postgres import (
+    NO_QUERY,
+    SQLITE_ONLY,
+    Cluster,
+    on_both_backends,
+    statements_beyond_authentication,
+    throwaway_cluster,
+)
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
@@ -154,6 +161,25 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{SQLITE_ONLY}(reason): a test of SQLite itself (query plans, pragmas, its file and "
         "lock), run on SQLite alone where a directory runs its tests on both backends",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{NO_QUERY}: requests answered before any query but their token's, run on SQLite alone "
+        "where a directory runs its tests on both backends (a statement beyond fails the test)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """A test marked no_query fails if its requests ran a statement beyond authenticating them:
+    then it has a query to run on PostgreSQL too, and loses the mark."""
+    sessions = getattr(item, "funcargs", {}).get("sessions")
+    if item.get_closest_marker(NO_QUERY) is None or not isinstance(sessions, Sessions):
+        return (yield)
+    with statements_beyond_authentication(sessions.engine) as found:
+        result = yield
+    if found:
+        pytest.fail(f"marked {NO_QUERY}, yet ran {len(found)} statements: {found[0]}")
+    return result
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -198,9 +224,10 @@ def sessions(settings: Settings, request: pytest.FixtureRequest) -> Iterator[Ses
     dialect = dialect_for(settings.database_url)
     if isinstance(dialect, SqliteDialect):
         shutil.copyfile(request.getfixturevalue("sqlite_migrated_template"), dialect.file)
+    # At head already: a copy of the template, file or database, is the template. Checking it
+    # again as a daemon checks its database at start (upgrade) took 0.1 s of each of a thousand
+    # tests; the daemons the tests start check theirs.
     engine = make_engine(settings.database_url)
-    # At head already: this checks the copy as a daemon checks its database at start.
-    upgrade(engine)
     yield make_sessions(engine)
     engine.dispose()
 

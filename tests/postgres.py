@@ -10,17 +10,21 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from builders import unmarked_environment
 from psycopg import sql
+from sqlalchemy import Engine, event
 
 SERVER_ROOTS = (Path("/usr/lib/postgresql"),)
 SUPERUSER = "postgres"
@@ -43,18 +47,47 @@ BACKENDS = ("sqlite", "postgresql")
 ON_BOTH_BACKENDS = ("storage", "server/api", "scheduling")
 # A test of SQLite itself (query plans, pragmas, its file and lock): run on SQLite alone.
 SQLITE_ONLY = "sqlite_only"
+# A test whose requests are answered before any query but their token's (refused by validation,
+# their size, their method; a document served): nothing of it reaches a backend to compare, so
+# it runs on SQLite alone, held to it by statements_beyond_authentication.
+NO_QUERY = "no_query"
+# The tables authenticating a request reads and writes; statements that name no table (BEGIN,
+# COMMIT, a pragma) are the connection's.
+AUTHENTICATION_TABLES = frozenset({"api_tokens", "owners"})
+_TABLES = re.compile(r"\b(?:FROM|JOIN|UPDATE|INTO)\s+\"?(\w+)", re.IGNORECASE)
+_CONNECTION = re.compile(r"\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|PRAGMA)\b", re.IGNORECASE)
 
 
 def on_both_backends(metafunc: pytest.Metafunc, tests: Path) -> None:
     """Run a test of ON_BOTH_BACKENDS (under `tests`) that uses `settings` (or `sessions`,
-    `api`) once per backend, unless it is marked sqlite_only."""
+    `api`) once per backend, unless it is marked sqlite_only or no_query."""
     where = metafunc.definition.path
     if (
         "backend" in metafunc.fixturenames
         and any(where.is_relative_to(tests / folder) for folder in ON_BOTH_BACKENDS)
         and metafunc.definition.get_closest_marker(SQLITE_ONLY) is None
+        and metafunc.definition.get_closest_marker(NO_QUERY) is None
     ):
         metafunc.parametrize("backend", BACKENDS)
+
+
+@contextmanager
+def statements_beyond_authentication(engine: Engine) -> Iterator[list[str]]:
+    """The statements run on `engine` during the block (listed as they come) other than those of
+    the connection and of authenticating a request (AUTHENTICATION_TABLES)."""
+    found: list[str] = []
+
+    def record(*args: Any) -> None:
+        statement: str = args[2]
+        tables = set(_TABLES.findall(statement))
+        if not (_CONNECTION.match(statement) or tables and tables <= AUTHENTICATION_TABLES):
+            found.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield found
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
 
 
 def server_bin() -> Path | None:

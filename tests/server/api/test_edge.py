@@ -81,6 +81,7 @@ def test_a_50_mb_body_sent_whole_is_refused_from_its_declared_size_and_the_daemo
 FORGED = "2026-01-01 00:00:00 CRITICAL gpumux: forged"
 
 
+@pytest.mark.no_query
 def test_a_path_that_decodes_to_a_line_break_cannot_forge_a_log_line(
     api: httpx.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -129,6 +130,7 @@ def test_a_chunked_body_under_the_limit_is_read_as_any_other(
     assert created.json()["trial_count"] == 2
 
 
+@pytest.mark.no_query
 @pytest.mark.parametrize(
     ("method", "path"),
     [
@@ -162,6 +164,7 @@ def test_the_largest_id_is_a_plain_404(api: httpx.Client) -> None:
         assert problem(api.get(path), 404).detail.endswith(f"{MAX_ID} not found")
 
 
+@pytest.mark.no_query
 def test_a_user_name_longer_than_any_stored_is_refused_422(api: httpx.Client) -> None:
     refused = problem(api.delete("/tokens/" + "a" * 1000), 422)
     assert refused.errors[0].loc == ["path", "user"]
@@ -170,6 +173,7 @@ def test_a_user_name_longer_than_any_stored_is_refused_422(api: httpx.Client) ->
     assert refused.errors[0].loc == ["query", "owner"]
 
 
+@pytest.mark.no_query
 @pytest.mark.parametrize(
     ("path", "allow"),
     [
@@ -194,12 +198,14 @@ def test_options_and_405_carry_every_method_a_path_serves(
     assert allow in refused.json()["detail"]
 
 
+@pytest.mark.no_query
 def test_a_405_names_a_method_of_any_length_in_a_few_characters(api: httpx.Client) -> None:
     refused = problem(api.request("M" * 10_000, "/sweeps"), 405)
     assert refused.detail.startswith(f"this path does not serve {'M' * NAME_CHARS}…; it serves")
     assert len(refused.detail) < 200
 
 
+@pytest.mark.no_query
 def test_options_on_no_route_is_a_404(api: httpx.Client) -> None:
     assert "allow" not in problem(api.options("/nothing/here"), 404).model_dump()
     assert problem(api.get("/nothing/here"), 404).detail.startswith("no route at this path")
@@ -227,6 +233,7 @@ NODE_ONLY = {("/nodes/{node_id}/trials/{trial_id}/log", "get")}
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 
 
+@pytest.mark.no_query
 def test_every_route_documents_its_error_answers_with_the_problem_body(
     api: httpx.Client,
 ) -> None:
@@ -247,6 +254,7 @@ def test_every_route_documents_its_error_answers_with_the_problem_body(
     assert "HTTPValidationError" not in schema["components"]["schemas"]
 
 
+@pytest.mark.no_query
 @pytest.mark.parametrize(
     ("path", "method", "codes"),
     [
@@ -264,6 +272,7 @@ def test_routes_document_the_refusals_of_their_own(
     assert codes <= set(responses)
 
 
+@pytest.mark.no_query
 def test_every_integer_in_a_path_or_query_is_bounded_in_the_schema(api: httpx.Client) -> None:
     schema = api.get("/openapi.json").json()
     for path, method, operation in operations(schema):
@@ -280,6 +289,7 @@ def test_every_integer_in_a_path_or_query_is_bounded_in_the_schema(api: httpx.Cl
                     assert "maxLength" in kind, (method, path, parameter["name"])
 
 
+@pytest.mark.no_query
 def test_the_limit_is_the_settings_own(settings: Settings, sessions: Sessions) -> None:
     app = create_app(
         settings=settings.model_copy(update={"max_body_bytes": MIN_BODY_BYTES}), sessions=sessions

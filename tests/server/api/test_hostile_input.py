@@ -66,6 +66,7 @@ def test_a_lone_surrogate_anywhere_in_a_sweep_is_refused_at_the_door(
     assert_nothing_stored(api)
 
 
+@pytest.mark.no_query
 def test_a_lone_surrogate_in_a_token_request_is_refused(api: httpx.Client) -> None:
     response = post_raw(api, "/tokens", {"user": f"root{SURROGATE}"})
     assert response.status_code == 422, response.text
@@ -84,6 +85,7 @@ def test_the_poisoned_probe_leaves_listing_showing_and_trials_working(
         assert answer.status_code == 200, (path, answer.text)
 
 
+@pytest.mark.no_query
 def test_a_report_whose_trial_id_overflows_its_column_is_refused_before_any_token(
     api: httpx.Client,
 ) -> None:
@@ -185,6 +187,7 @@ def test_placeholders_of_parameters_and_escaped_braces_are_accepted(
     assert response.status_code == 201, response.text
 
 
+@pytest.mark.no_query
 @pytest.mark.parametrize(
     "report",
     [

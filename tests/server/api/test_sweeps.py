@@ -119,6 +119,7 @@ def test_a_grid_over_the_limit_is_refused_with_its_size(
     assert sweep_count(api) == 0
 
 
+@pytest.mark.no_query
 def test_malformed_json_names_the_problem(api: httpx.Client) -> None:
     response = api.post(
         "/sweeps",
@@ -170,6 +171,7 @@ def test_cancel_records_the_intent(api: httpx.Client, tmp_path: Path) -> None:
     assert api.get(f"/sweeps/{sweep['id']}").json()["cancel_requested"] is True
 
 
+@pytest.mark.no_query
 def test_the_openapi_document_lists_the_routes(api: httpx.Client) -> None:
     paths = api.get("/openapi.json").json()["paths"]
     for path in ("/sweeps", "/sweeps/{sweep_id}", "/trials/{trial_id}/log", "/devices", "/health"):

@@ -15,6 +15,7 @@ WEB = ROOT / "gpumux" / "server" / "web"
 WEB_FILES = {path.name for path in WEB.iterdir()}
 
 
+@pytest.mark.no_query
 def test_the_home_page_redirects_to_the_dashboard(api: httpx.Client) -> None:
     for path in ("/", "/ui"):
         response = api.get(path)
@@ -25,11 +26,13 @@ def test_the_home_page_redirects_to_the_dashboard(api: httpx.Client) -> None:
     assert page.url.path == "/ui/" and page.status_code == 200
 
 
+@pytest.mark.no_query
 def test_the_redirect_keeps_the_query_that_carries_a_token(api: httpx.Client) -> None:
     response = api.get("/", params={"token": "t0k"})
     assert response.headers["location"] == "ui/?token=t0k"
 
 
+@pytest.mark.no_query
 def test_the_page_is_served_with_a_policy_that_runs_only_its_own_script(
     api: httpx.Client,
 ) -> None:
@@ -43,6 +46,7 @@ def test_the_page_is_served_with_a_policy_that_runs_only_its_own_script(
     assert response.headers["x-content-type-options"] == "nosniff"
 
 
+@pytest.mark.no_query
 def test_every_file_the_page_loads_is_served_with_its_type(api: httpx.Client) -> None:
     page = api.get("/ui/").text
     named = set(re.findall(r'(?:src|href)="static/([^"]+)"', page))
@@ -75,6 +79,7 @@ def test_the_scripts_never_parse_data_as_markup() -> None:
             assert sink not in text, (script.name, sink)
 
 
+@pytest.mark.no_query
 @pytest.mark.parametrize(
     "path", ["/ui/static/index.html", "/ui/static/missing.js", "/ui/static/..%2F__init__.py"]
 )
