@@ -288,7 +288,13 @@ class Scheduler:
                         search.save(session=session)
 
     def _trial_processes(self) -> dict[int, int]:
-        return group_members(self.watched.pgids(), subreapers=self.watched.subreapers())
+        """Our trials' processes, each mapped to its trial's process group: every process a scan
+        of /proc finds in a watched group or below its supervisor, and each group's leader even
+        where it exited between the probe and the scan (the snapshot still lists it, and counted
+        as another's its memory would shrink the next trial's slice)."""
+        pgids = self.watched.pgids()
+        leaders = {pgid: pgid for pgid in pgids}
+        return leaders | group_members(pgids, subreapers=self.watched.subreapers())
 
     def reconcile(self) -> None:
         """Trials the database calls active that this scheduler does not watch (at start, or
