@@ -22,7 +22,7 @@ from typing import Any
 
 from soak import leftovers
 
-from gpumux.accounts import UserAccount
+from gpumux.home.accounts import UserAccount
 
 # How long any process a trial starts may live, whatever becomes of the benchmark: even a
 # process nothing stops ends by itself.

@@ -32,8 +32,9 @@ from typing import Any
 import httpx
 from sweep_makespan import free_port
 
-from gpumux import __version__, fields, sweepspec
+from gpumux import __version__, fields
 from gpumux.config import Settings
+from gpumux.grammar import sweepspec
 from gpumux.home.tokenfile import daemon_token
 
 GOAL_CPU_MS = 100.0

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
 
 # Limits of what a request may hold, part of the schema: each is checked before work is done.
 # Command and environment together stay well under the daemon's default body limit (1 MiB).

@@ -28,6 +28,7 @@ from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_COUNT
+from gpumux.grammar.sweepplan import SweepPlan, parse_objective
 from gpumux.home import tokenfile
 from gpumux.schemas.common import Problem
 from gpumux.schemas.sweeps import SweepCreate, SweepPublic
@@ -41,7 +42,6 @@ from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, token_hash
-from gpumux.sweepplan import SweepPlan, parse_objective
 
 
 def ample_budget() -> ReportBudget:

@@ -61,7 +61,7 @@ def test_the_package_keeps_its_contracts() -> None:
         ("gpumux/processes/rundir.py", "from gpumux import config", "the standard-library"),
         ("gpumux/processes/logfiles.py", "import pathlib", "the standard-library"),
         ("gpumux/runtime/context.py", "from gpumux import throughput", "imports nothing else"),
-        ("gpumux/sweepspec.py", "import subprocess", "do no I/O"),
+        ("gpumux/grammar/sweepspec.py", "import subprocess", "do no I/O"),
         ("gpumux/devices/kinds/gpu.py", "from gpumux.devices import probes", "do no I/O"),
     ],
 )

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpumux import sweepspec
 from gpumux.fields import (
     ABSOLUTE_PATH,
     ENV_NAME,
@@ -28,10 +27,11 @@ from gpumux.fields import (
     PATH_MAX,
     PRINTABLE,
 )
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepplan import parse_objective
 from gpumux.schemas.reports import ReportIn
 from gpumux.schemas.sweeps import SweepCreate
 from gpumux.schemas.tokens import TokenCreate
-from gpumux.sweepplan import parse_objective
 from gpumux.text import QUOTE_CHARS, quoted
 
 SURROGATE = "\ud800"

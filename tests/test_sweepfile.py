@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from optuna.pruners import HyperbandPruner
 
-from gpumux import sweepfile, sweepspec
+from gpumux.grammar import sweepfile, sweepspec
+from gpumux.grammar.sweepfile import SweepFile, SweepFileError
+from gpumux.grammar.sweepfile.loading import MAX_FILE_BYTES, MAX_MESSAGE_CHARS
+from gpumux.grammar.sweepplan import Objective
 from gpumux.search import methods
 from gpumux.status import ObjectiveMode, SearchMethod
-from gpumux.sweepfile import SweepFile, SweepFileError
-from gpumux.sweepfile.loading import MAX_FILE_BYTES, MAX_MESSAGE_CHARS
-from gpumux.sweepplan import Objective
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "sweeps"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumux.sweepspec import (
+from gpumux.grammar.sweepspec import (
     DEFAULT_POINTS,
     FORMS,
     GridTooLarge,

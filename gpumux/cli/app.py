@@ -24,8 +24,8 @@ from gpumux.cli.state import (
 )
 from gpumux.cli.sweep import SWEEP_HELP, sweep
 from gpumux.client import ApiError, DaemonUnreachable, InvalidDaemonUrl, InvalidToken
+from gpumux.grammar.sweepspec import SpecError
 from gpumux.home.tokenfile import TokenFileError
-from gpumux.sweepspec import SpecError
 
 # The daemon answers these for a request it finds malformed: the user's input, so exit 2.
 BAD_INPUT_STATUSES = (400, 422)

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import typer
 
-from gpumux import sweepspec
 from gpumux.cli import curves, follow, glance, render, trialview
 from gpumux.cli.connect import connect
 from gpumux.cli.state import (
@@ -27,6 +26,7 @@ from gpumux.cli.state import (
 from gpumux.client import Client
 from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
+from gpumux.grammar import sweepspec
 from gpumux.home.lockfile import DaemonError
 from gpumux.status import SweepStatus, TrialStatus
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from gpumux import sweepspec
 from gpumux.cli.commands import SweepRef, Url, sweep_id_of
 from gpumux.cli.connect import connect
 from gpumux.cli.state import EXIT_USAGE, CliError, get_state
 from gpumux.client import Client
+from gpumux.grammar import sweepspec
 from gpumux.schemas.reports import ReportPublic
 from gpumux.schemas.sweeps import SweepPublic
 from gpumux.schemas.trials import TrialPublic

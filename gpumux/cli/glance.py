@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpumux.grammar.sweepspec import format_value
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import PruneNote, TrialStatus
-from gpumux.sweepspec import format_value
 
 NONE = "-"
 # Significant digits a float parameter is shown with at least: 0.0798 for 0.07976438287373289.

@@ -12,11 +12,12 @@ from rich.text import Text
 
 from gpumux.cli.glance import NONE, ShortValues, reason_text, slot_text, step_text, visible
 from gpumux.cli.glance import error_summary as error_summary
+from gpumux.grammar.searchspec import spec_text
+from gpumux.grammar.sweepplan import Objective
 from gpumux.schemas.devices import DevicePublic
 from gpumux.schemas.profiles import ProfilePublic
 from gpumux.schemas.sweeps import SweepPublic
 from gpumux.schemas.trials import TrialPublic
-from gpumux.searchspec import spec_text
 from gpumux.status import (
     FINAL_TRIAL_STATUSES,
     ObjectiveMode,
@@ -24,7 +25,6 @@ from gpumux.status import (
     SweepStatus,
     TrialStatus,
 )
-from gpumux.sweepplan import Objective
 
 STATUS_STYLES = {
     "queued": "dim",

@@ -10,7 +10,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpumux import sweepfile
 from gpumux.cli import follow, glance, render
 from gpumux.cli.connect import Connection, daemon_for_sweep, find_daemon, wait_until_idle
 from gpumux.cli.state import (
@@ -24,10 +23,11 @@ from gpumux.cli.state import (
     validation_message,
 )
 from gpumux.client import Client, DaemonUnreachable
+from gpumux.grammar import sweepfile
+from gpumux.grammar.sweepplan import Objective, parse_objective
 from gpumux.schemas.sweeps import SweepCreate, SweepDetail
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import SweepStatus, TrialStatus
-from gpumux.sweepplan import Objective, parse_objective
 
 NO_COMMAND = (
     "no command: write gpumux sweep PARAMS -- COMMAND, "

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from gpumux import sweepspec
 from gpumux.cli import glance, render
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepplan import Objective
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import FINAL_TRIAL_STATUSES, PruneNote, TrialStatus
-from gpumux.sweepplan import Objective
 
 
 def reason_in_full(trial: TrialPublic) -> str:

@@ -11,11 +11,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpumux import accounts, sweepspec
 from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.grammar import sweepspec
+from gpumux.home import accounts
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.spawner_client import Spawner
 from gpumux.processes.supervised import LaunchError, SupervisedTrial, SupervisorOptions

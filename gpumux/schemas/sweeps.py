@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpumux import sweepspec
 from gpumux.fields import (
     ENV_NAME,
     MAX_ARG_BYTES,
@@ -32,12 +31,13 @@ from gpumux.fields import (
     json_number,
     names_in_property_names,
 )
+from gpumux.grammar import sweepspec
+from gpumux.grammar.searchspec import split_spec
+from gpumux.grammar.sweepplan import Objective, parse_objective
 from gpumux.schemas.common import NoGpuFramework
 from gpumux.schemas.profiles import ProfilePublic
 from gpumux.schemas.trials import TrialPublic
-from gpumux.searchspec import split_spec
 from gpumux.status import ObjectiveMode, SearchMethod, SweepStatus, TrialStatus
-from gpumux.sweepplan import Objective, parse_objective
 from gpumux.text import quoted
 
 

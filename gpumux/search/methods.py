@@ -27,8 +27,7 @@ from optuna.pruners import (
 from optuna.samplers import BaseSampler
 
 from gpumux.fields import MAX_COUNT
-from gpumux.search.space import distributions_of
-from gpumux.searchspec import (
+from gpumux.grammar.searchspec import (
     OPTION_CHARS,
     Options,
     OptionValue,
@@ -37,9 +36,10 @@ from gpumux.searchspec import (
 )
 
 # Re-exported: the API and the CLI catch it as methods.SearchError.
-from gpumux.searchspec import SearchError as SearchError
+from gpumux.grammar.searchspec import SearchError as SearchError
+from gpumux.grammar.sweepspec import Param
+from gpumux.search.space import distributions_of
 from gpumux.status import SearchMethod
-from gpumux.sweepspec import Param
 from gpumux.text import first_line, quoted
 
 PRUNERS: dict[str, type[BasePruner]] = {

@@ -8,10 +8,10 @@ on another host, does not know, so only the daemon applies them.
 
 from __future__ import annotations
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepplan import SweepPlan
 from gpumux.schemas.sweeps import SweepCreate
 from gpumux.search import methods
-from gpumux.sweepplan import SweepPlan
 
 
 class PlanError(ValueError):

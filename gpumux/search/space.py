@@ -11,7 +11,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from gpumux.sweepspec import Param, Value
+from gpumux.grammar.sweepspec import Param, Value
 
 
 def distribution_of(param: Param) -> BaseDistribution | None:

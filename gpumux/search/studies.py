@@ -23,7 +23,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState, create_trial
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
 from gpumux.search import methods
 from gpumux.search.space import constants_of, distributions_of
 from gpumux.status import (

@@ -16,12 +16,11 @@ from urllib.parse import urlsplit, urlunsplit
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
-from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
 from gpumux.devices.simulated.nvml import open_simulated
 from gpumux.devices.snapshot import visible_gpus
-from gpumux.home import tokenfile
+from gpumux.home import accounts, tokenfile
 from gpumux.home.lockfile import (
     DaemonError,
     acquire_home_lock,

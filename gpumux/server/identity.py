@@ -20,8 +20,8 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpumux.accounts import UserAccount
 from gpumux.config import Settings
+from gpumux.home.accounts import UserAccount
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from collections.abc import Collection
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
+from gpumux.grammar.sweepplan import SweepPlan
 from gpumux.status import ObjectiveMode, SweepStatus, TrialStatus
 from gpumux.storage.models import Owner, Sweep, Trial, utcnow
-from gpumux.sweepplan import SweepPlan
 
 
 def create_sweep(*, session: Session, plan: SweepPlan, owner: Owner) -> Sweep:

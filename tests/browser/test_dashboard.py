@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 from harness import CHROMIUM, VIEWPORT, Served, daemon, launch, submit
 
-from gpumux.accounts import UserAccount
 from gpumux.config import Settings
+from gpumux.home.accounts import UserAccount
 from gpumux.storage import tokens
 from gpumux.storage.engine import make_engine, make_sessions
 

@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console, RenderableType
 
 from gpumux.cli import follow
+from gpumux.grammar.sweepplan import parse_objective
 from gpumux.schemas.sweeps import SweepDetail
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import PruneNote, SearchMethod, SweepStatus, TrialStatus
-from gpumux.sweepplan import parse_objective
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -9,12 +9,12 @@ from rich.console import Console, RenderableType
 
 from gpumux.cli import render, top
 from gpumux.cli.state import PIPE_WIDTH, make_console
+from gpumux.grammar.sweepplan import Objective
 from gpumux.schemas.devices import DeviceTrial
 from gpumux.schemas.profiles import ProfilePublic
 from gpumux.schemas.sweeps import SweepPublic
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import ObjectiveMode, SearchMethod, TrialStatus
-from gpumux.sweepplan import Objective
 from gpumux.throughput import CurvePoint
 
 

@@ -22,11 +22,11 @@ from scripted_nvml import (
     scripted_nvml,
 )
 
-from gpumux import sweepspec
 from gpumux.config import Settings
 from gpumux.devices.kinds.base import pinned_cores
 from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
 from gpumux.devices.snapshot import core_blocks
+from gpumux.grammar import sweepspec
 from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
 from gpumux.scheduling.loop import Scheduler

@@ -40,7 +40,7 @@ import optuna
 from gpumux.search import methods
 from gpumux.search.space import distributions_of
 from gpumux.status import SearchMethod
-from gpumux.sweepspec import parse_params
+from gpumux.grammar.sweepspec import parse_params
 
 method = SearchMethod(sys.argv[1])
 tokens = ["lr=1e-4..1e-1", "layers=1..4"] + ([] if method is SearchMethod.cmaes else ["bs=32,64"])

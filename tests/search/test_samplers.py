@@ -11,6 +11,8 @@ import statistics
 import optuna
 import pytest
 
+from gpumux.grammar.searchspec import OptionValue
+from gpumux.grammar.sweepspec import parse_params
 from gpumux.search.methods import (
     SAMPLERS,
     check_sampler_options,
@@ -19,9 +21,7 @@ from gpumux.search.methods import (
     startup_trials,
 )
 from gpumux.search.space import distributions_of
-from gpumux.searchspec import OptionValue
 from gpumux.status import SearchMethod
-from gpumux.sweepspec import parse_params
 
 BUDGET = 24
 CLASSES: dict[SearchMethod, type[optuna.samplers.BaseSampler]] = {

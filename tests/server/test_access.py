@@ -22,8 +22,8 @@ import httpx
 import pytest
 from builders import bearer, served
 
-from gpumux.accounts import UserAccount
 from gpumux.config import Settings
+from gpumux.home.accounts import UserAccount
 from gpumux.server.api import create_app
 from gpumux.storage.engine import Sessions
 

@@ -29,7 +29,7 @@ import pytest
 from reliability.conftest import DaemonProcess
 
 import gpumux
-from gpumux.accounts import UnknownUser, UserAccount
+from gpumux.home.accounts import UnknownUser, UserAccount
 from gpumux.home.tokenfile import daemon_token
 
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")

@@ -27,8 +27,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from gpumux.accounts import UnknownUser, UserAccount, readable_directory
 from gpumux.config import Settings
+from gpumux.home.accounts import UnknownUser, UserAccount, readable_directory
 from gpumux.server.identity import (
     PeerCredentials,
     PeerH11Protocol,

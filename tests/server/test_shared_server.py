@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 from reliability.conftest import DaemonProcess
 
-from gpumux.accounts import UserAccount
+from gpumux.home.accounts import UserAccount
 
 if os.geteuid() != 0:
     pytest.skip(

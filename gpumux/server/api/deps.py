@@ -12,10 +12,10 @@ from fastapi import Depends, HTTPException, Path, Query, Request, status
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from gpumux import accounts
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_ID, MAX_USER_CHARS
+from gpumux.home import accounts
 from gpumux.server import identity
 from gpumux.server.api.forward import NodeClient
 from gpumux.server.api.shown import shown

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from gpumux import accounts
 from gpumux.fields import MAX_NAME_CHARS, MAX_USER_CHARS
+from gpumux.home import accounts
 from gpumux.runtime.frameworks import NO_GPU_FIX
 from gpumux.schemas.profiles import ProfilePublic
 from gpumux.schemas.sweeps import NoGpuPublic, SweepCreate, SweepDetail, SweepPublic, SweepsPublic

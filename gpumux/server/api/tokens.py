@@ -6,7 +6,7 @@ import logging
 
 from fastapi import APIRouter, HTTPException, Request, status
 
-from gpumux import accounts
+from gpumux.home import accounts
 from gpumux.schemas.tokens import TokenCreate, TokenCreated, TokensRevoked
 from gpumux.server import identity
 from gpumux.server.api.deps import CallerDep, StateDep, UserName, refuse_unless_owner

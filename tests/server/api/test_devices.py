@@ -13,9 +13,9 @@ import httpx
 import pytest
 from builders import bearer, served, stored_sweep
 
-from gpumux.accounts import UserAccount
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.home.accounts import UserAccount
 from gpumux.server.api import create_app
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle

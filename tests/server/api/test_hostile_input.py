@@ -10,7 +10,7 @@ import httpx
 import pytest
 from builders import sweep_body
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
 
 SURROGATE = "\ud800"
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepfile.loading import SweepFileError, load, read_text
+from gpumux.grammar.sweepfile.parameters import CONTINUOUS, Parameter
+from gpumux.grammar.sweepplan import Objective
 from gpumux.status import ObjectiveMode, SearchMethod
-from gpumux.sweepfile.loading import SweepFileError, load, read_text
-from gpumux.sweepfile.parameters import CONTINUOUS, Parameter
-from gpumux.sweepplan import Objective
 
 METHODS = {"grid": SearchMethod.grid, "random": SearchMethod.random, "bayes": SearchMethod.tpe}
 GOALS = {"minimize": "min", "maximize": "max"}

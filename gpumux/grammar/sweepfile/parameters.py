@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumux import sweepspec
-from gpumux.sweepfile.loading import SweepFileError
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepfile.loading import SweepFileError
 
 # A q_* distribution becomes a choice of its values; more than this is refused.
 MAX_CHOICE_VALUES = 1_000

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpumux import sweepspec
+from gpumux.grammar import sweepspec
+from gpumux.grammar.sweepfile.loading import SweepFileError
+from gpumux.grammar.sweepfile.reader import SweepFile, parse, read
+from gpumux.grammar.sweepplan import Objective
 from gpumux.status import SearchMethod
-from gpumux.sweepfile.loading import SweepFileError
-from gpumux.sweepfile.reader import SweepFile, parse, read
-from gpumux.sweepplan import Objective
 
 __all__ = ["Resolved", "SweepFile", "SweepFileError", "parse", "read", "resolve"]
 
