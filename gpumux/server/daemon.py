@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 WILDCARDS = {"0.0.0.0", "::"}
 # A graceful stop the first time, an immediate stop the second; SIGHUP: `serve`'s terminal closed.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long the API waits for the first probe of the devices before it answers without them.
+FIRST_PROBE_WAIT_S = 10.0
 
 
 class _Server(uvicorn.Server):
@@ -250,14 +252,18 @@ class Daemon:
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._loop.add_signal_handler(signum, self._signals.put_nowait, signum)
-        await scheduler.probe_first()
-        stop_scheduling = asyncio.Event()
-        server_task = asyncio.create_task(server.serve(sockets=self._sockets))
-        scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
         stop_beating = asyncio.Event()
         heartbeat_task = None
         if heartbeat is not None:
+            # Before anything that may wait: the node's lease is held from the start.
             heartbeat_task = asyncio.create_task(heartbeat.run(stop_beating))
+        # The devices listed before the API answers (`gpumux tune` asks its daemon at once), for
+        # FIRST_PROBE_WAIT_S at most: a slower NVML is the first tick's to wait for.
+        first_probe = asyncio.create_task(scheduler.probe_first())
+        await asyncio.wait({first_probe}, timeout=FIRST_PROBE_WAIT_S)
+        stop_scheduling = asyncio.Event()
+        server_task = asyncio.create_task(server.serve(sockets=self._sockets))
+        scheduler_task = asyncio.create_task(scheduler.run(stop_scheduling))
         leaving = self._leave_when_idle()
         # Debug: `gpumux serve` has printed where it serves already, once the sockets were bound.
         log.debug("daemon: serving on %s (database %s)", " and ".join(self.urls), self.database)
@@ -268,6 +274,8 @@ class Daemon:
                 leaving.cancel()
             server.should_exit = True
             await server_task
+            # Still waiting on NVML: the tick's thread ends it, and close() below waits for that.
+            first_probe.cancel()
             node_client.close()
             stop_beating.set()
             if heartbeat is not None and heartbeat_task is not None:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -206,6 +207,54 @@ def test_the_daemon_offers_only_the_gpus_it_is_given_from_its_first_answer(
             # Asked at once, as `gpumux tune` asks its own daemon: the devices are listed.
             devices = client.get("/devices").json()
     assert [device["uuid"] for device in devices] == [nvml.gpus[1].uuid]
+
+
+class HungAtStart:
+    """A probe whose first snapshot waits until the test lets it go, as a hung NVML would."""
+
+    def __init__(self, probe: DeviceProbe) -> None:
+        self.probe = probe
+        self.release = threading.Event()
+
+    def snapshot(self) -> list[DeviceSnapshot]:
+        assert self.release.wait(timeout=120), "the test never let the probe go"
+        return self.probe.snapshot()
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+def test_a_first_probe_that_hangs_delays_the_api_only_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpumux.server.daemon
+    from gpumux.devices.probes import make_probe
+
+    hung: list[HungAtStart] = []
+
+    def probe(*, visible: object) -> HungAtStart:
+        hung.append(HungAtStart(make_probe(visible=None)))
+        return hung[-1]
+
+    monkeypatch.setattr(gpumux.server.daemon, "make_probe", probe)
+    monkeypatch.setattr(gpumux.server.daemon, "FIRST_PROBE_WAIT_S", 0.5)
+    settings = Settings(home=tmp_path / "home")
+    with embedded(settings) as daemon:
+        try:
+            transport = httpx.HTTPTransport(uds=daemon.url.removeprefix("unix:"))
+            with httpx.Client(transport=transport, base_url="http://gpumux", timeout=30) as client:
+                # The probe still hangs: the API answers, without the devices it has not seen.
+                assert client.get("/health").json()["status"] == "ok"
+                assert client.get("/devices").json() == []
+                (probe_,) = hung
+                probe_.release.set()
+                deadline = time.monotonic() + 30
+                while not client.get("/devices").json():
+                    assert time.monotonic() < deadline, "the devices never came"
+                    time.sleep(0.05)
+        finally:
+            for each in hung:
+                each.release.set()
 
 
 def test_the_daemon_reports_its_scheduler_ticks_in_its_metrics(tmp_path: Path) -> None:
