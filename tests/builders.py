@@ -307,8 +307,9 @@ class _SharedServer:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        # A connection a test's client left open closes within a second, well inside IDLE_WAIT_S.
         self.server = uvicorn.Server(
-            uvicorn.Config(self.mount, log_level="warning", lifespan="off")
+            uvicorn.Config(self.mount, log_level="warning", lifespan="off", timeout_keep_alive=1)
         )
         # A daemon thread: the run may end with the server still idle in the pool (stopped at
         # exit, below, where the interpreter lets it).
@@ -318,7 +319,7 @@ class _SharedServer:
         self.thread.start()
 
     def idle(self) -> bool:
-        """Whether no connection or request of the last test is left (waits up to 5 s)."""
+        """Whether no connection or request of the last test is left (waits IDLE_WAIT_S at most)."""
         state = self.server.server_state
         deadline = time.monotonic() + IDLE_WAIT_S
         while state.connections or state.tasks:

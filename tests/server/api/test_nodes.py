@@ -209,13 +209,14 @@ def pair(tmp_path: Path, settings: Settings, sessions: Sessions) -> Iterator[Pai
     node_client = NodeClient()
     app_a = create_app(settings=settings, sessions=sessions, node=node_a, node_client=node_client)
     app_b = create_app(settings=settings, sessions=sessions, node=node_b)
-    try:
-        with served(app_a, bearer(sessions)) as a, served(app_b) as b:
-            update_node(sessions, node_a.id, url=str(a.base_url))
-            update_node(sessions, node_b.id, url=str(b.base_url))
+    with served(app_a, bearer(sessions)) as a, served(app_b) as b:
+        update_node(sessions, node_a.id, url=str(a.base_url))
+        update_node(sessions, node_b.id, url=str(b.base_url))
+        try:
             yield Pair(a, b, node_a, node_b, trial_id, node_client)
-    finally:
-        node_client.close()
+        finally:
+            # Before B's server is given back: A's connection to it is closed, not left to idle.
+            node_client.close()
 
 
 def test_a_trials_log_read_through_another_node_comes_from_the_node_that_holds_it(
