@@ -348,7 +348,11 @@ class SplitSearch:
             oom_at=self.oom_at,
             start=self.start,
         )
-        if self.split > measured and decision.settled:
+        if self.split > measured:
+            # A climb the trials left cannot reach: settled on what was measured, if the walk
+            # capped there settles; else the search goes on as it decided.
+            if not decision.settled:
+                return False
             using = f"N={decision.split}, the best of {len(self.curve)} point(s) measured"
         else:
             # A descent or a bisection below the largest N measured: the smallest N measured
