@@ -18,8 +18,8 @@ def cut(text: str, limit: int) -> str:
 
 
 def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
-    """`text` as a message quotes it: the repr of its first `limit` characters (escaped, in
-    quotes), an ellipsis after them where cut."""
+    """`text` as a message quotes it: the repr of `cut(text, limit)`, escaped and in quotes,
+    the ellipsis inside them where cut."""
     return repr(cut(text, limit))
 
 

@@ -172,9 +172,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """A test marked no_query fails if its requests ran a statement beyond authenticating them:
     then it has a query to run on PostgreSQL too, and loses the mark."""
-    sessions = getattr(item, "funcargs", {}).get("sessions")
-    if item.get_closest_marker(NO_QUERY) is None or not isinstance(sessions, Sessions):
+    if item.get_closest_marker(NO_QUERY) is None:
         return (yield)
+    sessions = getattr(item, "funcargs", {}).get("sessions")
+    if not isinstance(sessions, Sessions):
+        pytest.fail(f"marked {NO_QUERY}: its statements are watched through `sessions`, not asked")
     with statements_beyond_authentication(sessions.engine) as found:
         result = yield
     if found:
