@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import uvicorn
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from gpumux.client import Client
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -414,3 +416,25 @@ def kill_processes_naming(path: Path) -> list[int]:
         except (OSError, ProcessLookupError):
             continue
     return killed
+
+
+# The simulated GPU's trial (gpumux.devices.simulated): it sleeps as the device's model says.
+SIMULATED_TRIAL = [sys.executable, "-m", "gpumux.devices.simulated.trial"]
+
+
+def simulated_sweep(
+    client: Client, *, trials: int, split: int | Literal["auto"], args: Sequence[str] = ()
+) -> int:
+    """The id of a new sweep of `trials` simulated trials given `args`, in this directory and
+    environment."""
+    created = client.create_sweep(
+        SweepCreate(
+            params=[],
+            command=[*SIMULATED_TRIAL, *args],
+            workdir=str(Path.cwd()),
+            env=dict(os.environ),
+            trials=trials,
+            split=split,
+        )
+    )
+    return created.id

@@ -6,8 +6,6 @@ measured."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -15,11 +13,11 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from builders import SIMULATED_TRIAL, simulated_sweep
 
 from gpumux.client import Client
 from gpumux.config import Settings
 from gpumux.schemas.profiles import ProfilePublic
-from gpumux.schemas.sweeps import SweepCreate
 from gpumux.schemas.trials import TrialPublic
 from gpumux.server.daemon import embedded
 
@@ -27,7 +25,6 @@ from gpumux.server.daemon import embedded
 # benchmarks/split_search.py runs it): a trial's own cost on this host, a Python process, weighs
 # 4x in simulated time, which at a smaller scale would swamp its steps.
 SCALE = 0.25
-TRIAL = [sys.executable, "-m", "gpumux.devices.simulated.trial"]
 # The daemon's reserve and overhead per process (Settings' defaults): what a slice is cut from.
 RESERVE_MB, OVERHEAD_MB = 512, 1024
 
@@ -81,20 +78,6 @@ def daemon_of(tmp_path: Path) -> Iterator[Start]:
         yield start
 
 
-def sweep(client: Client, *, trials: int, args: list[str]) -> int:
-    created = client.create_sweep(
-        SweepCreate(
-            params=[],
-            command=[*TRIAL, *args],
-            workdir=str(Path.cwd()),
-            env=dict(os.environ),
-            trials=trials,
-            split="auto",
-        )
-    )
-    return created.id
-
-
 def finished(client: Client, *sweep_ids: int) -> list[list[TrialPublic]]:
     deadline = time.monotonic() + 240
     for sweep_id in sweep_ids:
@@ -105,7 +88,7 @@ def finished(client: Client, *sweep_ids: int) -> list[list[TrialPublic]]:
 
 
 def profile_of(client: Client, args: list[str]) -> ProfilePublic:
-    (profile,) = [p for p in client.list_profiles().data if p.command == [*TRIAL, *args]]
+    (profile,) = [p for p in client.list_profiles().data if p.command == [*SIMULATED_TRIAL, *args]]
     return profile
 
 
@@ -123,7 +106,9 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     assert top == 7
     client = daemon_of(model_file(tmp_path, **shape), host_cores=2)
 
-    (trials,) = finished(client, sweep(client, trials=20, args=["--seconds=20"]))
+    (trials,) = finished(
+        client, simulated_sweep(client, split="auto", trials=20, args=["--seconds=20"])
+    )
 
     assert [t.status for t in trials] == ["succeeded"] * 20
     assert ran_out(trials) == [], "no N above what fits was tried"
@@ -144,7 +129,9 @@ def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
     assert top == 4
     client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
 
-    (trials,) = finished(client, sweep(client, trials=16, args=["--seconds=20"]))
+    (trials,) = finished(
+        client, simulated_sweep(client, split="auto", trials=16, args=["--seconds=20"])
+    )
 
     assert [t.status for t in trials] == ["succeeded"] * 16
     assert ran_out(trials), "the start ran out of memory and its trials were requeued"
@@ -156,8 +143,10 @@ def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
 def test_two_workloads_at_auto_share_the_device_and_each_is_measured(daemon_of: Start) -> None:
     client = daemon_of("h200-torch-mlp", host_cores=16)
     # Two workloads (other commands), submitted together: they run side by side on one GPU.
-    first = sweep(client, trials=24, args=["--seconds=12"])
-    second = sweep(client, trials=24, args=["--seconds=12", "--memory-mb=2000"])
+    first = simulated_sweep(client, split="auto", trials=24, args=["--seconds=12"])
+    second = simulated_sweep(
+        client, split="auto", trials=24, args=["--seconds=12", "--memory-mb=2000"]
+    )
 
     ones, twos = finished(client, first, second)
 

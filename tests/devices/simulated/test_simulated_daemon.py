@@ -3,19 +3,18 @@ NVML shows their memory, and a trial beyond its slice is recorded as out of memo
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from builders import simulated_sweep
 
 from gpumux.client import Client
 from gpumux.config import Settings
 from gpumux.devices.simulated.state import load_model
 from gpumux.devices.simulated.trial import TICK_S
-from gpumux.schemas.sweeps import SweepCreate, SweepDetail
+from gpumux.schemas.sweeps import SweepDetail
 from gpumux.server.daemon import embedded
 
 MODEL = "h200-torch-mlp"
@@ -23,7 +22,6 @@ SCALE = 0.1
 # Past the N where one trial alone is as fast as a few (the H200 scales linearly to 3).
 SPLIT = 8
 POLL_S = 0.2
-TRIAL = [sys.executable, "-m", "gpumux.devices.simulated.trial"]
 
 
 @pytest.fixture
@@ -40,18 +38,9 @@ def client(tmp_path: Path) -> Iterator[Client]:
 
 
 def run(client: Client, *, trials: int, split: int, args: list[str]) -> SweepDetail:
-    created = client.create_sweep(
-        SweepCreate(
-            params=[],
-            command=[*TRIAL, *args],
-            workdir=str(Path.cwd()),
-            env=dict(os.environ),
-            trials=trials,
-            split=split,
-        )
-    )
+    sweep_id = simulated_sweep(client, trials=trials, split=split, args=args)
     deadline = time.monotonic() + 120
-    while (sweep := client.get_sweep(created.id)).status != "finished":
+    while (sweep := client.get_sweep(sweep_id)).status != "finished":
         assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
         time.sleep(0.1)
     return sweep
@@ -64,24 +53,16 @@ def test_simulated_trials_compute_at_the_models_rate_and_show_its_memory(
     # Epochs of about 2 real seconds at N=8, so that one tick is a small part of one, and
     # longer than the trials take to start one after the other.
     epoch = 10 * model.epoch_samples
-    created = client.create_sweep(
-        SweepCreate(
-            params=[],
-            command=[*TRIAL, "--epochs=3", f"--epoch-samples={epoch}"],
-            workdir=str(Path.cwd()),
-            env=dict(os.environ),
-            trials=SPLIT,
-            split=SPLIT,
-        )
-    )
+    args = ["--epochs=3", f"--epoch-samples={epoch}"]
+    sweep_id = simulated_sweep(client, trials=SPLIT, split=SPLIT, args=args)
     deadline = time.monotonic() + 120
     seen_memory = 0
-    while (sweep := client.get_sweep(created.id)).status != "finished":
+    while (sweep := client.get_sweep(sweep_id)).status != "finished":
         assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
         (device,) = client.devices()
         seen_memory = max(seen_memory, device.memory_used_mb or 0)
         time.sleep(0.1)
-    trials = client.all_trials(created.id)
+    trials = client.all_trials(sweep_id)
     assert [t.status for t in trials] == ["succeeded"] * SPLIT
     # NVML showed the trials' per-process memory, as a real GPU shows its processes'.
     assert seen_memory == SPLIT * model.per_process_mb
