@@ -30,16 +30,17 @@ from gpumux.runtime.gate import CLOSED, GATE_ENV
 OUT_OF_MEMORY = re.compile(r"out of (device )?memory", re.IGNORECASE)
 
 
-def launch_split(splits: Sequence[int], index: int, *, kind: str, rounds: int) -> int:
+def launch_split(splits: Sequence[int], index: int, *, work_cores: int | None, rounds: int) -> int:
     """The N the round of `splits[index]` is launched under: room beside its trials for those of
     the N before or after it (the larger), so that either may start up while it computes.
 
-    Not on the CPU (its N is the trials' thread count, and start-ups compete for its cores),
-    nor with several waves per round (their own trials fill the room), nor past MAX_SPLIT.
+    Not where the host's cores do the trials' work (`work_cores`, the device's kind says: the
+    CPU's N is the trials' thread count, and start-ups compete for those cores), nor with
+    several waves per round (their own trials fill the room), nor past MAX_SPLIT.
     """
     split = splits[index]
     beside = max((splits[i] for i in (index - 1, index + 1) if 0 <= i < len(splits)), default=0)
-    if not beside or kind != "gpu" or rounds != 1 or split + beside > MAX_SPLIT:
+    if not beside or work_cores is not None or rounds != 1 or split + beside > MAX_SPLIT:
         return split
     return split + beside
 

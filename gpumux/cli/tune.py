@@ -245,7 +245,7 @@ def _measure(
             )
             try:
                 measured = run_rounds(
-                    state, client, sweeps, load, kind=device.kind, rounds=rounds,
+                    state, client, sweeps, load, work_cores=device.work_cores, rounds=rounds,
                     gates=home / "gates",
                 )  # fmt: skip
             except KeyboardInterrupt:

@@ -111,7 +111,7 @@ def report(
     where = f"{device.name} ({device.key})"
     out.print(Text(f"best: N={best} on {where}", style="bold green"))
     chosen = next(r for r in rounds if r.split == best)
-    cpu_cores = (device.cpu_count or load.cores) if device.kind == "cpu" else None
+    cpu_cores = device.work_cores
     for line in explain(chosen, cpu_cores=cpu_cores, load=load):
         out.print(Text(f"  {line}"))
     points = chart_points(rounds, unit)

@@ -216,11 +216,12 @@ def run_rounds(
     sweeps: Sequence[SweepCreate],
     load: HostLoad,
     *,
-    kind: str,
+    work_cores: int | None,
     rounds: int,
     gates: Path,
 ) -> list[Round]:
-    """Every N in turn; on a GPU each next N starts up as the one before computes and computes
+    """Every N in turn; on a device that computes apart from the host's cores (`work_cores`
+    None: a GPU) each next N starts up as the one before computes and computes
     as it ends (see overlap.py), its gates' directories under `gates`."""
     measured: list[Round] = []
     started: Next | None = None
@@ -230,11 +231,15 @@ def run_rounds(
         split = splits[index]
         if started is None:
             alone = not shared or len(splits) == 1
-            launch = split if alone else launch_split(splits, index, kind=kind, rounds=rounds)
+            launch = (
+                split
+                if alone
+                else launch_split(splits, index, work_cores=work_cores, rounds=rounds)
+            )
             started = Next(sweep_in, launch)
         following = None
         if index + 1 < len(sweeps) and shared and started.launched != split:
-            launch = launch_split(splits, index + 1, kind=kind, rounds=rounds)
+            launch = launch_split(splits, index + 1, work_cores=work_cores, rounds=rounds)
             following = Next(sweeps[index + 1], launch)
         launched = started.launched
         result, _ = run_round(state, client, started, load, gates=gates, following=following)

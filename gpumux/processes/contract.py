@@ -41,7 +41,7 @@ class LaunchSpec:
     device_kind: str
     split: int
     # What its device kind sets (DeviceKind.trial_setup): CUDA_VISIBLE_DEVICES, GPUMUX_DEVICE_KIND,
-    # the memory cap, the threads.
+    # GPUMUX_FRAMEWORK_DEVICE, the memory cap, the threads.
     device_env: Mapping[str, str]
     # The cores the supervisor pins the trial to; None: not pinned.
     cpu_affinity: Sequence[int] | None = None

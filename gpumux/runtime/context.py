@@ -21,7 +21,7 @@ class TrialContext:
         "attempt",
         "url",
         "token",
-        "device_kind",
+        "framework_device",
         "memory_limit_mb",
         "device_memory_mb",
         "split",
@@ -35,7 +35,7 @@ class TrialContext:
         attempt: int,
         url: str | None,
         token: str | None,
-        device_kind: str,
+        framework_device: str,
         memory_limit_mb: int | None,
         device_memory_mb: int | None,
         split: int | None,
@@ -45,11 +45,17 @@ class TrialContext:
         self.attempt = attempt
         self.url = url
         self.token = token
-        self.device_kind = device_kind
+        self.framework_device = framework_device
         self.memory_limit_mb = memory_limit_mb
         self.device_memory_mb = device_memory_mb
         self.split = split
         self.cpu_threads = cpu_threads
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the trial's frameworks train on a CUDA GPU it holds a slice of (its device
+        kind says so in GPUMUX_FRAMEWORK_DEVICE; a new kind needs nothing here)."""
+        return self.framework_device == "cuda"
 
     @property
     def split_note(self) -> str:
@@ -76,7 +82,8 @@ def current(environ: Mapping[str, str] | None = None) -> TrialContext | None:
         attempt=_int(env, "GPUMUX_ATTEMPT") or 1,
         url=env.get("GPUMUX_URL") or None,
         token=env.get("GPUMUX_TRIAL_TOKEN") or None,
-        device_kind=env.get("GPUMUX_DEVICE_KIND") or "gpu",
+        # A contract without it (a daemon before it was added) placed the trial on a GPU.
+        framework_device=env.get("GPUMUX_FRAMEWORK_DEVICE") or "cuda",
         memory_limit_mb=_int(env, "GPUMUX_MEMORY_LIMIT_MB"),
         device_memory_mb=_int(env, "GPUMUX_DEVICE_MEMORY_MB"),
         split=_int(env, "GPUMUX_SPLIT"),

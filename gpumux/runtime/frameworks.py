@@ -49,7 +49,7 @@ def memory_fraction(trial: TrialContext) -> float | None:
 
 def cap_tensorflow(tf: ModuleType, trial: TrialContext) -> None:
     """Give TensorFlow this trial's slice: a logical GPU with a memory limit, and CPU threads."""
-    if trial.device_kind == "gpu":
+    if trial.on_gpu:
         if trial.cpu_threads is not None:
             _set_tensorflow_threads(tf, trial, where="the host's cores")
         gpus = tf.config.list_physical_devices("GPU")
@@ -95,7 +95,7 @@ def check_torch_sees_gpu(torch: ModuleType, trial: TrialContext) -> None:
     Only the build is looked at: asking CUDA for its devices here would initialise it in every
     trial, breaking CUDA in children forked before their first use.
     """
-    if trial.device_kind != "gpu":
+    if not trial.on_gpu:
         return
     version = getattr(torch, "version", None)
     if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
@@ -170,10 +170,10 @@ def _warn_too_late(what: str, err: RuntimeError) -> None:
 
 def cap_torch(torch: ModuleType, trial: TrialContext) -> None:
     """Give PyTorch this trial's slice: a CUDA memory fraction, and CPU threads."""
-    if trial.device_kind == "gpu" and trial.cpu_threads is not None:
+    if trial.on_gpu and trial.cpu_threads is not None:
         torch.set_num_threads(trial.cpu_threads)
         say(f"torch: the host's cores, {trial.cpu_threads} thread(s){trial.split_note}")
-    if trial.device_kind != "gpu":
+    if not trial.on_gpu:
         threads = trial.cpu_threads
         if threads is None:
             say("torch: CPU device without GPUMUX_CPU_THREADS; thread count left as it is")
@@ -209,7 +209,7 @@ def cap_torch(torch: ModuleType, trial: TrialContext) -> None:
 def set_jax_environment(trial: TrialContext, environ: MutableMapping[str, str]) -> None:
     """Turn JAX's preallocation off and cap its memory; JAX reads these only when it starts."""
     fraction = memory_fraction(trial)
-    if trial.device_kind != "gpu" or fraction is None:
+    if not trial.on_gpu or fraction is None:
         return
     environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # JAX accepts the old and the new name; setting both can fail its CUDA plugin, so only one.

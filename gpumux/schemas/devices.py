@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from gpumux.devices.kinds import KINDS
+
+KIND_DESCRIPTION = "how trials share it: " + ", ".join(
+    f"{name} ({kind.shared_by})" for name, kind in KINDS.items()
+)
+
 
 class DeviceTrial(BaseModel):
     trial_id: int
@@ -30,7 +36,7 @@ class DevicePublic(BaseModel):
     """A device as last probed, with the trials packed on it and the mix of sweeps they are."""
 
     key: str
-    kind: str = Field(description="how trials share it: gpu (memory slices) or cpu (threads)")
+    kind: str = Field(description=KIND_DESCRIPTION)
     index: int
     name: str
     uuid: str | None
@@ -41,6 +47,10 @@ class DevicePublic(BaseModel):
     cpu_count: int | None = Field(
         description="the host's cores its trials share: all of them for the CPU device, an "
         "equal block of them for each GPU; a trial gets 1/N as threads"
+    )
+    work_cores: int | None = Field(
+        description="the cores that do its trials' work, which bound what N of them do together "
+        "(the CPU device's); null where the device itself computes (a GPU)"
     )
     error: str | None
     trials: list[DeviceTrial]

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from harness import CHROMIUM, VIEWPORT, Served, daemon, launch, submit
 
@@ -172,6 +173,10 @@ def test_a_device_card_stacks_the_shares_of_the_sweeps_that_mix_on_it(
     page.goto(served.page())
     card = page.locator(".card.device[data-device='cpu']")
     expect(card).to_be_visible()
+    # The cores that do its trials' work, as the CPU device's kind tells the API.
+    listed = httpx.get(f"{served.url}/devices", headers=served.headers).json()
+    cores = next(device["work_cores"] for device in listed if device["key"] == "cpu")
+    expect(card).to_contain_text(f"{cores} cores")
     expect(card.locator(".meter.mix")).to_have_count(0)
     try:
         # One trial at N=2 holds half the CPU; once it runs, two at N=4 hold a quarter each.

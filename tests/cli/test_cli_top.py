@@ -54,6 +54,7 @@ def device(key: str, **fields: Any) -> DevicePublic:
         memory_free_mb=98_771,
         utilization_pct=87,
         cpu_count=None,
+        work_cores=None,
         error=None,
         trials=[],
         mix=[],

@@ -145,10 +145,10 @@ def test_a_round_lasts_from_its_first_start_to_its_last_end_less_its_wait_at_the
 
 def test_each_round_leaves_room_for_its_neighbours_on_a_gpu_only() -> None:
     splits = [1, 2, 3, 5, 8, 13, 21, 34]
-    assert [launch_split(splits, i, kind="gpu", rounds=1) for i in range(8)] == [
+    assert [launch_split(splits, i, work_cores=None, rounds=1) for i in range(8)] == [
         3, 5, 8, 13, 21, 34, 55, 55,
     ]  # fmt: skip
-    assert [launch_split(splits, i, kind="cpu", rounds=1) for i in range(8)] == splits
-    assert launch_split(splits, 3, kind="gpu", rounds=2) == 5
-    assert launch_split([34, 55], 0, kind="gpu", rounds=1) == 34
-    assert launch_split([3], 0, kind="gpu", rounds=1) == 3
+    assert [launch_split(splits, i, work_cores=2, rounds=1) for i in range(8)] == splits
+    assert launch_split(splits, 3, work_cores=None, rounds=2) == 5
+    assert launch_split([34, 55], 0, work_cores=None, rounds=1) == 34
+    assert launch_split([3], 0, work_cores=None, rounds=1) == 3

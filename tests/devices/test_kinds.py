@@ -22,6 +22,7 @@ from gpumux.devices.kinds.cpu import CpuKind
 from gpumux.devices.kinds.gpu import GpuKind
 from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess, core_blocks
+from gpumux.runtime import context
 from gpumux.scheduling.placement import (
     PackingPolicy,
     PendingTrial,
@@ -258,6 +259,8 @@ class RackKind(DeviceKind):
     """A test-only kind: fixed 1000 MB bays of the device's memory, one thread each."""
 
     name: ClassVar[str] = "rack"
+    shared_by: ClassVar[str] = "bays"
+    framework_device: ClassVar[str] = "cuda"
     lists_processes: ClassVar[bool] = False
     BAY_MB: ClassVar[int] = 1000
 
@@ -351,7 +354,33 @@ def test_a_third_kind_is_one_class_that_placement_takes(monkeypatch: pytest.Monk
     cap = TrialCap(memory_limit_mb=1000, cpu_threads=1)
     env = kind_of(rack).trial_setup(rack, slot=1, cap=cap, pin=False).env
     assert (env["GPUMUX_DEVICE_KIND"], env["CUDA_VISIBLE_DEVICES"]) == ("rack", "rack-0")
+    assert env["GPUMUX_FRAMEWORK_DEVICE"] == "cuda", "its frameworks are capped as on a GPU"
     assert (env["GPUMUX_MEMORY_LIMIT_MB"], env["OMP_NUM_THREADS"]) == ("1000", "1")
+
+
+class SharedGpuKind(GpuKind):
+    """A test-only kind that CUDA sees as a GPU (as MPS or a MIG instance would be): only its
+    name differs from the GPU's."""
+
+    name: ClassVar[str] = "shared-gpu"
+
+
+def test_a_kind_the_frameworks_see_as_a_gpu_caps_its_trials_as_on_a_gpu_by_its_class_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(KINDS, SharedGpuKind.name, SharedGpuKind())
+    device = snapshot(SharedGpuKind.name, key="shared-gpu-0")
+    cap = TrialCap(memory_limit_mb=4096, cpu_threads=2)
+    env = kind_of(device).trial_setup(device, slot=0, cap=cap, pin=False).env
+    trial = context.current({"GPUMUX_TRIAL_ID": "1", **env})
+    assert trial is not None
+    # The trial's runtime knows no kind by name: it caps CUDA's memory because the kind says so.
+    assert env["GPUMUX_DEVICE_KIND"] == "shared-gpu" and trial.on_gpu
+    assert (trial.memory_limit_mb, trial.cpu_threads) == (4096, 2)
+    assert kind_of(device).work_cores(device) is None, "gpumux tune overlaps its rounds"
+    cpu_env = kind_of(cpu()).trial_setup(cpu(), slot=0, cap=cap, pin=False).env
+    cpu_trial = context.current({"GPUMUX_TRIAL_ID": "1", **cpu_env})
+    assert cpu_trial is not None and not cpu_trial.on_gpu
 
 
 STEPS = (1, 2, 3, 5, 8, 13, 21, 34)

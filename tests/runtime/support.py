@@ -77,6 +77,7 @@ def trial_env(url: str | None, **overrides: str | None) -> dict[str, str]:
         GPUMUX_PARAMS='{"lr": 0.01}',
         GPUMUX_TRIAL_TOKEN=TOKEN,
         GPUMUX_DEVICE_KIND="cpu",
+        GPUMUX_FRAMEWORK_DEVICE="cpu",
         CUDA_VISIBLE_DEVICES="",
         GPUMUX_SPLIT="2",
         GPUMUX_CPU_THREADS="1",

@@ -96,6 +96,7 @@ def test_gpu_trial_gets_jax_memory_settings_before_the_script(tmp_path: Path) ->
     env = trial_env(
         None,
         GPUMUX_DEVICE_KIND="gpu",
+        GPUMUX_FRAMEWORK_DEVICE="cuda",
         GPUMUX_CPU_THREADS=None,
         GPUMUX_MEMORY_LIMIT_MB="4096",
         GPUMUX_DEVICE_MEMORY_MB="143771",

@@ -14,7 +14,8 @@ def test_context_reads_the_launcher_contract() -> None:
             "GPUMUX_ATTEMPT": "3",
             "GPUMUX_URL": "unix:/run/gpumux.sock",
             "GPUMUX_TRIAL_TOKEN": "t",
-            "GPUMUX_DEVICE_KIND": "gpu",
+            "GPUMUX_DEVICE_KIND": "mps",
+            "GPUMUX_FRAMEWORK_DEVICE": "cuda",
             "GPUMUX_MEMORY_LIMIT_MB": "4096",
             "GPUMUX_DEVICE_MEMORY_MB": "143771",
             "GPUMUX_SPLIT": "4",
@@ -30,7 +31,16 @@ def test_context_reads_the_launcher_contract() -> None:
     )
     assert (trial.memory_limit_mb, trial.device_memory_mb, trial.split) == (4096, 143771, 4)
     assert trial.cpu_threads is None
+    # The kind's name is not what caps the frameworks: what it says they train on is.
+    assert trial.on_gpu
     assert context.current({}) is None
+
+
+def test_a_trial_whose_kind_says_its_frameworks_train_on_the_cpu_is_not_on_a_gpu() -> None:
+    trial = context.current({"GPUMUX_TRIAL_ID": "1", "GPUMUX_FRAMEWORK_DEVICE": "cpu"})
+    assert trial is not None and not trial.on_gpu
+    before = context.current({"GPUMUX_TRIAL_ID": "1", "GPUMUX_DEVICE_KIND": "gpu"})
+    assert before is not None and before.on_gpu, "a contract from before the variable: a GPU"
 
 
 def test_malformed_numbers_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ def gpu_trial(**changes: Any) -> TrialContext:
         "attempt": 1,
         "url": None,
         "token": None,
-        "device_kind": "gpu",
+        "framework_device": "cuda",
         "memory_limit_mb": 4096,
         "device_memory_mb": 143771,
         "split": 4,
@@ -179,6 +179,7 @@ def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemo
     env = trial_env(
         report_server.url,
         GPUMUX_DEVICE_KIND="gpu",
+        GPUMUX_FRAMEWORK_DEVICE="cuda",
         GPUMUX_MEMORY_LIMIT_MB="4096",
         GPUMUX_DEVICE_MEMORY_MB="143771",
         CUDA_VISIBLE_DEVICES="GPU-00000000-0000-0000-0000-000000000000",
@@ -214,7 +215,7 @@ def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
 ) -> None:
     import torch
 
-    env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu")
+    env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu", GPUMUX_FRAMEWORK_DEVICE="cuda")
     quiet = run_python(["-c", "import torch; print('script: done')"], env, tmp_path)
     assert quiet.returncode == 0, quiet.stdout
     assert "sees no GPU" not in quiet.stdout
@@ -297,7 +298,7 @@ def test_jax_environment_keeps_the_users_settings() -> None:
 def test_jax_environment_untouched_on_the_cpu_device() -> None:
     environ: dict[str, str] = {}
 
-    frameworks.set_jax_environment(gpu_trial(device_kind="cpu", cpu_threads=1), environ)
+    frameworks.set_jax_environment(gpu_trial(framework_device="cpu", cpu_threads=1), environ)
 
     assert environ == {}
 
@@ -323,7 +324,12 @@ def test_torch_on_a_gpu_gets_threads_for_its_share_of_the_hosts_cores(
     threads = (os.cpu_count() or 1) + 1
     script = "import torch; print(f'script: torch threads {torch.get_num_threads()}')"
     # A daemon to answer: a CPU-only torch on a GPU tells it so.
-    env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu", GPUMUX_CPU_THREADS=str(threads))
+    env = trial_env(
+        report_server.url,
+        GPUMUX_DEVICE_KIND="gpu",
+        GPUMUX_FRAMEWORK_DEVICE="cuda",
+        GPUMUX_CPU_THREADS=str(threads),
+    )
 
     result = run_python(["-c", script], env, tmp_path)
 

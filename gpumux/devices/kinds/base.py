@@ -80,6 +80,12 @@ class DeviceKind(ABC):
 
     # DeviceSnapshot.kind, and the trial's GPUMUX_DEVICE_KIND.
     name: ClassVar[str]
+    # How trials share the device, as the API's description of the kind says it.
+    shared_by: ClassVar[str]
+    # What the trial's frameworks train on and are capped on (GPUMUX_FRAMEWORK_DEVICE): "cuda"
+    # (a memory fraction or a logical device of the GPU, plus threads of the host's cores) or
+    # "cpu" (threads only). A kind the frameworks see as a CUDA GPU (MPS, MIG) keeps "cuda".
+    framework_device: ClassVar[str]
     # Whether snapshots list each process's memory, so that our process groups are worth listing.
     lists_processes: ClassVar[bool]
     # Whether `ceiling` is the device's and the workload's (worth keeping in a profile), not
@@ -169,6 +175,7 @@ class DeviceKind(ABC):
         MPS's thread percentage, adds it here)."""
         env = {
             "GPUMUX_DEVICE_KIND": self.name,
+            "GPUMUX_FRAMEWORK_DEVICE": self.framework_device,
             "CUDA_VISIBLE_DEVICES": self.cuda_visible_devices(device),
         }
         if device.memory_total_mb is not None:

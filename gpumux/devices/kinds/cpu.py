@@ -24,6 +24,8 @@ class CpuKind(DeviceKind):
     """The CPU: no memory is divided; each trial gets an equal share of the cores as threads."""
 
     name: ClassVar[str] = "cpu"
+    shared_by: ClassVar[str] = "threads"
+    framework_device: ClassVar[str] = "cpu"
     lists_processes: ClassVar[bool] = False
     # Its ceiling follows free memory, which the running trials themselves hold.
     stable_ceiling: ClassVar[bool] = False

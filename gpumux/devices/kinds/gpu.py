@@ -42,6 +42,8 @@ class GpuKind(DeviceKind):
     the host's threads oversubscribe it N times)."""
 
     name: ClassVar[str] = "gpu"
+    shared_by: ClassVar[str] = "memory slices"
+    framework_device: ClassVar[str] = "cuda"
     lists_processes: ClassVar[bool] = True
 
     def usable(self, device: DeviceSnapshot) -> bool:

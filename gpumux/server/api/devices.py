@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from fastapi import APIRouter, Depends
 
+from gpumux.devices.kinds import kind_of
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.schemas.devices import DevicePublic, DeviceShare, DeviceTrial
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
@@ -114,6 +115,7 @@ def node_devices(
         devices.append(
             DevicePublic(
                 **fields,
+                work_cores=kind_of(snapshot).work_cores(snapshot),
                 trials=packed.get(snapshot.key, []),
                 mix=mix,
                 load=float(load),

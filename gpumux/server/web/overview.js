@@ -125,7 +125,7 @@ function deviceCard(device) {
       h("strong", { title: device.name }, device.name),
       h("span", { class: "muted mono" }, device.key),
     ),
-    device.kind === "cpu" && device.cpu_count ? h("div", { class: "small muted" }, `${device.cpu_count} cores`) : null,
+    device.work_cores ? h("div", { class: "small muted" }, `${device.work_cores} cores`) : null,
     memory,
     util,
     mixMeter(device),

@@ -153,6 +153,8 @@ def test_an_admin_sees_every_sweep_of_the_mix_with_its_share_and_the_load(
     assert len(seen["gpu0"]["trials"]) == 3, "the ended trial holds no slot"
     assert seen["cpu"]["mix"] == [share(mixed.alices, alice.name, ALICES_NAME, 2, 1)]
     assert seen["cpu"]["load_fraction"] == "1/2"
+    # The cores that do the trials' work, as each device's kind says: the CPU's, none on a GPU.
+    assert (seen["gpu0"]["work_cores"], seen["cpu"]["work_cores"]) == (None, 2)
 
 
 def test_a_user_sees_whose_and_which_only_of_their_own_sweeps(
