@@ -231,12 +231,15 @@ ROW_WRITES = [
         "        trial.log_scanned = scanned",
     ),
     (
-        "gpumux/scheduling/loop.py",
+        "gpumux/scheduling/reaper.py",
         "def sneak(session: Session, trial_id: int) -> None:\n"
         "    if (trial := trial_store.get_trial(session=session, trial_id=trial_id)):\n"
         "        trial.pid, trial.pid_started = 1, 2",
     ),
-    ("gpumux/scheduling/loop.py", "def sneak(trial: Trial | None) -> None:\n    trial.error = ''"),
+    (
+        "gpumux/scheduling/reaper.py",
+        "def sneak(trial: Trial | None) -> None:\n    trial.error = ''",
+    ),
     (
         "gpumux/scheduling/reconcile.py",
         "def sneak(session: Session) -> None:\n"

@@ -15,6 +15,7 @@ from gpumux.processes.rundir import ExitStatus, TrialEnd
 from gpumux.splits.online import is_out_of_memory
 from gpumux.status import PruneNote, TrialStatus
 from gpumux.storage import lifecycle
+from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Trial, utcnow
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,16 @@ class Outcome:
     status: TrialStatus
     # An auto-split trial ran out of device memory at its N: its workload's N must come down.
     out_of_memory: bool = False
+
+
+def may_record(trial: Trial, *, attempt: int, node_id: int | None, what: str) -> bool:
+    """Whether node `node_id` (None: the only scheduler) may still record `what` of the trial's
+    `attempt`. Fencing: an older attempt's news never overwrites a newer one, nor one another
+    node runs."""
+    refused = trial_store.still_held(trial, node_id=node_id, attempt=attempt)
+    if refused is not None:
+        log.warning("trial %s: refusing %s of attempt %d (%s)", trial.id, what, attempt, refused)
+    return refused is None
 
 
 def record(
