@@ -29,17 +29,21 @@ class ProbedDevices:
         self.watched = watched
         self.devices: list[DeviceSnapshot] = []
         self._probed_at = float("-inf")
-        # Our trials' processes seen since the devices were last probed: one that ended since
-        # is still listed in that snapshot, and counted as another's it would shrink the next
-        # trial's slice by its memory (a slice at the edge then runs out of memory).
+        # Our trials' processes as the last snapshot may list them: those the last scan before
+        # that probe found, and every one a scan found since. One that ended since the probe (a
+        # trial reaped since, a worker that exited before the scan) is still listed in that
+        # snapshot, and counted as another's it would shrink the next trial's slice by its
+        # memory (a slice at the edge then runs out of memory).
         self._ours_since_probe: dict[int, int] = {}
+        # What the last scan of /proc found.
+        self._scanned: dict[int, int] = {}
 
     def snapshot(self) -> list[DeviceSnapshot]:
         """The devices as last probed, probed again when that is a poll interval old."""
         now = time.monotonic()
         if now - self._probed_at >= self.poll_interval:
             self._probed_at = now
-            self._ours_since_probe = {}
+            self._ours_since_probe = dict(self._scanned)
             try:
                 self.devices = self.probe.snapshot()
             except NvmlUnavailable as error:
@@ -59,10 +63,11 @@ class ProbedDevices:
         as another's its memory would shrink the next trial's slice)."""
         pgids = self.watched.pgids()
         leaders = {pgid: pgid for pgid in pgids}
-        return leaders | group_members(pgids, subreapers=self.watched.subreapers())
+        self._scanned = leaders | group_members(pgids, subreapers=self.watched.subreapers())
+        return dict(self._scanned)
 
     def ours_since_probe(self) -> dict[int, int]:
-        """Our trials' processes as the last snapshot may list them: every process a scan found
-        ours since that probe, this look's scan included."""
+        """Our trials' processes as the last snapshot may list them: every process the last scan
+        before that probe found ours, and every one a scan found since, this look's included."""
         self._ours_since_probe.update(self.trial_processes())
         return dict(self._ours_since_probe)

@@ -25,7 +25,7 @@ from scripted_nvml import (
 from gpumux.config import Settings
 from gpumux.devices.kinds.base import pinned_cores
 from gpumux.devices.probes import CpuProbe, DeviceProbe, NvmlProbe
-from gpumux.devices.snapshot import core_blocks
+from gpumux.devices.snapshot import DeviceSnapshot, core_blocks
 from gpumux.grammar import sweepspec
 from gpumux.processes import rundir
 from gpumux.processes.procfs import start_ticks as process_start_ticks
@@ -469,6 +469,128 @@ def test_a_trial_that_ended_since_the_last_probe_does_not_shrink_the_next_slice(
     # snapshot the second was placed on, is ours, not another user's 20,000 MiB.
     assert first.memory_limit_mb is not None
     assert second.memory_limit_mb == first.memory_limit_mb
+
+
+class EndsAfterTheProbe:
+    """NVML's snapshot, after which one process it lists is killed and gone from /proc before
+    the tick scans it: a process that ends between the probe and the scan."""
+
+    def __init__(self, nvml: ScriptedNvml) -> None:
+        self.nvml = NvmlProbe(nvml)
+        self.doomed: int | None = None
+
+    def snapshot(self) -> list[DeviceSnapshot]:
+        devices = self.nvml.snapshot()
+        if self.doomed is not None:
+            os.kill(self.doomed, signal.SIGKILL)
+            deadline = time.monotonic() + DEADLINE
+            # Gone, not a zombie: the trial reaps its worker.
+            while Path(f"/proc/{self.doomed}").exists():
+                assert time.monotonic() < deadline, "the worker to be reaped"
+                time.sleep(0.01)
+            self.doomed = None
+        return devices
+
+    def close(self) -> None:
+        self.nvml.close()
+
+
+async def ticks_until(scheduler: Scheduler, condition: Callable[[], bool], what: str) -> None:
+    """Tick the scheduler, one tick at a time, until a condition holds, with a deadline."""
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await scheduler.tick()
+        await asyncio.sleep(0.02)
+
+
+def idle_gpu(uuid: str) -> ScriptedGpu:
+    return ScriptedGpu(name=H100_NAME, uuid=uuid, total_mb=H100_MB, used_mb=0, utilization_pct=0)
+
+
+def test_a_worker_that_ended_between_the_probe_and_the_scan_does_not_shrink_the_next_slice(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    # A probe at every tick: each tick places trials on a snapshot taken before its own scan.
+    eager = settings.model_copy(update={"poll_interval": 1e-9})
+    gpu = idle_gpu("GPU-worker-ended")
+    probe = EndsAfterTheProbe(ScriptedNvml([gpu]))
+    harness = Harness(eager, sessions, tmp_path, probe=probe)
+    pidfile = tmp_path / "pids"
+    first_sweep = harness.submit(
+        command=[sys.executable, str(FIXTURES / "reaped_worker.py"), str(pidfile)], split=2
+    )
+
+    async def scenario() -> tuple[Trial, Trial]:
+        scheduler = harness.scheduler
+        await ticks_until(
+            scheduler,
+            lambda: pidfile.exists() and harness.trials(first_sweep)[0].pid is not None,
+            "the first trial to run",
+        )
+        worker = int(pidfile.read_text().split()[1])
+        # Its worker (not its group's leader) holds device memory; a tick's scan sees it ours.
+        gpu.processes, gpu.used_mb = [ScriptedProcess(pid=worker, used_mb=4000)], 4000
+        await scheduler.tick()
+        second_sweep = harness.submit(command=["true"], split=2)
+        # The next probe still lists the worker; it ends before that tick's scan.
+        probe.doomed = worker
+        await scheduler.tick()
+        (first,) = harness.trials(first_sweep)
+        (second,) = harness.trials(second_sweep)
+        gpu.processes, gpu.used_mb = [], 0
+        harness.cancel(first_sweep)
+        await scheduler.run_until_idle()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    # Alone on the device but for the first trial, the second gets the same half: the worker
+    # that ended is the first trial's, not another user's 4,000 MiB.
+    assert first.memory_limit_mb is not None
+    assert second.status is not TrialStatus.queued
+    assert second.memory_limit_mb == first.memory_limit_mb
+
+
+def test_a_trial_reaped_in_the_tick_that_probes_does_not_shrink_the_next_slice(
+    settings: Settings, sessions: Sessions, tmp_path: Path
+) -> None:
+    # A probe at every tick: the tick that reaps the first trial probes, and the snapshot still
+    # lists the first trial's process (NVML lists a process a moment after it ends).
+    eager = settings.model_copy(update={"poll_interval": 1e-9})
+    gpu = idle_gpu("GPU-reaped-then-probed")
+    harness = Harness(eager, sessions, tmp_path, probe=NvmlProbe(ScriptedNvml([gpu])))
+    flag = tmp_path / "release"
+    sweep_id = harness.submit(
+        "x=1,2", command=[sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)], split=1
+    )
+
+    def running() -> Trial | None:
+        return next((t for t in harness.trials(sweep_id) if t.status == TrialStatus.running), None)
+
+    async def scenario() -> tuple[Trial, Trial]:
+        scheduler = harness.scheduler
+        await ticks_until(
+            scheduler, lambda: (t := running()) is not None and t.pid is not None, "a trial to run"
+        )
+        first = running()
+        assert first is not None and first.pid is not None
+        gpu.processes, gpu.used_mb = [ScriptedProcess(pid=first.pid, used_mb=20000)], 20000
+        await scheduler.tick()
+        flag.touch()
+        assert wait_gone([supervisor_pid(harness.scheduler.settings, first)]) == []
+        # This tick reaps the first trial, then probes: the snapshot still lists its process.
+        await scheduler.tick()
+        (second,) = (t for t in harness.trials(sweep_id) if t.id != first.id)
+        gpu.processes, gpu.used_mb = [], 0
+        await scheduler.run_until_idle()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first.memory_limit_mb is not None
+    assert second.status is not TrialStatus.queued
+    assert second.memory_limit_mb == first.memory_limit_mb
+    assert {t.status for t in harness.trials(sweep_id)} == {TrialStatus.succeeded}
 
 
 def test_a_trial_whose_log_cannot_be_written_fails_and_the_rest_run_on(
