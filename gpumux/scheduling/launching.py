@@ -27,7 +27,7 @@ from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, Trial, utcnow
+from gpumux.storage.models import Sweep, Trial
 from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Launcher:
                 user, user_env = run_as(trial.sweep)
             except LaunchError as error:
                 log.warning("trial %s: %a", chosen.trial_id, str(error))
-                fail(session, trial, str(error))
+                lifecycle.record_not_started(session=session, trial=trial, error=str(error))
                 return None
             spec = self._claim(session, trial, chosen, device, token, user_env)
             time_limit = trial.sweep.time_limit_s
@@ -172,16 +172,7 @@ class Launcher:
             else:
                 trial = None
             if trial is not None:
-                fail(session, trial, error)
-
-
-def fail(session: Session, trial: Trial, error: str) -> None:
-    """Record a queued or starting trial as failed before it started, with the reason."""
-    if trial.status is TrialStatus.queued:
-        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-    lifecycle.set_trial_status(
-        session=session, trial=trial, status=TrialStatus.failed, error=error, ended_at=utcnow()
-    )
+                lifecycle.record_not_started(session=session, trial=trial, error=error)
 
 
 def run_as(sweep: Sweep) -> tuple[dict[str, Any] | None, dict[str, str]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -13,10 +12,10 @@ from gpumux.config import Settings
 from gpumux.processes.logfiles import tail_lines
 from gpumux.processes.rundir import ExitStatus, TrialEnd
 from gpumux.splits.online import is_out_of_memory
-from gpumux.status import PruneNote, TrialStatus
+from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
-from gpumux.storage.models import Trial, utcnow
+from gpumux.storage.models import Trial
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +58,9 @@ def record(
     (None: it ended by itself)."""
     if stop is None and trial.sweep.cancel_requested:
         stop = StopReason.cancel
-    if trial.status is TrialStatus.starting:
-        # Ended before its start was recorded (a short trial, or a write that failed): it did
-        # run, so say so first.
-        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    lifecycle.record_ran(session=session, trial=trial)
     if end.error is not None and stop is None:
-        lifecycle.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.failed,
-            error=end.error,
-            ended_at=utcnow(),
-        )
+        lifecycle.record_failed(session=session, trial=trial, error=end.error)
         outcome = Outcome(status=trial.status)
     else:
         outcome = record_exit(
@@ -89,11 +79,7 @@ def record_exit(
     settings: Settings,
 ) -> Outcome:
     """Record how a trial's process exited, given why gpumux stopped it (None: by itself)."""
-    ended = {
-        "exit_code": exit_status.exit_code,
-        "signal": exit_status.signal,
-        "ended_at": utcnow(),
-    }
+    code, killed_by = exit_status
     if stop is StopReason.shutdown:
         requeue_or_lose(
             session=session, trial=trial, why="stopped by a daemon shutdown", settings=settings
@@ -106,29 +92,17 @@ def record_exit(
             settings=settings,
         )
     elif stop is StopReason.cancel:
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.cancelled, **ended
-        )
+        lifecycle.record_cancelled(session=session, trial=trial, exit_code=code, signal=killed_by)
     elif stop is StopReason.prune:
-        # The pruner's decision, noted when the trial was stopped (Scheduler.apply_pruners).
-        noted = trial.error if PruneNote.parse(trial.error) is not None else None
-        error = noted or f"pruned by the {trial.sweep.prune} pruner"
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.pruned, error=error, **ended
-        )
+        # The pruner's decision, noted when the trial was stopped (SweepStops.apply_pruners).
+        lifecycle.record_pruned(session=session, trial=trial, exit_code=code, signal=killed_by)
     elif stop is StopReason.timeout:
-        limit = trial.sweep.time_limit_s
-        error = f"time limit of {limit:g} s exceeded; stopped"
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.failed, error=error, **ended
-        )
-    elif exit_status.exit_code == 0:
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.succeeded, **ended
-        )
+        lifecycle.record_timed_out(session=session, trial=trial, exit_code=code, signal=killed_by)
+    elif code == 0:
+        lifecycle.record_succeeded(session=session, trial=trial, exit_code=code, signal=killed_by)
     else:
         return _record_failure(
-            session=session, trial=trial, how=exit_status.describe(), ended=ended, settings=settings
+            session=session, trial=trial, exit_status=exit_status, settings=settings
         )
     return Outcome(status=trial.status)
 
@@ -137,10 +111,10 @@ def _record_failure(
     *,
     session: Session,
     trial: Trial,
-    how: str,
-    ended: Mapping[str, object],
+    exit_status: ExitStatus,
     settings: Settings,
 ) -> Outcome:
+    how = exit_status.describe()
     tail = tail_lines(trial.log_path, settings.log_tail_lines)
     if is_out_of_memory(tail):
         if trial.sweep.split is None and trial.attempt <= settings.oom_retries:
@@ -171,12 +145,12 @@ def _record_failure(
             failures=trial.failures + 1,
         )
         return Outcome(status=trial.status)
-    lifecycle.set_trial_status(
+    lifecycle.record_failed(
         session=session,
         trial=trial,
-        status=TrialStatus.failed,
         error=f"{how}; last lines of its log:\n{tail}",
-        **ended,
+        exit_code=exit_status.exit_code,
+        signal=exit_status.signal,
     )
     return Outcome(status=trial.status)
 

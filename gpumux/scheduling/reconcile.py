@@ -15,7 +15,6 @@ from gpumux.processes.supervised import SupervisedTrial, kill_leftovers
 from gpumux.scheduling import outcomes
 from gpumux.scheduling.outcomes import Outcome, StopReason
 from gpumux.scheduling.watched import KILL_BACKSTOP_S, Running, Watched
-from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Trial, utcnow
@@ -96,10 +95,4 @@ def adopt(*, session: Session, trial: Trial, process: SupervisedTrial, watched: 
             else None,
         ),
     )
-    if trial.status is TrialStatus.starting:
-        lifecycle.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.running,
-            started_at=trial.started_at or utcnow(),
-        )
+    lifecycle.record_adopted(session=session, trial=trial)

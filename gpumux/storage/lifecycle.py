@@ -1,5 +1,5 @@
-"""The gate that changes a trial's status, the sweep's status derived from its trials', and
-requeues."""
+"""A trial's status moves, each named for what happened and deciding what the row gets, through
+the one gate that changes a trial's status; the sweep's status derived from its trials'."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gpumux.status import (
     ACTIVE_TRIAL_STATUSES,
     FINAL_TRIAL_STATUSES,
     TRIAL_TRANSITIONS,
+    PruneNote,
     SweepStatus,
     TrialStatus,
 )
@@ -97,6 +98,129 @@ def note_pruned(*, session: Session, trial: Trial, note: str) -> None:
     """The pruner stops the running trial, for `note` (a `PruneNote`): kept as its error now,
     for its end to carry into the pruned status (the trial reports on until the signal lands)."""
     trial.error = note
+
+
+def record_ran(*, session: Session, trial: Trial) -> None:
+    """The attempt ended before its start was recorded (a short trial, or a write that failed):
+    it did run, so a trial still starting is running first, for its end to follow."""
+    if trial.status is TrialStatus.starting:
+        set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+
+
+def record_adopted(*, session: Session, trial: Trial) -> None:
+    """A supervisor a previous daemon started is watched again: a trial still starting is
+    running, since its launch (since now where that time was lost)."""
+    if trial.status is TrialStatus.starting:
+        set_trial_status(
+            session=session,
+            trial=trial,
+            status=TrialStatus.running,
+            started_at=trial.started_at or utcnow(),
+        )
+
+
+def record_not_started(*, session: Session, trial: Trial, error: str) -> None:
+    """The queued or starting trial could not start (its user or its log refused it, its
+    supervisor did not spawn): failed before it started, for `error`."""
+    if trial.status is TrialStatus.queued:
+        set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
+    set_trial_status(
+        session=session, trial=trial, status=TrialStatus.failed, error=error, ended_at=utcnow()
+    )
+
+
+def record_succeeded(
+    *, session: Session, trial: Trial, exit_code: int | None, signal: int | None
+) -> None:
+    """The attempt's command exited by itself, with code 0."""
+    _record_end(
+        session=session,
+        trial=trial,
+        status=TrialStatus.succeeded,
+        exit_code=exit_code,
+        signal=signal,
+    )
+
+
+def record_cancelled(
+    *, session: Session, trial: Trial, exit_code: int | None, signal: int | None
+) -> None:
+    """The attempt was stopped because its sweep was cancelled."""
+    _record_end(
+        session=session,
+        trial=trial,
+        status=TrialStatus.cancelled,
+        exit_code=exit_code,
+        signal=signal,
+    )
+
+
+def record_pruned(
+    *, session: Session, trial: Trial, exit_code: int | None, signal: int | None
+) -> None:
+    """The attempt was stopped by its sweep's pruner: pruned, for the pruner's note kept when it
+    was stopped (`note_pruned`), else for the pruner's name."""
+    noted = trial.error if PruneNote.parse(trial.error) is not None else None
+    _record_end(
+        session=session,
+        trial=trial,
+        status=TrialStatus.pruned,
+        exit_code=exit_code,
+        signal=signal,
+        error=noted or f"pruned by the {trial.sweep.prune} pruner",
+    )
+
+
+def record_timed_out(
+    *, session: Session, trial: Trial, exit_code: int | None, signal: int | None
+) -> None:
+    """The attempt was stopped at its sweep's time limit: failed, saying so."""
+    limit = trial.sweep.time_limit_s
+    _record_end(
+        session=session,
+        trial=trial,
+        status=TrialStatus.failed,
+        exit_code=exit_code,
+        signal=signal,
+        error=f"time limit of {limit:g} s exceeded; stopped",
+    )
+
+
+def record_failed(
+    *,
+    session: Session,
+    trial: Trial,
+    error: str,
+    exit_code: int | None = None,
+    signal: int | None = None,
+) -> None:
+    """The attempt failed, for `error`, with its exit status (none where its command never
+    started)."""
+    _record_end(
+        session=session,
+        trial=trial,
+        status=TrialStatus.failed,
+        exit_code=exit_code,
+        signal=signal,
+        error=error,
+    )
+
+
+def _record_end(
+    *,
+    session: Session,
+    trial: Trial,
+    status: TrialStatus,
+    exit_code: int | None,
+    signal: int | None,
+    error: str | None = None,
+) -> None:
+    """The attempt ended in `status` now, with its exit status; `error` replaces the trial's
+    error where given (a success or a cancel keeps what an earlier attempt's requeue said)."""
+    fields: dict[str, Any] = {"exit_code": exit_code, "signal": signal, "ended_at": utcnow()}
+    if error is not None:
+        fields["error"] = error
+    set_trial_status(session=session, trial=trial, status=status, **fields)
 
 
 def refresh_sweep_status(*, session: Session, sweep: Sweep, now: datetime | None = None) -> None:
