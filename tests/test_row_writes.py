@@ -4,6 +4,7 @@ changed by a function of storage, named for what the change means."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Set
 from pathlib import Path
 
 from sourcetree import ROOT, copy_of_the_package, definitions, scopes
@@ -13,8 +14,10 @@ from sourcetree import ROOT, copy_of_the_package, definitions, scopes
 # assigned or deleted. What holds a row is followed by name within each function: a parameter
 # or variable annotated with a model (or an alias of one), what a function returning rows gave,
 # `session.get`, a loop over rows, an alias. Functions and models are resolved through the
-# module's imports, so a client's `get_trial` is not storage's. A row kept in another object's
-# field (`NextTrial.trial`, `self.trial`) is not followed; no module outside storage writes one.
+# module's imports, so a client's `get_trial` is not storage's. A field of a class's own object
+# that holds a row (`self.trial`: assigned a row in one of its methods, or annotated with a model
+# there or in the class's body, as a dataclass's field) is followed in all of its methods; one
+# read through another object (`next.trial` of a `NextTrial`) is not.
 class _Module:
     """One module's name and what its imported and own names stand for, qualified."""
 
@@ -89,9 +92,16 @@ class _Rows:
     module (its own statements and its classes')."""
 
     def __init__(
-        self, module: _Module, nodes: list[ast.AST], types: set[str], functions: set[str]
+        self,
+        module: _Module,
+        nodes: list[ast.AST],
+        types: set[str],
+        functions: set[str],
+        fields: Set[str] = frozenset(),
     ) -> None:
         self.module, self.types, self.functions = module, types, functions
+        # The fields of `self` that hold rows, in a method of their class.
+        self.fields = fields
         self.names: set[str] = set()
         for node in nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -115,6 +125,8 @@ class _Rows:
         match value:
             case ast.Name(id=name):
                 return name in self.names
+            case ast.Attribute(value=ast.Name(id="self"), attr=field) if field in self.fields:
+                return True
             case ast.Attribute(value=inner) | ast.Subscript(value=inner) | ast.Await(value=inner):
                 return self.holds(inner)
             case ast.Starred(value=inner) | ast.NamedExpr(value=inner):
@@ -143,6 +155,51 @@ class _Rows:
         while isinstance(root, (ast.Attribute, ast.Subscript)) and not self.holds(root):
             root = root.value
         return self.holds(root)
+
+
+def row_fields(
+    module: _Module, cls: ast.ClassDef, types: set[str], functions: set[str]
+) -> set[str]:
+    """The fields of a class's own object that hold rows: annotated with a model in its body
+    (a dataclass's field) or in a method (`self.trial: Trial`), or assigned a row in a method
+    (`self.trial = get_trial(...)`, or another such field)."""
+    fields = {
+        node.target.id
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and module.mentions(node.annotation, types)
+    }
+    methods = [list(ast.walk(method)) for method in _methods(cls)]
+    # To a fixed point: a field assigned from another found later holds rows too.
+    known = -1
+    while known < len(fields):
+        known = len(fields)
+        for nodes in methods:
+            rows = _Rows(module, nodes, types, functions, fields)
+            for node in nodes:
+                if isinstance(node, ast.AnnAssign) and module.mentions(node.annotation, types):
+                    fields |= _self_fields(node.target)
+                for target, value in _bindings(node):
+                    if rows.holds(value):
+                        fields |= _self_fields(target)
+    return fields
+
+
+def _methods(cls: ast.ClassDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _self_fields(target: ast.expr) -> set[str]:
+    """The fields of `self` an assignment's target binds (`self.trial`, `self.a, self.b`)."""
+    match target:
+        case ast.Attribute(value=ast.Name(id="self"), attr=field):
+            return {field}
+        case ast.Tuple(elts=elements) | ast.List(elts=elements):
+            return {field for element in elements for field in _self_fields(element)}
+        case ast.Starred(value=inner):
+            return _self_fields(inner)
+    return set()
 
 
 def _bound(target: ast.expr) -> set[str]:
@@ -181,8 +238,15 @@ def rows_changed_outside_storage(package: Path) -> list[str]:
         where = path.relative_to(package.parent)
         if where.parts[1] == "storage":
             continue
+        # The row fields of each method's class, by the method's node.
+        fields_of: dict[int, set[str]] = {}
+        for cls in ast.walk(module.tree):
+            if isinstance(cls, ast.ClassDef):
+                fields = row_fields(module, cls, types, functions)
+                fields_of |= {id(method): fields for method in _methods(cls)}
         for nodes in scopes(module.tree):
-            rows = _Rows(module, nodes, types, functions)
+            fields = fields_of.get(id(nodes[0]), set())
+            rows = _Rows(module, nodes, types, functions, fields)
             for node in nodes:
                 if isinstance(node, (ast.Assign, ast.Delete)):
                     targets = node.targets
@@ -265,6 +329,26 @@ ROW_WRITES = [
     (
         "gpumux/search/studies.py",
         "def sneak(trial: Trial) -> None:\n    del trial.sweep.params['x']",
+    ),
+    # A row held in a field of the object, set in one method and written in another.
+    (
+        "gpumux/scheduling/launching.py",
+        "class Sneak:\n"
+        "    def __init__(self, session: Session) -> None:\n"
+        "        self.trial = trial_store.get_trial(session=session, trial_id=1)\n"
+        "        self.current = self.trial\n"
+        "\n"
+        "    def write(self) -> None:\n"
+        "        self.current.error = ''",
+    ),
+    (
+        "gpumux/scheduling/next_trials.py",
+        "@dataclass\n"
+        "class Sneak:\n"
+        "    sweep: Sweep\n"
+        "\n"
+        "    def write(self) -> None:\n"
+        "        self.sweep.priority += 1",
     ),
 ]
 
