@@ -16,7 +16,7 @@ from gpumux.status import PruneNote, SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Trial, utcnow
+from gpumux.storage.models import Trial, token_hash, utcnow
 
 
 def queued(session: Session, tmp_path: Path, **sweep_fields: Any) -> Trial:
@@ -191,3 +191,26 @@ def test_an_end_the_lifecycle_does_not_allow_is_refused_and_changes_nothing(
             move(session=session, trial=trial, exit_code=0, signal=None)
         assert (trial.status, trial.error) == (TrialStatus.failed, "no such user: bob")
         assert (trial.exit_code, trial.ended_at) == (None, ended)
+
+
+def test_a_launch_clears_what_the_last_attempt_left(sessions: Sessions, tmp_path: Path) -> None:
+    with sessions.write.begin() as session:
+        trial = queued(session, tmp_path)
+        launch(session, trial, tmp_path, token="first")
+        lifecycle.record_started(session=session, trial=trial, pid=4321, pid_started=99)
+        # What the first attempt reached before it was cut off, as its reports and end left it.
+        trial.step, trial.objective, trial.log_scanned = 7, 0.25, 512
+        trial.exit_code, trial.signal = 137, 9
+        trial.started_at = first_start = utcnow() - timedelta(hours=1)
+        lifecycle.requeue(session=session, trial=trial, why="was cut off", then="requeued")
+        launch(session, trial, tmp_path, token="second")
+        assert trial.started_at is not None and trial.started_at > first_start
+    with sessions.read() as session:
+        stored = trial_store.get_trial(session=session, trial_id=trial.id)
+        assert stored is not None
+        assert (stored.status, stored.attempt) == (TrialStatus.starting, 2)
+        assert stored.token_hash == token_hash("second")
+        assert stored.log_path == str(tmp_path / f"{stored.id}.2.log") and stored.log_scanned == 0
+        left = (stored.step, stored.objective, stored.exit_code, stored.signal)
+        assert left == (None, None, None, None)
+        assert (stored.pid, stored.pid_started) == (None, None)
