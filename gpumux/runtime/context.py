@@ -82,13 +82,18 @@ def current(environ: Mapping[str, str] | None = None) -> TrialContext | None:
         attempt=_int(env, "GPUMUX_ATTEMPT") or 1,
         url=env.get("GPUMUX_URL") or None,
         token=env.get("GPUMUX_TRIAL_TOKEN") or None,
-        # A contract without it (a daemon before it was added) placed the trial on a GPU.
-        framework_device=env.get("GPUMUX_FRAMEWORK_DEVICE") or "cuda",
+        framework_device=env.get("GPUMUX_FRAMEWORK_DEVICE") or _before_framework_device(env),
         memory_limit_mb=_int(env, "GPUMUX_MEMORY_LIMIT_MB"),
         device_memory_mb=_int(env, "GPUMUX_DEVICE_MEMORY_MB"),
         split=_int(env, "GPUMUX_SPLIT"),
         cpu_threads=_int(env, "GPUMUX_CPU_THREADS"),
     )
+
+
+def _before_framework_device(env: Mapping[str, str]) -> str:
+    # A contract from before GPUMUX_FRAMEWORK_DEVICE (a trial started by an older daemon, whose
+    # children start with this runtime): its two kinds, the CPU device's threads or a GPU.
+    return "cpu" if env.get("GPUMUX_DEVICE_KIND") == "cpu" else "cuda"
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

@@ -49,8 +49,10 @@ class DevicePublic(BaseModel):
         "equal block of them for each GPU; a trial gets 1/N as threads"
     )
     work_cores: int | None = Field(
+        default=None,
         description="the cores that do its trials' work, which bound what N of them do together "
-        "(the CPU device's); null where the device itself computes (a GPU)"
+        "(the CPU device's); null where the device itself computes (a GPU) or its cores are not "
+        "known (another node's device)",
     )
     error: str | None
     trials: list[DeviceTrial]

@@ -1,5 +1,6 @@
 """A trial's status moves, each named for what happened and deciding what the row gets, through
-the one gate that changes a trial's status; the sweep's status derived from its trials'."""
+the one gate that changes a trial's status; requeues; the sweep's status derived from its
+trials'."""
 
 from __future__ import annotations
 

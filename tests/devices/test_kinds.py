@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pytest
 
@@ -260,7 +260,7 @@ class RackKind(DeviceKind):
 
     name: ClassVar[str] = "rack"
     shared_by: ClassVar[str] = "bays"
-    framework_device: ClassVar[str] = "cuda"
+    framework_device: ClassVar[Literal["cuda", "cpu"]] = "cuda"
     lists_processes: ClassVar[bool] = False
     BAY_MB: ClassVar[int] = 1000
 

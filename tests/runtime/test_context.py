@@ -39,8 +39,11 @@ def test_context_reads_the_launcher_contract() -> None:
 def test_a_trial_whose_kind_says_its_frameworks_train_on_the_cpu_is_not_on_a_gpu() -> None:
     trial = context.current({"GPUMUX_TRIAL_ID": "1", "GPUMUX_FRAMEWORK_DEVICE": "cpu"})
     assert trial is not None and not trial.on_gpu
+    # A contract from before the variable: its kind says which of the two it was.
     before = context.current({"GPUMUX_TRIAL_ID": "1", "GPUMUX_DEVICE_KIND": "gpu"})
-    assert before is not None and before.on_gpu, "a contract from before the variable: a GPU"
+    assert before is not None and before.on_gpu
+    before_cpu = context.current({"GPUMUX_TRIAL_ID": "1", "GPUMUX_DEVICE_KIND": "cpu"})
+    assert before_cpu is not None and not before_cpu.on_gpu
 
 
 def test_malformed_numbers_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from gpumux.devices.snapshot import DeviceSnapshot
 
@@ -85,7 +85,7 @@ class DeviceKind(ABC):
     # What the trial's frameworks train on and are capped on (GPUMUX_FRAMEWORK_DEVICE): "cuda"
     # (a memory fraction or a logical device of the GPU, plus threads of the host's cores) or
     # "cpu" (threads only). A kind the frameworks see as a CUDA GPU (MPS, MIG) keeps "cuda".
-    framework_device: ClassVar[str]
+    framework_device: ClassVar[Literal["cuda", "cpu"]]
     # Whether snapshots list each process's memory, so that our process groups are worth listing.
     lists_processes: ClassVar[bool]
     # Whether `ceiling` is the device's and the workload's (worth keeping in a profile), not

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from gpumux.devices.kinds.base import (
     DeviceKind,
@@ -25,7 +25,7 @@ class CpuKind(DeviceKind):
 
     name: ClassVar[str] = "cpu"
     shared_by: ClassVar[str] = "threads"
-    framework_device: ClassVar[str] = "cpu"
+    framework_device: ClassVar[Literal["cuda", "cpu"]] = "cpu"
     lists_processes: ClassVar[bool] = False
     # Its ceiling follows free memory, which the running trials themselves hold.
     stable_ceiling: ClassVar[bool] = False

@@ -4,7 +4,7 @@ the host's cores."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from gpumux.devices.kinds.base import (
     DeviceKind,
@@ -43,7 +43,7 @@ class GpuKind(DeviceKind):
 
     name: ClassVar[str] = "gpu"
     shared_by: ClassVar[str] = "memory slices"
-    framework_device: ClassVar[str] = "cuda"
+    framework_device: ClassVar[Literal["cuda", "cpu"]] = "cuda"
     lists_processes: ClassVar[bool] = True
 
     def usable(self, device: DeviceSnapshot) -> bool:

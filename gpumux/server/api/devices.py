@@ -9,7 +9,7 @@ from fractions import Fraction
 
 from fastapi import APIRouter, Depends
 
-from gpumux.devices.kinds import kind_of
+from gpumux.devices.kinds import KINDS
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
 from gpumux.schemas.devices import DevicePublic, DeviceShare, DeviceTrial
 from gpumux.server.api.deps import Caller, CallerDep, ReadSessionDep, StateDep, get_caller
@@ -84,6 +84,16 @@ def list_devices(state: StateDep, session: ReadSessionDep, caller: CallerDep) ->
     return found
 
 
+def work_cores(snapshot: DeviceSnapshot) -> int | None:
+    """What the device's kind says does its trials' work; None where it computes itself, where
+    its cores are not known (another node's, from its heartbeat), or of a kind this daemon does
+    not know (a newer node's)."""
+    kind = KINDS.get(snapshot.kind)
+    if kind is None or snapshot.cpu_count is None:
+        return None
+    return kind.work_cores(snapshot)
+
+
 def heartbeat_snapshots(node: Node) -> list[DeviceSnapshot]:
     """A node's devices as its last heartbeat wrote them: what they are, not how busy."""
     return [
@@ -115,7 +125,7 @@ def node_devices(
         devices.append(
             DevicePublic(
                 **fields,
-                work_cores=kind_of(snapshot).work_cores(snapshot),
+                work_cores=work_cores(snapshot),
                 trials=packed.get(snapshot.key, []),
                 mix=mix,
                 load=float(load),

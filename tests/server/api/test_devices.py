@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.home.accounts import UserAccount
 from gpumux.server.api import create_app
+from gpumux.server.api.devices import work_cores
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
@@ -195,3 +196,11 @@ def test_a_sweep_whose_trials_run_at_two_splits_has_a_share_for_each(
     assert [entry["share"] for entry in cpu["mix"]] == [0.5, 0.75]
     assert cpu["load_fraction"] == "5/4", "an over-full device says so"
     assert cpu["load"] == 1.25
+
+
+def test_work_cores_is_said_only_where_the_kind_and_the_cores_are_known() -> None:
+    assert (work_cores(CPU), work_cores(GPU)) == (2, None)
+    # Another node's CPU, from its heartbeat, which carries no core count: not "1 cores".
+    assert work_cores(replace(CPU, cpu_count=None)) is None
+    # A newer node's kind this daemon does not know: listed, not a failed request.
+    assert work_cores(replace(CPU, kind="shared-gpu")) is None
