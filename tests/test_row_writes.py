@@ -366,3 +366,32 @@ def test_each_row_changed_outside_storage_is_found(tmp_path: Path) -> None:
     for module, lines in added:
         assert any(m == module and int(n) in lines for m, n in found), (module, found)
     assert all(any(m == module and int(n) in lines for module, lines in added) for m, n in found)
+
+
+def status_moves_outside_storage(package: Path) -> list[str]:
+    """Calls of the status gate (`set_trial_status`) outside storage/: a move there is a
+    function of `storage/lifecycle.py` named for what happened, which decides what the row
+    gets."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] == "storage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and "set_trial_status" in {
+                getattr(node.func, "attr", None),
+                getattr(node.func, "id", None),
+            }:
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_status_move_passes_fields_from_outside_storage(tmp_path: Path) -> None:
+    assert status_moves_outside_storage(ROOT / "gpumux") == []
+    root = copy_of_the_package(tmp_path)
+    with (root / "gpumux/scheduling/outcomes.py").open("a") as source:
+        source.write(
+            "\n\ndef sneak(session, trial):\n"
+            "    lifecycle.set_trial_status(session=session, trial=trial, status=None, error='')\n"
+        )
+    (found,) = status_moves_outside_storage(root / "gpumux")
+    assert found.startswith("gpumux/scheduling/outcomes.py:")
