@@ -147,7 +147,12 @@ def from_doc(doc: dict[str, Any], **env: str) -> SweepFile:
 
 
 def token_of(spec: dict[str, Any]) -> str:
-    return from_doc({"parameters": {"x": spec}}).params["x"]
+    return from_doc({"parameters": {"x": spec}}).params["x"].text
+
+
+def texts(sweep_file: SweepFile) -> dict[str, str]:
+    """The file's parameters as the tokens the API is sent."""
+    return {name: token.text for name, token in sweep_file.params.items()}
 
 
 def refusal(doc: dict[str, Any] | str, key: str) -> str:
@@ -207,8 +212,7 @@ def test_each_distribution_becomes_a_token_of_the_grammar(spec: dict[str, Any], 
 def test_a_quantized_log_scale_is_a_choice_of_the_multiples_of_q_with_a_note() -> None:
     spec = {"distribution": "q_log_uniform_values", "min": 32, "max": 256, "q": 8}
     parsed = from_doc({"parameters": {"bs": spec}})
-    param = sweepspec.parse_param(parsed.params["bs"])
-    assert param.values == tuple(range(32, 257, 8))
+    assert parsed.params["bs"].param.values == tuple(range(32, 257, 8))
     (note,) = parsed.notes
     assert note == (
         "sweep.json: parameters.bs: q_log_uniform_values becomes a choice of 29 values, "
@@ -285,14 +289,18 @@ def test_a_name_the_grammar_refuses_is_refused_with_a_new_name() -> None:
         {"parameters": {"optimizer.config.lr": {"value": 1}}}, "parameters.optimizer.config.lr"
     )
     assert "rename it, e.g. optimizer_config_lr" in message
+    # Its name is what to change, not its value (the token lr=b=1 reads back as lr: "b=1").
+    assert "rename it, e.g. lr_b" in refusal(
+        {"parameters": {"lr=b": {"value": 1}}}, "parameters.lr=b"
+    )
 
 
 def test_yaml_reads_1e_5_as_text_and_gpumux_reads_it_as_the_number() -> None:
     parsed = from_yaml(
         "parameters:\n  lr:\n    min: 1e-5\n    max: 1e-1\n  d:\n    values: [1e-5]\n"
     )
-    assert parsed.params == {"lr": "lr=1e-05..0.1:lin", "d": "d=1e-5"}
-    assert sweepspec.parse_param(parsed.params["d"]).values == (1e-05,)
+    assert texts(parsed) == {"lr": "lr=1e-05..0.1:lin", "d": "d=1e-5"}
+    assert parsed.params["d"].param.values == (1e-05,)
 
 
 @pytest.mark.parametrize(
@@ -490,7 +498,7 @@ def test_yaml_aliases_are_refused_before_they_expand() -> None:
 
 def test_an_anchor_alone_is_read() -> None:
     doc = "method: grid\nparameters:\n  lr: &lr\n    values: [1, 2]\n"
-    assert from_yaml(doc).params == {"lr": "lr=1,2"}
+    assert texts(from_yaml(doc)) == {"lr": "lr=1,2"}
 
 
 def test_a_refusal_quoting_a_long_value_stays_one_short_line() -> None:
@@ -501,7 +509,7 @@ def test_a_refusal_quoting_a_long_value_stays_one_short_line() -> None:
 
 
 def test_json_is_read_and_its_errors_placed() -> None:
-    assert from_doc({"method": "grid", "parameters": {"x": {"values": [1, 2]}}}).params == {
+    assert texts(from_doc({"method": "grid", "parameters": {"x": {"values": [1, 2]}}})) == {
         "x": "x=1,2"
     }
     with pytest.raises(SweepFileError, match=r"^s\.json: line 2, column 1: malformed JSON: "):
@@ -553,6 +561,50 @@ def test_the_command_line_overrides_the_file() -> None:
     replaced = resolve(parsed, command=["./run.sh"], trials=2)
     assert replaced.command == ["./run.sh"]
     assert (replaced.search, replaced.prune) == (SearchMethod.tpe, parsed.prune)
+
+
+def test_each_token_is_parsed_once_the_files_as_it_is_read_the_command_lines_as_resolved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed: list[str] = []
+    parse = sweepspec.parse_param
+
+    def counted(token: str) -> sweepspec.Param:
+        parsed.append(token)
+        return parse(token)
+
+    monkeypatch.setattr(sweepspec, "parse_param", counted)
+    sweep_file = from_yaml(WANDB_SWEEPDEMO)
+    assert parsed == list(texts(sweep_file).values())
+    parsed.clear()
+    resolved = resolve(sweep_file, tokens=["epochs=3", "seed=1,2"], trials=5)
+    assert parsed == ["epochs=3", "seed=1,2"]
+    assert resolved.params[2:] == ["epochs=3", "optimizer=adam,sgd", "seed=1,2"]
+    # A grid under run_cap is counted from the tokens as parsed, not parsed again.
+    grid = from_doc(
+        {
+            "method": "grid",
+            "program": "t.py",
+            "run_cap": 6,
+            "parameters": {"x": {"values": [1, 2, 3]}},
+        }
+    )
+    parsed.clear()
+    assert resolve(grid, tokens=["y=1,2"]).params == ["x=1,2,3", "y=1,2"]
+    assert parsed == ["y=1,2"]
+
+
+def test_too_many_parameters_with_the_command_lines_name_the_file_and_key() -> None:
+    many = {f"p{n}": {"value": n} for n in range(250)}
+    parsed = from_doc({"program": "t.py", "parameters": many})
+    extra = [f"q{n}=1" for n in range(sweepspec.MAX_PARAMS - 250 + 1)]
+    with pytest.raises(SweepFileError) as caught:
+        resolve(parsed, tokens=extra)
+    assert str(caught.value) == (
+        f"sweep.json: parameters: {sweepspec.MAX_PARAMS + 1} parameters, over the limit of "
+        f"{sweepspec.MAX_PARAMS}; sweep fewer, or pass the constant ones in the command"
+    )
+    assert len(resolve(parsed, tokens=extra[1:]).params) == sweepspec.MAX_PARAMS
 
 
 def test_a_search_that_needs_a_budget_asks_for_run_cap() -> None:
@@ -626,7 +678,7 @@ def test_wandbs_documented_sweeps_read_as_wandb_means_them() -> None:
         prune=hyperband.prune,
         trials=27,
         metric=hyperband.objective.metric if hyperband.objective else None,
-        params=sweepspec.parse_params(list(hyperband.params.values())),
+        params=[token.param for token in hyperband.params.values()],
     )
     assert checked.method is SearchMethod.tpe
     custom = resolve(from_yaml(WANDB_CUSTOM_COMMAND))
@@ -683,7 +735,7 @@ def test_a_fifo_is_read_once_its_writer_comes(tmp_path: Path) -> None:
     writer.start()
     sweep_file = sweepfile.read(fifo, env={})
     writer.join()
-    assert sweep_file.params == {"lr": "lr=0.1"}
+    assert texts(sweep_file) == {"lr": "lr=0.1"}
 
 
 def test_a_pipe_with_a_writer_is_read(tmp_path: Path) -> None:
@@ -692,4 +744,4 @@ def test_a_pipe_with_a_writer_is_read(tmp_path: Path) -> None:
     os.close(writing)
     with os.fdopen(reading):
         sweep_file = sweepfile.read(f"/dev/fd/{reading}", env={})
-    assert sweep_file.params == {"lr": "lr=0.1,0.2"}
+    assert texts(sweep_file) == {"lr": "lr=0.1,0.2"}

@@ -245,7 +245,7 @@ def show(
     for profile in sweep.profiles:
         out.print(render.search_text(profile))
     shown = glance.ShortValues.of(trials)
-    best = render.best_text(sweep.best, sweep.objective, shown)
+    best = render.best_text(sweep, shown)
     if best is not None:
         out.print(best)
     if chart is not None:

@@ -231,7 +231,9 @@ def write_study(
 
 
 def study_attrs(sweep: SweepPublic) -> dict[str, Any]:
-    """The sweep's settings, kept on the study."""
+    """The sweep's settings, kept on the study; its objective as its metric and mode, as the API
+    carries it."""
+    objective = sweep.objective
     return {
         "gpumux_sweep_id": sweep.id,
         "gpumux_command": sweep.command,
@@ -239,7 +241,8 @@ def study_attrs(sweep: SweepPublic) -> dict[str, Any]:
         "gpumux_search": str(sweep.search),
         "gpumux_prune": sweep.prune,
         "gpumux_seed": sweep.seed,
-        "gpumux_objective": str(sweep.objective) if sweep.objective else None,
+        "gpumux_objective_metric": objective.metric if objective else None,
+        "gpumux_objective_mode": str(objective.mode) if objective else None,
         "gpumux_budget": sweep.trial_count,
     }
 

@@ -80,21 +80,6 @@ def eta_seconds(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime
     return render.since(sweep.created_at, now) * remaining / done
 
 
-def best_so_far(sweep: SweepDetail, shown: glance.ShortValues | None = None) -> Text | None:
-    """ "best so far: trial 7  lr=0.01  val_loss=0.12"; None for a sweep without an objective."""
-    if sweep.objective is None:
-        return None
-    metric = sweep.objective.metric
-    best = sweep.best
-    if best is None or best.objective is None:
-        return Text(f"best so far: {UNKNOWN} (no trial has reported {metric} yet)", style="dim")
-    return Text.assemble(
-        ("best so far: ", "bold"),
-        f"trial {best.id}  {render.params_text(best.params, shown)}  ",
-        (f"{metric}={render.number(best.objective)}", "bold green"),
-    )
-
-
 def eta_text(eta: float | None) -> str:
     """The ETA as the views show it: a duration, or a dash until it can be estimated."""
     return UNKNOWN if eta is None else render.duration(eta)
@@ -133,7 +118,7 @@ def live_view(sweep: SweepDetail, trials: Sequence[TrialPublic], now: datetime) 
     ended.sort(key=lambda trial: trial.ended_at or now, reverse=True)
     shown = active + ended[:RECENT_FINISHED]
     parts: list[RenderableType] = [progress_view(sweep, trials, now)]
-    best = best_so_far(sweep, glance.ShortValues.of(trials))
+    best = render.best_text(sweep, glance.ShortValues.of(trials), so_far=True)
     if best is not None:
         parts.append(best)
     parts.extend(render.search_text(profile) for profile in sweep.profiles)
@@ -260,7 +245,7 @@ def _follow_lines(client: Client, sweep_id: int, console: Console) -> SweepDetai
             console.print(line, soft_wrap=True)
             seen[trial.id] = trial.status
         # A new best is news once its trial has ended, not at each epoch a running one reports.
-        best, news = sweep.best, best_so_far(sweep, shown)
+        best, news = sweep.best, render.best_text(sweep, shown, so_far=True)
         if best is not None and best.status in FINAL_TRIAL_STATUSES and news is not None:
             if best.objective is not None and (best.id, best.objective) != best_shown:
                 console.print(news, soft_wrap=True)

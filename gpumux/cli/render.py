@@ -16,7 +16,7 @@ from gpumux.grammar.searchspec import spec_text
 from gpumux.grammar.sweepplan import Objective
 from gpumux.schemas.devices import DevicePublic
 from gpumux.schemas.profiles import ProfilePublic
-from gpumux.schemas.sweeps import SweepPublic
+from gpumux.schemas.sweeps import SweepDetail, SweepPublic
 from gpumux.schemas.trials import TrialPublic
 from gpumux.status import (
     FINAL_TRIAL_STATUSES,
@@ -286,17 +286,23 @@ def sweep_summary(sweep: SweepPublic) -> Table:
 
 
 def best_text(
-    best: TrialPublic | None, objective: Objective | None, shown: ShortValues | None = None
+    sweep: SweepDetail, shown: ShortValues | None = None, *, so_far: bool = False
 ) -> Text | None:
     """ "best: trial 7  lr=0.01  val_loss=0.123" (its floats as short as among those `shown`
-    with it), or why there is none."""
-    if objective is None:
+    with it), or why there is none; "best so far: ..." while the sweep is followed. None for a
+    sweep without an objective."""
+    if sweep.objective is None:
         return None
-    metric = objective.metric
+    metric = sweep.objective.metric
+    label = "best so far" if so_far else "best"
+    best = sweep.best
     if best is None or best.objective is None:
-        return Text(f"best: no trial has reported {metric}", style="yellow")
+        # Followed, a wait for the first report; shown, a warning that none has said the metric.
+        if so_far:
+            return Text(f"{label}: no trial has reported {metric} yet", style="dim")
+        return Text(f"{label}: no trial has reported {metric}", style="yellow")
     return Text.assemble(
-        ("best: ", "bold"),
+        (f"{label}: ", "bold"),
         f"trial {best.id}  {params_text(best.params, shown)}  ",
         (f"{metric}={number(best.objective)}", "bold green"),
     )

@@ -200,7 +200,7 @@ def final_report(console: Console, sweep: SweepDetail, trials: list[TrialPublic]
     if len(ranked) > FINAL_TABLE_ROWS:
         rest = len(ranked) - FINAL_TABLE_ROWS
         console.print(f"... {rest} more trials: gpumux show {sweep.id} --all")
-    best = render.best_text(sweep.best, sweep.objective, glance.ShortValues.of(trials))
+    best = render.best_text(sweep, glance.ShortValues.of(trials))
     if best is not None:
         console.print(best)
     if sweep.status == SweepStatus.cancelled:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -48,7 +48,7 @@ class DeviceSummary:
     key: str
     kind: str
     name: str
-    memory_mb: int | None
+    memory_mb: int | None = None
 
     @classmethod
     def of(cls, device: DeviceSnapshot) -> DeviceSummary:
@@ -57,8 +57,8 @@ class DeviceSummary:
         )
 
     def row(self) -> dict[str, Any]:
-        """The entry stored in the node's row."""
-        return {"key": self.key, "kind": self.kind, "name": self.name, "memory_mb": self.memory_mb}
+        """The entry stored in the node's row (the API's NodeDevice has the same fields)."""
+        return asdict(self)
 
     @classmethod
     def read(cls, entry: object) -> DeviceSummary | None:

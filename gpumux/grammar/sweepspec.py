@@ -8,7 +8,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gpumux.text import QUOTE_CHARS, cut
 
@@ -116,6 +116,18 @@ class Param:
         return min(max(rounded, lo), hi)
 
 
+class Token(NamedTuple):
+    """One PARAM token as written (what the API is sent), and the Param it parses into."""
+
+    text: str
+    param: Param
+
+
+def is_name(text: str) -> bool:
+    """Whether `text` may name a parameter."""
+    return _NAME.fullmatch(text) is not None
+
+
 def parse_param(token: str) -> Param:
     """Parse one `name=value` token, or raise SpecError saying how to fix it."""
     name, sep, value = token.partition("=")
@@ -151,8 +163,14 @@ def parse_param(token: str) -> Param:
 
 def parse_params(tokens: Sequence[str]) -> list[Param]:
     """Parse every PARAM token; a parameter given twice is an error."""
+    return [token.param for token in parse_tokens(tokens).values()]
+
+
+def parse_tokens(tokens: Sequence[str]) -> dict[str, Token]:
+    """Every PARAM token with what it parses into, by name in their order; a parameter given
+    twice is an error."""
     check_sizes(tokens)
-    params: dict[str, tuple[str, Param]] = {}
+    params: dict[str, Token] = {}
     for token, following in itertools.zip_longest(tokens, tokens[1:], fillvalue="="):
         # The shell splits `bs=32, 64` or `lr= 0.1` into two arguments; say so, not "empty item".
         split = token.endswith(("=", ",", "..")) or following.startswith((",", ".."))
@@ -168,8 +186,8 @@ def parse_params(tokens: Sequence[str]) -> list[Param]:
                 hint = f"for several values write one choice: {_cut_choice(param.name, merged)}"
             also = f"{_cut(param.name)} given twice (also {_cut(earlier_token)})"
             raise _error(token, f"{also}; {hint}")
-        params[param.name] = (token, param)
-    return [param for _, param in params.values()]
+        params[param.name] = Token(token, param)
+    return params
 
 
 def check_sizes(tokens: Sequence[str]) -> None:

@@ -15,7 +15,7 @@ up to is stored with the trial, so a restarted daemon reads on rather than again
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -71,8 +71,9 @@ class LogReports:
         self._warned: set[tuple[int, int]] = set()
         # Whether the last pass over every trial left a log unread past its slice.
         self.behind = False
-        # Trials whose supervisors exited, and the size of their logs then (None: not seen).
-        self._ended: dict[int, int | None] = {}
+        # Attempts (trial id, attempt) whose supervisors exited, and the size of their logs
+        # then (None: not seen).
+        self._ended: dict[tuple[int, int], int | None] = {}
 
     def collect(self, *, only: Collection[int] | None = None) -> set[int]:
         """Record the report lines running trials (those of `only`, if given) printed since the
@@ -90,41 +91,45 @@ class LogReports:
                 del self._readers[gone]
             self._warned &= live
         found: dict[tuple[int, int], tuple[int, list[_Batch]]] = {}
-        asked = set(self._ended) if only is None else set(self._ended) & set(only)
-        whole = asked - {trial_id for trial_id, _, _, _ in targets}
+        asked = {key for key in self._ended if only is None or key[0] in only}
+        # An attempt the database no longer lists as running here has nothing left to record.
+        whole = asked - live
         behind = False
         for trial_id, attempt, path, scanned in targets:
-            reader = self._readers.setdefault((trial_id, attempt), _Reader(scanned))
-            if trial_id in self._ended and self._ended[trial_id] is None:
+            key = (trial_id, attempt)
+            reader = self._readers.setdefault(key, _Reader(scanned))
+            if key in self._ended and self._ended[key] is None:
                 # Its supervisor has exited: what the log holds now is all the trial wrote.
-                self._ended[trial_id] = read_log(path, None, 0)[2]
+                self._ended[key] = read_log(path, None, 0)[2]
             batches, at_end = self._read(trial_id, attempt, path, reader)
-            end = self._ended.get(trial_id)
+            end = self._ended.get(key)
             if end is not None and (at_end or reader.offset + reader.lines.pending >= end):
-                whole.add(trial_id)
+                whole.add(key)
             behind |= not at_end
             if batches:
-                found[(trial_id, attempt)] = (reader.offset, batches)
+                found[key] = (reader.offset, batches)
         if only is None:
             self.behind = behind
         if found:
             self._record(found)
-        for trial_id in whole:
-            self._ended.pop(trial_id, None)
+        for key in whole:
+            self._ended.pop(key, None)
+        # Only the attempts that ended: a retry's allowance is its own.
         self.budget.end(whole)
-        return whole
+        return {trial_id for trial_id, _ in whole}
 
-    def ended(self, trial_ids: Collection[int]) -> None:
-        """These trials' supervisors exited: `collect` says when their logs are read to the
-        end they had then (a process left behind may write on; it is not waited for)."""
-        for trial_id in trial_ids:
-            self._ended.setdefault(trial_id, None)
+    def ended(self, attempts: Iterable[tuple[int, int]]) -> None:
+        """These attempts' (trial id, attempt) supervisors exited: `collect` says when their
+        logs are read to the end they had then (a process left behind may write on; it is not
+        waited for)."""
+        for key in attempts:
+            self._ended.setdefault(key, None)
 
-    def drain(self, trial_ids: Collection[int]) -> None:
-        """Read these ended trials' logs to their end, a slice and a short transaction at a
+    def drain(self, attempts: Collection[tuple[int, int]]) -> None:
+        """Read these ended attempts' logs to their end, a slice and a short transaction at a
         time (at a start, before their ends are recorded: the last lines count)."""
-        self.ended(trial_ids)
-        left = set(trial_ids)
+        self.ended(attempts)
+        left = {trial_id for trial_id, _ in attempts}
         while left:
             left -= self.collect(only=left)
 

@@ -295,10 +295,8 @@ class Scheduler:
         after a write failed): adopt those whose supervisors live on, record those that ended
         with their real exit status, and requeue the rest within their retry budget."""
         with self.sessions.read() as session:
-            active = {
-                t.id for t in trial_store.active_trials(session=session, node_id=self.node_id)
-            }
-        unwatched = {trial_id for trial_id in active if trial_id not in self.watched}
+            active = trial_store.active_trials(session=session, node_id=self.node_id)
+            unwatched = {(t.id, t.attempt) for t in active if t.id not in self.watched}
         if unwatched:
             # Trials that ended while no daemon ran: what they printed last is read first, a
             # slice and a short transaction at a time.

@@ -59,7 +59,7 @@ class Reaper:
         if self.ending:
             # Their supervisors have exited, so their logs are whole: their last lines are read
             # first, a slice a tick (a flood's end takes several ticks, each short).
-            self.lines.ended(self.ending)
+            self.lines.ended((t, entry.process.attempt) for t, (entry, _) in self.ending.items())
             for trial_id in self.lines.collect(only=self.ending):
                 entry, end = self.ending.pop(trial_id)
                 ended.append((trial_id, entry, end))

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from gpumux.devices.snapshot import DeviceSummary
 from gpumux.status import NodeState
 
 
-class NodeDevice(BaseModel):
+# The fields are DeviceSummary's, written once there: what a node's row holds is what the API
+# shows of it.
+@dataclass(frozen=True)
+class NodeDevice(DeviceSummary):
     """A device as its node's probe saw it at its last heartbeat."""
-
-    key: str
-    kind: str
-    name: str
-    memory_mb: int | None = None
 
 
 class NodePublic(BaseModel):

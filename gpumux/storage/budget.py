@@ -159,13 +159,13 @@ class ReportBudget:
             first, allowance.warned = not allowance.warned, True
         return first
 
-    def end(self, trial_ids: Collection[int]) -> None:
-        """These trials ended: their allowances go (a daemon that runs trials for months holds
-        only its running trials' allowances)."""
-        ended = set(trial_ids)
+    def end(self, attempts: Collection[tuple[int, int]]) -> None:
+        """These (trial id, attempt) ended: their allowances go (a daemon that runs trials for
+        months holds only its running attempts' allowances); a later attempt of the same trial
+        keeps its own, whenever this end comes."""
         with self._lock:
-            for key in [k for k in self._allowances if k[0] in ended]:
-                del self._allowances[key]
+            for key in attempts:
+                self._allowances.pop(key, None)
 
     def __len__(self) -> int:
         """How many attempts' allowances are held."""

@@ -271,6 +271,8 @@ def test_an_exported_sweep_loads_in_optuna_with_every_trial(daemon: Daemon, tmp_
     study = optuna.load_study(study_name=name, storage=storage)
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
     assert study.user_attrs["gpumux_sweep_id"] == sweep.id
+    objective = {k: v for k, v in study.user_attrs.items() if k.startswith("gpumux_objective")}
+    assert objective == {"gpumux_objective_metric": "loss", "gpumux_objective_mode": "min"}
     ones, twos, threes = study.trials
     assert [t.params for t in study.trials] == [{"x": 1}, {"x": 2}, {"x": 3}]
     assert all(t.distributions == {"x": IntDistribution(1, 3)} for t in study.trials)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
-from gpumux.cli import follow
+from gpumux.cli import follow, render
 from gpumux.grammar.sweepplan import parse_objective
 from gpumux.schemas.sweeps import SweepDetail
 from gpumux.schemas.trials import TrialPublic
@@ -177,15 +177,20 @@ def test_eta_of_an_ended_sweep_is_zero() -> None:
     assert follow.eta_seconds(sweep(trials), trials, at(50)) == 0.0
 
 
-def test_best_so_far_names_the_trial_its_params_and_value() -> None:
+def test_the_best_trial_is_said_one_way_while_followed_and_once_shown_whole() -> None:
     best = trial(3, TrialStatus.running, started=0, objective=0.0421)
-    line = follow.best_so_far(sweep([best], best=best))
+    line = render.best_text(sweep([best], best=best), so_far=True)
     assert line is not None
     assert line.plain == "best so far: trial 103  lr=0.003 bs=32  loss=0.0421"
-    waiting = follow.best_so_far(sweep([trial(1, TrialStatus.running, started=0)]))
+    shown = render.best_text(sweep([best], best=best))
+    assert shown is not None and shown.plain == "best: trial 103  lr=0.003 bs=32  loss=0.0421"
+    unreported = sweep([trial(1, TrialStatus.running, started=0)])
+    waiting = render.best_text(unreported, so_far=True)
     assert waiting is not None
-    assert waiting.plain == "best so far: — (no trial has reported loss yet)"
-    assert follow.best_so_far(sweep([best], objective=None)) is None
+    assert waiting.plain == "best so far: no trial has reported loss yet"
+    missing = render.best_text(unreported)
+    assert missing is not None and missing.plain == "best: no trial has reported loss"
+    assert render.best_text(sweep([best], objective=None), so_far=True) is None
 
 
 def test_the_live_view_shows_progress_best_eta_and_the_running_and_recent_trials() -> None:

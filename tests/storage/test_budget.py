@@ -4,6 +4,7 @@ second, and what goes over it dropped and counted with its samples kept."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from builders import stored_running_trial
 
 from gpumux.storage import reports as report_store
 from gpumux.storage import trials as trial_store
-from gpumux.storage.budget import Allowance, ReportBudget, Verdict
+from gpumux.storage.budget import Allowance, ReportBudget, Seed, Verdict
 from gpumux.storage.engine import Sessions
 from gpumux.storage.reports import Incoming
 
@@ -63,6 +64,33 @@ def test_an_attempt_keeps_no_more_rows_than_its_total() -> None:
     verdicts = [budget.decide(step, step * 2.0) for step in range(10)]
     assert verdicts == [Verdict.row] * 4 + [Verdict.drop] * 6
     assert budget.rows == 4
+
+
+def test_an_attempts_end_leaves_a_later_attempt_of_the_trial_its_allowance() -> None:
+    budget = ReportBudget(rate=1.0, burst=2, rows=100, clock=lambda: 0.0)
+    seeded: list[tuple[int, int]] = []
+
+    def seed(trial_id: int, attempt: int) -> Callable[[], Seed]:
+        def stored() -> Seed:
+            seeded.append((trial_id, attempt))
+            return 0, None, None
+
+        return stored
+
+    budget.allowance(7, 1, seed(7, 1))
+    other = budget.allowance(8, 1, seed(8, 1))
+    # Trial 7's retry starts reporting before the end of its first attempt is recorded.
+    retry = budget.allowance(7, 2, seed(7, 2))
+    assert budget.decide(retry, None) is Verdict.row
+    budget.end([(7, 1), (8, 1)])
+    assert len(budget) == 1
+    # The retry keeps its own: its latest row that report's (the next merges into it), not
+    # counted again from the database as a fresh attempt would be.
+    kept = budget.allowance(7, 2, seed(7, 2))
+    assert kept is retry
+    assert budget.decide(kept, None) is Verdict.merge
+    assert budget.allowance(8, 1, seed(8, 1)) is not other
+    assert seeded == [(7, 1), (8, 1), (7, 2), (8, 1)]
 
 
 def running(sessions: Sessions, tmp_path: Path) -> int:

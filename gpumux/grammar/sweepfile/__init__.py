@@ -59,11 +59,14 @@ def resolve(
 ) -> Resolved:
     """The sweep to submit; SweepFileError where the two together cannot run."""
     file = sweep_file.file
-    given = {
-        param.name: token
-        for param, token in zip(sweepspec.parse_params(tokens), tokens, strict=True)
-    }
+    # The file's tokens were parsed as it was read; the command line's are parsed here, once.
+    given = sweepspec.parse_tokens(tokens)
     params = sweep_file.params | given
+    texts = [token.text for token in params.values()]
+    try:
+        sweepspec.check_sizes(texts)
+    except sweepspec.SpecError as error:
+        raise SweepFileError(file, "parameters", str(error)) from error
     argv = list(command) if command else sweep_file.argv(list(params))
     if not argv:
         fix = "add program: train.py (or command:) to the file, or give COMMAND after --"
@@ -73,7 +76,7 @@ def resolve(
     kind = method.partition(":")[0].strip().lower() if method else None
     budget = trials if trials is not None else sweep_file.trials
     if trials is None and budget is not None and kind == SearchMethod.grid:
-        size = sweepspec.grid_size(sweepspec.parse_params(list(params.values())))
+        size = sweepspec.grid_size([token.param for token in params.values()])
         if size > budget:
             fix = "raise or remove run_cap, or use method: random"
             raise SweepFileError(
@@ -90,7 +93,7 @@ def resolve(
         fix = "add metric: {name: val_loss, goal: minimize}, or --objective val_loss:min"
         raise SweepFileError(file, "early_terminate", f"stopping compares a metric; {fix}")
     return Resolved(
-        params=list(params.values()),
+        params=texts,
         command=argv,
         search=method,
         trials=budget,

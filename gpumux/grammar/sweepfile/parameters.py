@@ -40,8 +40,9 @@ class Parameter:
         key = f"parameters.{self.name}" + (f".{sub}" if sub else "")
         return SweepFileError(self.file, key, problem)
 
-    def token(self) -> str:
-        """The grammar's token for this parameter, or SweepFileError saying what to change."""
+    def token(self) -> sweepspec.Token:
+        """The grammar's token for this parameter, parsed, or SweepFileError saying what to
+        change."""
         if not isinstance(self.config, dict):
             raise self.error("expected a mapping such as {values: [16, 32]} or {min: 1, max: 8}")
         if "parameters" in self.config:
@@ -103,29 +104,30 @@ class Parameter:
         except OverflowError:
             raise self.error(f"e**{exponent} is too large for a number") from None
 
-    def range(self, low: int | float, high: int | float, scale: str) -> str:
+    def range(self, low: int | float, high: int | float, scale: str) -> sweepspec.Token:
         if type(low) is int and type(high) is int:
             return self.parsed(f"{self.name}={low}..{high}:{scale}")
         text = f"{sweepspec.format_value(float(low))}..{sweepspec.format_value(float(high))}"
         return self.parsed(f"{self.name}={text}:{scale}")
 
-    def choice(self, values: Any) -> str:
+    def choice(self, values: Any) -> sweepspec.Token:
         if not isinstance(values, list) or not values:
             raise self.error("expected a non-empty list, e.g. values: [16, 32]", "values")
         texts = [self._text(value) for value in values]
         token = self.parsed(f"{self.name}={','.join(texts)}")
-        param = sweepspec.parse_param(token)
-        if len(param.values) != len(texts) or not all(map(_same, param.values, texts)):
+        read_back = token.param.values
+        if len(read_back) != len(texts) or not all(map(_same, read_back, texts)):
             rule = "a value cannot hold ',' or '..', nor start or end with a space"
-            raise self.error(f"{token!r} reads back as other values ({rule}); rename the value")
+            problem = f"{token.text!r} reads back as other values ({rule}); rename the value"
+            raise self.error(problem)
         return token
 
-    def parsed(self, token: str) -> str:
+    def parsed(self, text: str) -> sweepspec.Token:
+        """The token `text` parsed: the one parse of a file's parameter."""
         try:
-            sweepspec.parse_param(token)
+            return sweepspec.Token(text, sweepspec.parse_param(text))
         except sweepspec.SpecError as error:
             raise self.error(f"gpumux cannot write this as a parameter: {error}") from error
-        return token
 
     def _text(self, value: Any) -> str:
         """A value as the command line gets it (W&B's str(): True, 0.001, adam)."""
@@ -140,7 +142,7 @@ class Parameter:
             return value
         raise self.error(f"a value is a number, text or true/false, not {value!r}")
 
-    def quantized(self, low: int | float, high: int | float, scale: str) -> str:
+    def quantized(self, low: int | float, high: int | float, scale: str) -> sweepspec.Token:
         """round(X / q) * q: the whole numbers in the scale for q 1, else a choice of the
         multiples of q between min and max."""
         q = self.number("q") if "q" in self.config else 1
@@ -200,59 +202,59 @@ def _unsupported(param: Parameter, dist: str) -> str:
     return f"{dist} has no gpumux form (ranges and choices only); use {fix}"
 
 
-def _constant(param: Parameter) -> str:
+def _constant(param: Parameter) -> sweepspec.Token:
     return param.choice([param.config["value"]])
 
 
-def _categorical(param: Parameter) -> str:
+def _categorical(param: Parameter) -> sweepspec.Token:
     return param.choice(param.config["values"])
 
 
-def _int_uniform(param: Parameter) -> str:
+def _int_uniform(param: Parameter) -> sweepspec.Token:
     low, high = param.bounds()
     if type(low) is not int or type(high) is not int:
         raise param.error("int_uniform takes whole numbers; use uniform for a float range")
     return param.range(low, high, "lin")
 
 
-def _uniform(param: Parameter) -> str:
+def _uniform(param: Parameter) -> sweepspec.Token:
     low, high = param.bounds()
     return param.range(float(low), float(high), "lin")
 
 
-def _log_uniform_values(param: Parameter) -> str:
+def _log_uniform_values(param: Parameter) -> sweepspec.Token:
     """log X uniform between log min and log max; inv_log_uniform_values is the same law."""
     low, high = param.bounds(positive=True)
     return param.range(float(low), float(high), "log")
 
 
-def _log_uniform(param: Parameter) -> str:
+def _log_uniform(param: Parameter) -> sweepspec.Token:
     low, high = param.bounds()
     return param.range(param.exp(low), param.exp(high), "log")
 
 
-def _inv_log_uniform(param: Parameter) -> str:
+def _inv_log_uniform(param: Parameter) -> sweepspec.Token:
     """log(1/X) uniform between min and max: X log-uniform between e**-max and e**-min."""
     low, high = param.bounds()
     return param.range(param.exp(-high), param.exp(-low), "log")
 
 
-def _q_uniform(param: Parameter) -> str:
+def _q_uniform(param: Parameter) -> sweepspec.Token:
     return param.quantized(*param.bounds(), "lin")
 
 
-def _q_log_uniform_values(param: Parameter) -> str:
+def _q_log_uniform_values(param: Parameter) -> sweepspec.Token:
     return param.quantized(*param.bounds(positive=True), "log")
 
 
-def _q_log_uniform(param: Parameter) -> str:
+def _q_log_uniform(param: Parameter) -> sweepspec.Token:
     low, high = param.bounds()
     return param.quantized(param.exp(low), param.exp(high), "log")
 
 
 _RANGE = frozenset({"min", "max"})
 _QUANTIZED = _RANGE | {"q"}
-DISTRIBUTIONS: dict[str, tuple[frozenset[str], Callable[[Parameter], str]]] = {
+DISTRIBUTIONS: dict[str, tuple[frozenset[str], Callable[[Parameter], sweepspec.Token]]] = {
     "constant": (frozenset({"value"}), _constant),
     "categorical": (frozenset({"values"}), _categorical),
     "int_uniform": (_RANGE, _int_uniform),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ class SweepFile:
     """A sweep file as gpumux reads it; `argv(names)` is its command for those parameters."""
 
     file: str
-    params: dict[str, str]  # name -> the grammar's token, in the file's order
+    params: dict[str, sweepspec.Token]  # name -> its token, parsed, in the file's order
     command: tuple[str, ...]  # empty when the file gives neither program nor command
     search: SearchMethod | None = None
     trials: int | None = None
@@ -229,12 +229,12 @@ class Reader:
             raise self.error("early_terminate.max_iter", f"{max_iter} / eta is below 1; raise it")
         return lowest
 
-    def parameters(self, spec: Any) -> tuple[dict[str, str], set[str]]:
+    def parameters(self, spec: Any) -> tuple[dict[str, sweepspec.Token], set[str]]:
         if spec is None:
             return {}, set()
         if not isinstance(spec, dict):
             raise self.error("parameters", "expected a mapping such as lr: {min: 0.001, max: 0.1}")
-        params: dict[str, str] = {}
+        params: dict[str, sweepspec.Token] = {}
         continuous: set[str] = set()
         for name, config in spec.items():
             param = Parameter(self.file, self.checked_name(name), config)
@@ -247,16 +247,14 @@ class Reader:
         return params, continuous
 
     def checked_name(self, name: Any) -> str:
-        try:
-            sweepspec.parse_param(f"{name}=0")
-        except sweepspec.SpecError:
+        if not sweepspec.is_name(str(name)):
             fix = re.sub(r"[^A-Za-z0-9_-]", "_", str(name))
             rule = "letters, digits, '_' and '-', starting with a letter or '_'"
             problem = f"a gpumux parameter's name has {rule}; rename it, e.g. {fix}"
-            raise self.error(f"parameters.{name}", problem) from None
+            raise self.error(f"parameters.{name}", problem)
         return str(name)
 
-    def command(self, spec: Any, program: str | None, params: dict[str, str]) -> tuple[str, ...]:
+    def command(self, spec: Any, program: str | None, params: Collection[str]) -> tuple[str, ...]:
         """The command's words, macros expanded but for the args macros (see SweepFile.argv)."""
         if spec is None and program is None:
             return ()
@@ -275,7 +273,7 @@ class Reader:
                 )
         return command
 
-    def word(self, key: str, word: Any, program: str | None, params: dict[str, str]) -> str:
+    def word(self, key: str, word: Any, program: str | None, params: Collection[str]) -> str:
         if not isinstance(word, str):
             raise self.error(key, f"{word!r} is not text; quote it: '{word}'")
         if word in ARGS_MACROS:
@@ -291,7 +289,7 @@ class Reader:
                 raise self.error(key, problem)
         return _MACRO.sub(lambda match: self.macro(key, match.group(1), program, params), word)
 
-    def macro(self, key: str, inner: str, program: str | None, params: dict[str, str]) -> str:
+    def macro(self, key: str, inner: str, program: str | None, params: Collection[str]) -> str:
         """One `${...}` inside a word: its text, or SweepFileError saying what to write."""
         variable = inner.removeprefix("envvar:") if inner.startswith("envvar:") else None
         if inner in MACROS:

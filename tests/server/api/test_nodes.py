@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,9 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from builders import bearer, problem, served, stored_sweep
+from pydantic import TypeAdapter
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot, DeviceSummary
+from gpumux.schemas.nodes import NodeDevice, NodePublic
 from gpumux.server.api import create_app
 from gpumux.server.api.forward import NodeClient
 from gpumux.status import NodeState, TrialStatus
@@ -179,6 +181,16 @@ def test_a_device_summary_reads_back_what_a_heartbeat_writes() -> None:
     seventh = DeviceSummary.read({**H100, "key": "gpu:7"})
     assert seventh is not None and seventh.snapshot().index == 7
     assert DeviceSummary.read({**H100, "name": None}) is None
+
+
+def test_the_api_shows_a_nodes_device_with_every_field_of_its_summary() -> None:
+    written = fields(DeviceSummary)
+    shown = TypeAdapter(NodePublic).json_schema()["$defs"]["NodeDevice"]
+    assert list(shown["properties"]) == [field.name for field in written]
+    assert shown["required"] == [field.name for field in written if field.default is MISSING]
+    summary = DeviceSummary.read(H100)
+    assert summary is not None
+    assert NodeDevice(**summary.row()).row() == summary.row()
 
 
 @dataclass(frozen=True)
