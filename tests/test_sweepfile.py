@@ -13,6 +13,7 @@ import pytest
 from optuna.pruners import HyperbandPruner
 
 from gpumux.grammar import sweepfile, sweepspec
+from gpumux.grammar.command import render_command
 from gpumux.grammar.sweepfile import SweepFile, SweepFileError
 from gpumux.grammar.sweepfile.loading import MAX_FILE_BYTES, MAX_MESSAGE_CHARS
 from gpumux.grammar.sweepplan import Objective
@@ -174,7 +175,7 @@ def resolve(sweep_file: SweepFile, **given: Any) -> sweepfile.Resolved:
 
 def run_argv(sweep_file: SweepFile, values: dict[str, sweepspec.Value]) -> list[str]:
     """The argv gpumux runs for a trial with these values."""
-    return sweepspec.render_command(sweep_file.argv(list(sweep_file.params)), values)
+    return render_command(sweep_file.argv(list(sweep_file.params)), values)
 
 
 @pytest.mark.parametrize(
@@ -683,7 +684,7 @@ def test_wandbs_documented_sweeps_read_as_wandb_means_them() -> None:
     assert checked.method is SearchMethod.tpe
     custom = resolve(from_yaml(WANDB_CUSTOM_COMMAND))
     values = {"batch_size": 8, "lr": 0.0001}
-    assert sweepspec.render_command(custom.command, values) == [
+    assert render_command(custom.command, values) == [
         "/usr/bin/env", "python", "train.py", "-b", "your-training-config", "--batch_size=8",
         "--lr=0.0001",
     ]  # fmt: skip

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpumux.grammar.command import check_placeholders, render_command
 from gpumux.grammar.sweepspec import (
     DEFAULT_POINTS,
     FORMS,
@@ -15,14 +16,12 @@ from gpumux.grammar.sweepspec import (
     Param,
     SpecError,
     Value,
-    check_placeholders,
     expand,
     format_param,
     format_value,
     grid_size,
     parse_param,
     parse_params,
-    render_command,
 )
 
 # --- the forms, by example -------------------------------------------------------------------

@@ -27,6 +27,7 @@ from gpumux.client import Client
 from gpumux.config import URL_SCHEME
 from gpumux.fields import MAX_ID
 from gpumux.grammar import sweepspec
+from gpumux.grammar.command import render_command
 from gpumux.home.lockfile import DaemonError
 from gpumux.status import SweepStatus, TrialStatus
 
@@ -374,7 +375,7 @@ def best(
     if quiet:
         sys.stdout.write(f"{trial.id}\n")
         return
-    argv = sweepspec.render_command(sweep.command, trial.params)
+    argv = render_command(sweep.command, trial.params)
     if as_json:
         document = dict(
             sweep=sweep_id,

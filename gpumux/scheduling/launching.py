@@ -15,7 +15,7 @@ from gpumux.config import Settings
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
-from gpumux.grammar import sweepspec
+from gpumux.grammar.command import render_command
 from gpumux.home import accounts
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.spawner_client import Spawner
@@ -144,7 +144,7 @@ class Launcher:
             trial_id=trial.id,
             sweep_id=sweep.id,
             attempt=trial.attempt,
-            argv=sweepspec.render_command(sweep.command, trial.params),
+            argv=render_command(sweep.command, trial.params),
             workdir=sweep.workdir,
             base_env={**sweep.env, **user_env},
             params=trial.params,

@@ -9,6 +9,7 @@ on another host, does not know, so only the daemon applies them.
 from __future__ import annotations
 
 from gpumux.grammar import sweepspec
+from gpumux.grammar.command import check_placeholders
 from gpumux.grammar.sweepplan import SweepPlan
 from gpumux.schemas.sweeps import SweepCreate
 from gpumux.search import methods
@@ -22,7 +23,7 @@ def check_sweep(sweep_in: SweepCreate) -> tuple[list[sweepspec.Param], methods.S
     """Its parameters and its search, or PlanError: what a sweep may not be on any host."""
     try:
         params = sweepspec.parse_params(sweep_in.params)
-        sweepspec.check_placeholders(sweep_in.command, [param.name for param in params])
+        check_placeholders(sweep_in.command, [param.name for param in params])
         search = methods.check(
             method=sweep_in.search,
             options=sweep_in.search_options,
