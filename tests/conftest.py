@@ -13,6 +13,7 @@ import itertools
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -186,6 +187,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     on_both_backends(metafunc, Path(__file__).parent)
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A directory of the test's own with a short path, removed after it: for a Unix socket
+    (107 bytes at most), too long below tmp_path where a parallel worker's directory
+    (popen-gwN) lengthens it."""
+    path = Path(tempfile.mkdtemp(prefix="gmx-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -137,7 +137,8 @@ def batch_job(
 ) -> tuple[subprocess.Popen[str], Path, Path]:
     """The node script started as Slurm's batch shell of a job of `nodes` nodes (on an SQLite
     file unless `settings` name another database): the job, the first node daemon's data
-    directory and the SQLite file."""
+    directory and the SQLite file. Each node's Unix socket lives below `tmp_path`: a short one
+    (short_tmp_path), as a Unix socket's path is 107 bytes at most."""
     shim = tmp_path / "slurm-bin"
     venv = tmp_path / "venv"
     for directory in (shim, venv / "bin", tmp_path / "node", tmp_path / "submit"):
@@ -224,13 +225,13 @@ def alive(pid: int) -> bool:
 
 
 def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_running_trials(
-    tmp_path: Path,
+    short_tmp_path: Path,
 ) -> None:
     """Slurm sends USR1 to the batch shell (--signal=B:USR1@300): every running trial is
     stopped and requeued for the next job, none lost or failed, and the job ends with 0."""
-    job, home, database = batch_job(tmp_path, GPUMUX_LEAVE_WHEN_IDLE="60")
-    job_dir = tmp_path / "submit" / f"gpumux-job-{JOB_ID}"
-    pids = tmp_path / "pids"
+    job, home, database = batch_job(short_tmp_path, GPUMUX_LEAVE_WHEN_IDLE="60")
+    job_dir = short_tmp_path / "submit" / f"gpumux-job-{JOB_ID}"
+    pids = short_tmp_path / "pids"
     pids.mkdir()
     try:
         wait_for(lambda: any((job_dir / "nodes").glob("*.url")), "the node published its URL", job)
@@ -244,7 +245,7 @@ def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_runnin
                 json={
                     "params": ["x=1,2"],
                     "command": [sys.executable, str(SLEEPER), str(pids / "trial-{x}")],
-                    "workdir": str(tmp_path),
+                    "workdir": str(short_tmp_path),
                     "env": {"PATH": os.environ["PATH"]},
                     "split": 2,
                 },
@@ -267,7 +268,7 @@ def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_runnin
     assert "the time limit is near: a graceful stop on every node" in output
     assert "graceful stop: launching nothing new, stopping trials" in output
     assert "immediate stop" not in output
-    assert "--overlap" in (tmp_path / "srun.log").read_text()
+    assert "--overlap" in (short_tmp_path / "srun.log").read_text()
     sessions = make_sessions(make_engine(f"sqlite:///{database}"))
     with sessions.read() as session:
         trials = session.query(Trial).order_by(Trial.id).all()
@@ -276,22 +277,25 @@ def test_the_time_limit_signal_stops_the_node_gracefully_and_requeues_its_runnin
     sessions.engine.dispose()
     trial_pids = [int(pid) for f in pids.glob("trial-?") for pid in f.read_text().split()]
     assert len(trial_pids) == 4 and not any(alive(pid) for pid in trial_pids)
-    assert kill_processes_naming(tmp_path) == []
+    assert kill_processes_naming(short_tmp_path) == []
     # The node's trial logs outlive its local disk.
     assert list((job_dir / "logs").rglob("trial-*.log"))
 
 
 def test_the_first_job_on_a_fresh_shared_database_brings_every_node_up_at_once(
-    tmp_path: Path, pg_database: str
+    short_tmp_path: Path, pg_database: str
 ) -> None:
     """srun starts every node of the job at once: on a fresh PostgreSQL database one of them
     migrates it while the others wait, and all join; USR1 then stops them all gracefully."""
-    nodes_dir = tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes"
+    nodes_dir = short_tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes"
     job, _, _ = batch_job(
-        tmp_path, nodes=NODES_AT_ONCE, GPUMUX_DATABASE_URL=pg_database, GPUMUX_LEAVE_WHEN_IDLE="60"
+        short_tmp_path,
+        nodes=NODES_AT_ONCE,
+        GPUMUX_DATABASE_URL=pg_database,
+        GPUMUX_LEAVE_WHEN_IDLE="60",
     )
     sockets = [
-        tmp_path / "node" / f"host{n}" / f"gpumux-{JOB_ID}-{n}" / "gpumux.sock"
+        short_tmp_path / "node" / f"host{n}" / f"gpumux-{JOB_ID}-{n}" / "gpumux.sock"
         for n in range(NODES_AT_ONCE)
     ]
     try:
@@ -318,13 +322,13 @@ def test_the_first_job_on_a_fresh_shared_database_brings_every_node_up_at_once(
     assert [name.rpartition("-")[2] for name in published] == [str(n) for n in range(NODES_AT_ONCE)]
     assert joined == published
     assert output.count("upgrading schema None -> head") == 1, output
-    assert kill_processes_naming(tmp_path) == []
+    assert kill_processes_naming(short_tmp_path) == []
 
 
 def test_a_node_with_nothing_to_do_leaves_after_its_grace_time_and_the_job_ends_cleanly(
-    tmp_path: Path,
+    short_tmp_path: Path,
 ) -> None:
-    job, home, _ = batch_job(tmp_path, GPUMUX_LEAVE_WHEN_IDLE="0.5")
+    job, home, _ = batch_job(short_tmp_path, GPUMUX_LEAVE_WHEN_IDLE="0.5")
     try:
         output, _ = job.communicate(timeout=DEADLINE_S)
     finally:
@@ -333,8 +337,8 @@ def test_a_node_with_nothing_to_do_leaves_after_its_grace_time_and_the_job_ends_
     assert job.returncode == 0, output
     assert "no trial queued or running on" in output and "for 0.5 s; leaving" in output
     assert not (home / "gpumux.sock").exists()
-    assert not list((tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes").iterdir())
-    assert kill_processes_naming(tmp_path) == []
+    assert not list((short_tmp_path / "submit" / f"gpumux-job-{JOB_ID}" / "nodes").iterdir())
+    assert kill_processes_naming(short_tmp_path) == []
 
 
 def test_serve_leave_when_idle_exits_0_once_the_database_had_no_work_that_long(
