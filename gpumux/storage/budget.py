@@ -133,8 +133,9 @@ class ReportBudget:
             latest_step=latest_step,
         )
         with self._lock:
-            # Drop older attempts' allowances: they report no more.
-            for old in [k for k in self._allowances if k[0] == trial_id and k[1] != attempt]:
+            # Drop earlier attempts' allowances: they report no more. (A late report of an earlier
+            # attempt leaves a later one's alone; the later one's end drops it.)
+            for old in [k for k in self._allowances if k[0] == trial_id and k[1] < attempt]:
                 del self._allowances[old]
             return self._allowances.setdefault(key, fresh)
 
@@ -160,12 +161,16 @@ class ReportBudget:
         return first
 
     def end(self, attempts: Collection[tuple[int, int]]) -> None:
-        """These (trial id, attempt) ended: their allowances go (a daemon that runs trials for
-        months holds only its running attempts' allowances); a later attempt of the same trial
-        keeps its own, whenever this end comes."""
+        """These (trial id, attempt) ended: their allowances go, and any of an earlier attempt
+        of the same trial (one a late report made again after its own end), so that a daemon
+        that runs trials for months holds only its running attempts' allowances; a later
+        attempt of the same trial keeps its own, whenever this end comes."""
+        ended: dict[int, int] = {}
+        for trial_id, attempt in attempts:
+            ended[trial_id] = max(attempt, ended.get(trial_id, attempt))
         with self._lock:
-            for key in attempts:
-                self._allowances.pop(key, None)
+            for key in [k for k in self._allowances if k[1] <= ended.get(k[0], 0)]:
+                del self._allowances[key]
 
     def __len__(self) -> int:
         """How many attempts' allowances are held."""

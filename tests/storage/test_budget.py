@@ -93,6 +93,17 @@ def test_an_attempts_end_leaves_a_later_attempt_of_the_trial_its_allowance() -> 
     assert seeded == [(7, 1), (8, 1), (7, 2), (8, 1)]
 
 
+def test_an_attempts_end_also_ends_an_earlier_attempt_a_late_report_made_again() -> None:
+    budget = ReportBudget(rate=1.0, burst=2, rows=100, clock=lambda: 0.0)
+    budget.allowance(7, 2, lambda: (0, None, None))
+    # A report of attempt 1, read after its end was taken: its allowance made again.
+    budget.allowance(7, 1, lambda: (0, None, None))
+    budget.allowance(8, 3, lambda: (0, None, None))
+    assert len(budget) == 3, "the late report leaves the running attempt 2 its allowance"
+    budget.end([(7, 2)])
+    assert len(budget) == 1, "trial 8's running attempt alone is held"
+
+
 def running(sessions: Sessions, tmp_path: Path) -> int:
     with sessions.write.begin() as session:
         return stored_running_trial(session, tmp_path, device="cpu")
