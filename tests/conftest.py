@@ -138,15 +138,22 @@ def kill_process(pid: int) -> str:
     return shown
 
 
+# Each worker starts on its own (imports, its PostgreSQL cluster, its migrated templates) and
+# the slowest files, a minute or two each, bound what more workers gain; its directory
+# (popen-gwN) lengthens the tests' Unix socket paths, 107 bytes at most, by a digit from gw10.
+MAX_WORKERS = 8
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """The workers of `-n auto`: two per core this run may use (most tests wait on what they
-    start, a daemon, its trials, PostgreSQL, more than they compute), at most one per test file
-    named; none for a single file, which runs in this process."""
+    start, a daemon, its trials, PostgreSQL, more than they compute), MAX_WORKERS at most, at
+    most one per test file named; none for a single file, which runs in this process."""
     files: set[Path] = set()
     for arg in config.args:
         path = config.invocation_params.dir / arg.split("::")[0]
         files |= {path} if path.is_file() else set(path.rglob("test_*.py"))
-    return min(2 * len(os.sched_getaffinity(0)), len(files)) if len(files) > 1 else 0
+    workers = min(2 * len(os.sched_getaffinity(0)), MAX_WORKERS, len(files))
+    return workers if len(files) > 1 else 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
