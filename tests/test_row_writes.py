@@ -368,24 +368,35 @@ def test_each_row_changed_outside_storage_is_found(tmp_path: Path) -> None:
     assert all(any(m == module and int(n) in lines for module, lines in added) for m, n in found)
 
 
+GATE = "set_trial_status"
+
+
 def status_moves_outside_storage(package: Path) -> list[str]:
-    """Calls of the status gate (`set_trial_status`) outside storage/: a move there is a
-    function of `storage/lifecycle.py` named for what happened, which decides what the row
-    gets."""
+    """Uses of the status gate (`set_trial_status`) outside storage/, called, imported or
+    passed on under any name: a move there is a function of `storage/lifecycle.py` named for
+    what happened, which decides what the row gets."""
     found = []
     for path in sorted(package.rglob("*.py")):
         if path.relative_to(package).parts[0] == "storage":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and "set_trial_status" in {
-                getattr(node.func, "attr", None),
-                getattr(node.func, "id", None),
-            }:
-                found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+            named = (
+                {alias.name for alias in node.names}
+                if isinstance(node, ast.ImportFrom)
+                else {getattr(node, "attr", None), getattr(node, "id", None)}
+                if isinstance(node, (ast.Attribute, ast.Name))
+                else {node.value}
+                if isinstance(node, ast.Constant)
+                else set()
+            )
+            if GATE in named:
+                found.append(f"{path.relative_to(package.parent)}:{getattr(node, 'lineno', 0)}")
     return found
 
 
 def test_no_status_move_passes_fields_from_outside_storage(tmp_path: Path) -> None:
+    lifecycle = ast.parse((ROOT / "gpumux/storage/lifecycle.py").read_text())
+    assert GATE in {node.name for node in lifecycle.body if isinstance(node, ast.FunctionDef)}
     assert status_moves_outside_storage(ROOT / "gpumux") == []
     root = copy_of_the_package(tmp_path)
     with (root / "gpumux/scheduling/outcomes.py").open("a") as source:
@@ -393,5 +404,15 @@ def test_no_status_move_passes_fields_from_outside_storage(tmp_path: Path) -> No
             "\n\ndef sneak(session, trial):\n"
             "    lifecycle.set_trial_status(session=session, trial=trial, status=None, error='')\n"
         )
-    (found,) = status_moves_outside_storage(root / "gpumux")
-    assert found.startswith("gpumux/scheduling/outcomes.py:")
+    with (root / "gpumux/scheduling/reaper.py").open("a") as source:
+        source.write(
+            "\n\nfrom gpumux.storage.lifecycle import set_trial_status as move\n"
+            "\n\ndef sneak_by_name(session, trial):\n"
+            "    getattr(lifecycle, 'set_trial_status')(session=session, trial=trial)\n"
+        )
+    found = status_moves_outside_storage(root / "gpumux")
+    assert [where.split(":")[0] for where in found] == [
+        "gpumux/scheduling/outcomes.py",
+        "gpumux/scheduling/reaper.py",
+        "gpumux/scheduling/reaper.py",
+    ]
