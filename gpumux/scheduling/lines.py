@@ -75,10 +75,10 @@ class LogReports:
         # then (None: not seen).
         self._ended: dict[tuple[int, int], int | None] = {}
 
-    def collect(self, *, only: Collection[int] | None = None) -> set[int]:
+    def collect(self, *, only: Collection[int] | None = None) -> set[tuple[int, int]]:
         """Record the report lines running trials (those of `only`, if given) printed since the
-        last look, one slice of each log; the ids of the trials marked `ended` whose logs are
-        now read to where they ended (or that have no log left to read)."""
+        last look, one slice of each log; the attempts (trial id, attempt) marked `ended` whose
+        logs are now read to where they ended (or that have no log left to read)."""
         with self.sessions.read() as session:
             targets = [
                 (trial.id, trial.attempt, trial.log_path, trial.log_scanned)
@@ -116,7 +116,7 @@ class LogReports:
             self._ended.pop(key, None)
         # Only the attempts that ended: a retry's allowance is its own.
         self.budget.end(whole)
-        return {trial_id for trial_id, _ in whole}
+        return whole
 
     def ended(self, attempts: Iterable[tuple[int, int]]) -> None:
         """These attempts' (trial id, attempt) supervisors exited: `collect` says when their
@@ -129,9 +129,9 @@ class LogReports:
         """Read these ended attempts' logs to their end, a slice and a short transaction at a
         time (at a start, before their ends are recorded: the last lines count)."""
         self.ended(attempts)
-        left = {trial_id for trial_id, _ in attempts}
+        left = set(attempts)
         while left:
-            left -= self.collect(only=left)
+            left -= self.collect(only={trial_id for trial_id, _ in left})
 
     def forget(self) -> None:
         """Drop what was read (after a failed write): read again from the stored offsets."""

@@ -60,9 +60,11 @@ class Reaper:
             # Their supervisors have exited, so their logs are whole: their last lines are read
             # first, a slice a tick (a flood's end takes several ticks, each short).
             self.lines.ended((t, entry.process.attempt) for t, (entry, _) in self.ending.items())
-            for trial_id in self.lines.collect(only=self.ending):
-                entry, end = self.ending.pop(trial_id)
-                ended.append((trial_id, entry, end))
+            for trial_id, attempt in self.lines.collect(only=self.ending):
+                # The attempt whose log is whole, not another of the same trial.
+                if trial_id in self.ending and self.ending[trial_id][0].process.attempt == attempt:
+                    entry, end = self.ending.pop(trial_id)
+                    ended.append((trial_id, entry, end))
         leaders = self.watched.new_leaders()
         if not ended and not leaders:
             return

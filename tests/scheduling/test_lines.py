@@ -33,3 +33,18 @@ def test_a_restarted_daemon_reads_on_from_the_offset_stored_with_the_reports(
         assert trial is not None
         assert [report.step for report in reports] == [0, 1], "each line recorded once"
         assert trial.log_scanned == log_path.stat().st_size
+
+
+def test_an_earlier_attempt_read_to_its_end_is_told_apart_from_the_running_one(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "trial.log"
+    log_path.write_bytes(b'GPUMUX_REPORT {"step": 0, "val_loss": 0.9}\n')
+    with sessions.write.begin() as session:
+        trial_id = stored_running_trial(session, tmp_path, log_path=str(log_path), attempt=2)
+    reports = LogReports(sessions=sessions, budget=ample_budget())
+    # Attempt 1's supervisor exited (the database already runs attempt 2): nothing left to read.
+    reports.ended([(trial_id, 1)])
+    assert reports.collect(only={trial_id}) == {(trial_id, 1)}, "not attempt 2, still running"
+    reports.ended([(trial_id, 2)])
+    assert reports.collect(only={trial_id}) == {(trial_id, 2)}
