@@ -3,7 +3,7 @@
     python benchmarks/split_search.py (--model FILE | --random-models K [--seed S])
                                       [--trials 48] [--trial-seconds 20] [--repeats 3]
                                       [--time-scale 1] [--splits N,N,...]
-                                      [--against DIR]
+                                      [--against DIR] [--keep-logs DIR]
 
 FILE is a model file or a shipped model's name (gpumux/devices/simulated/models:
 h200-torch-mlp, h100-memory-bound, a100-compute-bound). Every variant runs the same sweep,
@@ -28,7 +28,8 @@ miss can be run again alone with --model.
 --against DIR runs the same auto sweep on another checkout of gpumux as one more variant,
 "auto@DIR" (its daemon imports gpumux from DIR: run the benchmark from outside both checkouts),
 interleaved with the others, so that a change to the search is compared with the code before it
-on the same fixed N and the same host load.
+on the same fixed N and the same host load. --keep-logs DIR keeps each daemon's log there
+(MODEL-VARIANT-REPEAT.log: the split search's decisions, points and rejections, one a line).
 
 --time-scale s runs the model's seconds s times as fast, and scales the split search's own
 timers with it (GPUMUX_SPLIT_SETTLE, GPUMUX_SPLIT_WINDOW and GPUMUX_POLL_INTERVAL), so that the
@@ -185,6 +186,7 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--splits", help="the fixed N to compare (default: the model's N)")
     parser.add_argument("--against", type=Path, help="another checkout whose auto runs too")
+    parser.add_argument("--keep-logs", type=Path, help="a directory for each daemon's log")
     args = parser.parse_args()
     if args.model is not None:
         names = [args.model]
@@ -246,6 +248,10 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
                 chosen = other if variant.startswith("auto@") else settings
                 run = run_sweep(home, chosen, split, args)
             finally:
+                if args.keep_logs is not None and (home / "serve.log").exists():
+                    args.keep_logs.mkdir(parents=True, exist_ok=True)
+                    kept = f"{Path(name).stem}-{variant.replace('/', '_')}-{repeat + 1}.log"
+                    shutil.copyfile(home / "serve.log", args.keep_logs / kept)
                 shutil.rmtree(home, ignore_errors=True)
             runs[variant].append(run)
             shown = f"{run.makespan_s:.0f} s" if run.makespan_s is not None else run.failed
