@@ -3,6 +3,7 @@
     python benchmarks/split_search.py (--model FILE | --random-models K [--seed S])
                                       [--trials 48] [--trial-seconds 20] [--repeats 3]
                                       [--time-scale 1] [--splits N,N,...]
+                                      [--against DIR] [--keep-logs DIR]
 
 FILE is a model file or a shipped model's name (gpumux/devices/simulated/models:
 h200-torch-mlp, h100-memory-bound, a100-compute-bound). Every variant runs the same sweep,
@@ -23,6 +24,12 @@ medians are quoted.
 each against the N its memory fits, the N of its best rate and the given N just below the fit
 (or --splits), then prints one line per model; each drawn file is kept and named, so that a
 miss can be run again alone with --model.
+
+--against DIR runs the same auto sweep on another checkout of gpumux as one more variant,
+"auto@DIR" (its daemon imports gpumux from DIR: run the benchmark from outside both checkouts),
+interleaved with the others, so that a change to the search is compared with the code before it
+on the same fixed N and the same host load. --keep-logs DIR keeps each daemon's log there
+(MODEL-VARIANT-REPEAT.log: the split search's decisions, points and rejections, one a line).
 
 --time-scale s runs the model's seconds s times as fast, and scales the split search's own
 timers with it (GPUMUX_SPLIT_SETTLE, GPUMUX_SPLIT_WINDOW and GPUMUX_POLL_INTERVAL), so that the
@@ -97,7 +104,10 @@ def profile_line(client: httpx.Client, created: datetime, scale: float) -> tuple
     when = (datetime.fromisoformat(profile["updated_at"]) - created).total_seconds() / scale
     settled = profile["settled"] and profile["best_split"] is not None
     state = f"settled at N={profile['best_split']}" if settled else "not settled"
-    line = f"{state} (last decision {when:.0f} s in); curve {{{curve}}} {profile['unit']}"
+    line = (
+        f"{state} (last decision {when:.0f} s in); curve {{{curve}}} {profile['unit']}; "
+        f"{profile['reason']}"
+    )
     return line, profile["best_split"] if settled else None
 
 
@@ -175,6 +185,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--splits", help="the fixed N to compare (default: the model's N)")
+    parser.add_argument("--against", type=Path, help="another checkout whose auto runs too")
+    parser.add_argument("--keep-logs", type=Path, help="a directory for each daemon's log")
     args = parser.parse_args()
     if args.model is not None:
         names = [args.model]
@@ -224,14 +236,22 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
         f"alone, time x{args.time_scale:g}, {args.repeats} repeats, variants interleaved"
     )
     variants: list[tuple[str, int | str]] = [("auto", "auto"), *((f"N={n}", n) for n in fixed)]
+    other = {**settings, "PYTHONPATH": str(args.against)} if args.against else settings
+    if args.against:
+        variants.insert(1, (f"auto@{args.against}", "auto"))
     runs: dict[str, list[Run]] = {name: [] for name, _ in variants}
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
         for variant, split in order:
             home = Path(tempfile.mkdtemp(prefix="gpumux-split-search-"))
             try:
-                run = run_sweep(home, settings, split, args)
+                chosen = other if variant.startswith("auto@") else settings
+                run = run_sweep(home, chosen, split, args)
             finally:
+                if args.keep_logs is not None and (home / "serve.log").exists():
+                    args.keep_logs.mkdir(parents=True, exist_ok=True)
+                    kept = f"{Path(name).stem}-{variant.replace('/', '_')}-{repeat + 1}.log"
+                    shutil.copyfile(home / "serve.log", args.keep_logs / kept)
                 shutil.rmtree(home, ignore_errors=True)
             runs[variant].append(run)
             shown = f"{run.makespan_s:.0f} s" if run.makespan_s is not None else run.failed
@@ -263,21 +283,32 @@ def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namesp
             name,
             f"{median[name]:.0f}" if name in median else "failed",
             " ".join("-" if s is None else f"{s:.0f}" for s in (r.makespan_s for r in done)),
-            settled if name == "auto" else "",
+            settled if name.startswith("auto") else "",
         )
     console.print(table)
-    fixed = {name: span for name, span in median.items() if name != "auto"}
+    fixed = {name: span for name, span in median.items() if not name.startswith("auto")}
     if not fixed or "auto" not in median:
         return Outcome(False, "auto or every fixed N failed")
     best = min(fixed, key=lambda name: fixed[name])
-    ratio = median["auto"] / fixed[best]
-    shares = [rate_share(model, run.settled_at) for run in runs["auto"]]
+    outcomes = [
+        goal(model, name, median[name] / fixed[best], best, runs[name])
+        for name in runs
+        if name.startswith("auto") and name in median
+    ]
+    for outcome in outcomes:
+        console.print(outcome.line)
+    return outcomes[0]
+
+
+def goal(model: DeviceModel, name: str, ratio: float, best: str, runs: list[Run]) -> Outcome:
+    """Whether one auto variant met the goal: within 10% of the best fixed N's makespan,
+    settled in every run, at an N within 5% of the best rate memory allows."""
+    shares = [rate_share(model, run.settled_at) for run in runs]
     settled = ", ".join(
         "no N" if share is None else f"N={run.settled_at} ({share:.0%} of the feasible best)"
-        for run, share in zip(runs["auto"], shares, strict=True)
+        for run, share in zip(runs, shares, strict=True)
     )
-    line = f"auto / best fixed N ({best}): {ratio:.2f}x; auto settled at {settled}"
-    console.print(line)
+    line = f"{name} / best fixed N ({best}): {ratio:.2f}x; {name} settled at {settled}"
     met = ratio <= 1.10 and all(share is not None and share >= 0.95 for share in shares)
     return Outcome(met, line)
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from gpumux.config import Settings
 from gpumux.processes.logfiles import tail_lines
 from gpumux.processes.rundir import ExitStatus, TrialEnd
-from gpumux.splits.online import is_out_of_memory
+from gpumux.splits.out_of_memory import is_out_of_memory
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store

@@ -21,7 +21,10 @@ from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
-from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
+from gpumux.splits.mix import Mix
+from gpumux.splits.online import SplitSearch, sweep_fingerprint
+from gpumux.splits.priors import resume_search
+from gpumux.splits.window import Timing
 from gpumux.status import SweepStatus
 from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
@@ -85,13 +88,13 @@ class SplitSearches:
 
     def search(self, *, session: Session, sweep: Sweep, device: DeviceSnapshot) -> SplitSearch:
         """The search for this sweep's workload on this device's model, made from the best
-        prior on first need (see SplitSearch.resume)."""
+        prior on first need (see priors.resume_search)."""
         kind = kind_of(device)
         model = self._model_of[device.key] = kind.model_name(device)
         key = (model, sweep_fingerprint(sweep))
         if key not in self._searches:
             ceiling = self.ceiling(device)
-            self._searches[key] = SplitSearch.resume(
+            self._searches[key] = resume_search(
                 session=session,
                 device_key=device.key,
                 device_name=model,
@@ -228,8 +231,8 @@ class SplitSearches:
         does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
-        then goes from its first point to the N that fits, not through the steps between, nor
-        into N that run out of memory."""
+        then ends at the N that fits, not in N that run out of memory, and while it gains it
+        skips the step below that N (curve.next_split's `fits`)."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb

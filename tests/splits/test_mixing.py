@@ -24,8 +24,11 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.server.daemon import embedded
 from gpumux.splits.curve import Decision
-from gpumux.splits.online import Mix, SplitSearch, Timing, sweep_fingerprint
+from gpumux.splits.mix import Mix
+from gpumux.splits.online import SplitSearch, sweep_fingerprint
+from gpumux.splits.priors import resume_search
 from gpumux.splits.searches import SplitSearches
+from gpumux.splits.window import Timing
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
@@ -60,7 +63,7 @@ def search_of(sessions: Sessions, sweep_id: int) -> SplitSearch:
     with sessions.read() as session:
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None
-        return SplitSearch.resume(
+        return resume_search(
             session=session,
             device_key="cpu",
             device_name="Test CPU",

@@ -10,7 +10,10 @@ from builders import sweep_plan
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
-from gpumux.splits.online import SplitSearch, Timing, is_out_of_memory
+from gpumux.splits.online import SplitSearch
+from gpumux.splits.out_of_memory import is_out_of_memory
+from gpumux.splits.priors import resume_search
+from gpumux.splits.window import Timing
 from gpumux.status import TrialStatus
 from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
@@ -45,7 +48,7 @@ def search_of(sessions: Sessions) -> SplitSearch:
     with sessions.read() as session:
         sweep = sweep_store.get_sweep(session=session, sweep_id=1)
         assert sweep is not None
-        return SplitSearch.resume(
+        return resume_search(
             session=session,
             device_key="cpu",
             device_name="Test CPU",
@@ -406,7 +409,7 @@ def save_profile(
 
 def guessed(sessions: Sessions, guess: FirstSplit | None) -> SplitSearch:
     with sessions.read() as session:
-        return SplitSearch.resume(
+        return resume_search(
             session=session,
             device_key="cpu",
             device_name="Test CPU",
@@ -640,7 +643,7 @@ def test_a_descent_the_trials_left_cannot_fill_settles_on_the_smallest_n_that_do
     search.start, search.origin = 5, "a guess"
     # N=8 gains 4% on the start: a knee, and the search goes below the start, to 3.
     search.curve = [CurvePoint(split=5, throughput=100.0), CurvePoint(split=8, throughput=104.0)]
-    search.decision = search._decide()
+    search.decision = search.decide()
     assert (search.split, search.decision.settled) == (3, False)
 
     with sessions.write.begin() as session:

@@ -1,0 +1,56 @@
+"""A sweep's tail: what a split search settles on when the trials its sweep has left cannot
+fill the N it would measure next.
+
+On a big GPU a first sweep has a few waves: the N above the last is rarely reachable, nor,
+after a few waves, an N below the start. Rather than end unsettled, the search settles on what
+it measured, saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gpumux.splits import curve as split_curve
+from gpumux.throughput import CurvePoint
+
+
+def settle_short(
+    curve: Sequence[CurvePoint],
+    *,
+    split: int,
+    left: int,
+    threshold: float,
+    oom_at: int | None,
+    start: int,
+    origin: str,
+) -> split_curve.Decision | None:
+    """The settled decision where the `left` trials (running and queued) cannot fill `split`,
+    the N the search measures next; None: they can, or nothing was measured, or a climb
+    capped at the measured N would not settle."""
+    if left >= split or not curve:
+        return None
+    measured = max(point.split for point in curve)
+    decision = split_curve.next_split(
+        curve, ceiling=measured, threshold=threshold, oom_at=oom_at, start=start
+    )
+    if split > measured:
+        # A climb the trials left cannot reach: settled on what was measured, if the walk
+        # capped there settles; else the search goes on as it decided.
+        if not decision.settled:
+            return None
+        using = f"N={decision.split}, the best of {len(curve)} point(s) measured"
+    else:
+        # A descent or a bisection below the largest N measured: the smallest N measured
+        # that does as well, as the finished search would settle on.
+        smallest = split_curve.smallest_within(curve, threshold=threshold)
+        using = (
+            f"N={smallest}, the smallest of {len(curve)} point(s) measured within "
+            f"{threshold:.0%} of the best"
+        )
+        decision = replace(decision, split=smallest, settled=True)
+    if start != 1:
+        using = f"{using}; started at N={start}: {origin}"
+    return replace(
+        decision, reason=f"{left} trial(s) of the sweep left cannot fill N={split}: using {using}"
+    )

@@ -1,0 +1,227 @@
+"""A phase's measuring window: when it closes, the per-trial rates in it, and the point it gives.
+
+After N changes the device settles (`Timing.settle`), then a window opens. It closes once each
+trial of the phase has reported twice in it, half a window apart, or ended (scripts that report
+too rarely or nothing: once every one has ended). The device's throughput at N is N times the
+median trial's rate: samples/s, optimizer steps/s for PyTorch scripts that report no samples,
+completed trials/s for scripts that report neither (one unit per workload). Each point keeps the
+trials it was measured on and the spread of their rates: how sure it is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from gpumux.splits import curve as split_curve
+from gpumux.storage import reports as report_store
+from gpumux.storage.models import Trial
+from gpumux.throughput import (
+    SAMPLES_PER_S,
+    STEPS_PER_S,
+    TRIALS_PER_S,
+    CurvePoint,
+    ThroughputUnit,
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the search waits: after N changes (settle), then measures (window)."""
+
+    settle: timedelta
+    window: timedelta
+    threshold: float = split_curve.DEFAULT_THRESHOLD
+
+
+@dataclass(frozen=True)
+class Window:
+    """A closed measuring window: the per-trial rates in it, and the trials that ended."""
+
+    rates: list[float]
+    ended: list[Trial]
+
+
+def read_window(
+    *,
+    session: Session,
+    trials: Sequence[Trial],
+    start: datetime,
+    now: datetime,
+    unit: ThroughputUnit,
+    measured: bool,
+    timing: Timing,
+) -> tuple[Window | None, ThroughputUnit]:
+    """The window opened at `start` over the phase's `trials` (the workload's trials under N
+    since then) if it closes now (None: not yet), and the unit the workload is measured in
+    from now on. `measured`: the curve has points already (its unit is then the workload's)."""
+    ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
+    phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
+    done = {t.id for t in ended}
+    rates = trial_rates(
+        session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
+    )
+    if not rates and only_steps(session=session, trials=trials, unit=unit, measured=measured):
+        unit = STEPS_PER_S
+        rates = trial_rates(
+            session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
+        )
+    if unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase):
+        return Window(rates=list(rates.values()), ended=ended), unit
+    if ended and all(t.id in done for t in phase):
+        return Window(rates=list(rates.values()), ended=ended), unit
+    return None, unit
+
+
+def trial_rates(
+    *,
+    session: Session,
+    trials: Sequence[Trial],
+    start: datetime,
+    end: datetime,
+    unit: ThroughputUnit,
+    timing: Timing,
+) -> dict[int, float]:
+    """Each trial's samples/s over its life so far: what it reported in all over the time
+    from its start to its last report, where it reported twice or more in the window, half
+    a window apart at least (report lines read from a log in one tick arrive together:
+    their spacing is the reading's, not the work's); a rate out of range is left out.
+
+    Its life, not the span between its reports: a short trial spends much of it starting
+    (TensorFlow's import alone takes seconds), and N trials that start together crowd each
+    other's start-up as much as their training. N times a life rate counts both.
+    """
+    what = counted(unit)
+    times = report_store.report_times(
+        session=session, trial_ids=[t.id for t in trials], start=start, end=end, counted=what
+    )
+    totals = report_store.samples_of(session=session, trial_ids=list(times), counted=what)
+    started = {t.id: t.started_at for t in trials}
+    rates = {}
+    for trial_id, reports in times.items():
+        began = started.get(trial_id)
+        if len(reports) < 2 or began is None:
+            continue
+        if (reports[-1][0] - reports[0][0]).total_seconds() < timing.window.total_seconds() / 2:
+            continue
+        seconds = (reports[-1][0] - began).total_seconds()
+        rate = totals.get(trial_id, 0.0) / seconds if seconds > 0 else math.inf
+        if 0 <= rate <= report_store.MAX_RATE:
+            rates[trial_id] = rate
+    return rates
+
+
+def counted(unit: ThroughputUnit) -> report_store.Counted:
+    """What a unit counts in the reports."""
+    return "steps" if unit == STEPS_PER_S else "samples"
+
+
+def only_steps(
+    *, session: Session, trials: Sequence[Trial], unit: ThroughputUnit, measured: bool
+) -> bool:
+    """Whether the workload, not measured yet, reported optimizer steps and no samples:
+    then it is measured in steps/s from now on. Samples win: a script that reports them
+    is measured in samples/s, whatever the runtime counted besides."""
+    if unit != SAMPLES_PER_S or measured:
+        return False
+    ids = [t.id for t in trials]
+    if any(report_store.samples_of(session=session, trial_ids=ids).values()):
+        return False
+    steps = report_store.samples_of(session=session, trial_ids=ids, counted="steps")
+    return any(steps.values())
+
+
+def measure(
+    *,
+    session: Session,
+    window: Window,
+    unit: ThroughputUnit,
+    split: int,
+    measured: bool,
+    peak_mb: int | None,
+) -> tuple[CurvePoint | None, ThroughputUnit]:
+    """The device's throughput at N: N times the median trial's rate (each trial holds 1/N
+    of the device, whatever shares the rest), or N over the median trial's duration; and
+    the unit the workload is measured in from now on. No point: nothing in range was
+    reported."""
+    durations = [
+        (t.ended_at - t.started_at).total_seconds()
+        for t in window.ended
+        if t.started_at is not None and t.ended_at is not None and t.ended_at > t.started_at
+    ]
+    per_trial = statistics.median(durations) if durations else None
+    rates = window.rates
+    if unit != TRIALS_PER_S and not rates:
+        ended = [t.id for t in window.ended]
+        if only_steps(session=session, trials=window.ended, unit=unit, measured=measured):
+            unit = STEPS_PER_S
+        totals = report_store.samples_of(session=session, trial_ids=ended, counted=counted(unit))
+        if not any(totals.values()) and not measured:
+            # A script that reports nothing: count finished trials instead, from now on.
+            unit = TRIALS_PER_S
+        # Trials that reported too rarely for a rate between reports: their samples over
+        # their lives, start-up included, as a trial count would have it.
+        rates = [
+            rate
+            for t in window.ended
+            if t.started_at is not None
+            and t.ended_at is not None
+            and t.ended_at > t.started_at
+            and 0
+            < (rate := totals.get(t.id, 0.0) / (t.ended_at - t.started_at).total_seconds())
+            <= report_store.MAX_RATE
+        ]
+    if unit != TRIALS_PER_S and rates:
+        throughput = split * statistics.median(rates)
+        how_far = spread(rates)
+    elif unit == TRIALS_PER_S and per_trial is not None:
+        throughput = split / per_trial
+        how_far = spread(durations)
+    else:
+        # Nothing in range was reported (absurd sizes stored before they were bounded): such a
+        # window tells nothing.
+        return None, unit
+    point = CurvePoint(
+        split=split,
+        throughput=throughput,
+        seconds_per_trial=per_trial,
+        memory_per_trial_mb=peak_mb,
+        trials=len(rates) if unit != TRIALS_PER_S else len(durations),
+        spread=how_far,
+    )
+    return point, unit
+
+
+def timed_points(
+    *,
+    session: Session,
+    curve: Sequence[CurvePoint],
+    sweep_id: int,
+    device: str,
+    node_id: int | None,
+) -> list[CurvePoint]:
+    """The curve with each point measured before any of its trials ended (long trials: the
+    window closed on their reports) given the median seconds of the sweep's trials that ran to
+    their end under its N on the device."""
+    if all(point.seconds_per_trial is not None for point in curve):
+        return list(curve)
+    times = report_store.run_times(
+        session=session, sweep_id=sweep_id, device=device, node_id=node_id
+    )
+    return [
+        point
+        if point.seconds_per_trial is not None or not times.get(point.split)
+        else replace(point, seconds_per_trial=statistics.median(times[point.split]))
+        for point in curve
+    ]
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """How far apart the trials' figures of one point lie, relative to their median."""
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else None
