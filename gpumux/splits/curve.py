@@ -15,11 +15,6 @@ device's guess); s = 1 is the search from scratch.
   miss. Until the knee, measure the next candidate above the largest measured N. The knee is two
   misses in a row, or one at N >= `LARGE` (the median of that many trials' rates is one steady
   reading, and each point there costs a wave of long trials).
-- Memory's fit: where the N memory fits is known (`fits`, from what measured trials held) and no
-  point has missed since the leader, the ascent skips the step below it: once the largest
-  candidate within the fit is at most the step after the next, it is measured next. Each point
-  costs a phase of the sweep, and where memory, not the rate, bounds N, the steps below the fit
-  only delay it (a knee skipped shows as a miss at the fit, and the search settles below it).
 - Refinement up: when the leader's next measured N above (or else the OOM) is a candidate more
   than 1 away, and it measured at least as much as the leader (the peak may lie between) or ran
   out of memory, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
@@ -161,10 +156,8 @@ def next_split(
     threshold: float = DEFAULT_THRESHOLD,
     oom_at: int | None = None,
     start: int = 1,
-    fits: int | None = None,
 ) -> Decision:
-    """Decide the N to run next from the points measured so far, searching from `start`;
-    `fits`: the N memory fits, where known."""
+    """Decide the N to run next from the points measured so far, searching from `start`."""
     if threshold < 0:
         raise ValueError(f"threshold must be at least 0, not {threshold}")
     if oom_at is not None and oom_at <= 1:
@@ -180,8 +173,6 @@ def next_split(
     walk = _walk(points, threshold=threshold)
     step = next((n for n in candidates if n > points[-1].split), None)
     if not walk.knee and step is not None:
-        if fits is not None and not walk.misses:
-            step = _toward_fit(candidates, step=step, fits=fits)
         return Decision(split=step, settled=False, reason=f"measuring N={step}")
     oom = oom_at if oom_at is not None and oom_at <= ceiling else None
     refine = _refine_up(points, walk.leader.split, candidates=candidates, oom_at=oom)
@@ -198,14 +189,6 @@ def next_split(
     if descent.settled and descent.split == first and refine is not None:
         return refine
     return descent
-
-
-def _toward_fit(candidates: Sequence[int], *, step: int, fits: int) -> int:
-    """The next step of a climb that still gains: the largest candidate memory fits where it is
-    at most the step after `step`, else `step`."""
-    after = next((n for n in candidates if n > step), None)
-    target = max((n for n in candidates if n <= fits), default=step)
-    return target if after is not None and step < target <= after else step
 
 
 def _refine_up(

@@ -74,8 +74,7 @@ class SplitSearch:
     # Where the search starts (`split_curve.start`), and the prior that put it there.
     start: int = 1
     origin: str = ""
-    # A ceiling memory was seen to impose, lower than the device's: the profile keeps it, and a
-    # climb that still gains goes to it without the step below it (curve.next_split's fits).
+    # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -334,7 +333,6 @@ class SplitSearch:
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
             start=self.start,
-            fits=self.lowered,
         )
         if self.start == 1:
             return decision
@@ -343,8 +341,11 @@ class SplitSearch:
         )
 
     def _window(self, *, session: Session, now: datetime) -> Window | None:
-        """The window to measure now (splits.window), opened the settle time after the phase
-        began, over the workload's trials under N running then; None: not yet."""
+        """The window to measure now (splits.window); None: not yet.
+
+        It opens the settle time after the phase began. The phase's trials are the workload's
+        trials under N running when it opened.
+        """
         assert self.phase_start is not None
         start = self.phase_start + self.timing.settle
         if now - start < self.timing.window:

@@ -231,8 +231,8 @@ class SplitSearches:
         does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
-        then ends at the N that fits, not in N that run out of memory, and while it gains it
-        skips the step below that N (curve.next_split's `fits`)."""
+        then goes from its first point to the N that fits, not through the steps between, nor
+        into N that run out of memory."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb

@@ -554,32 +554,3 @@ def test_more_than_the_cores_allow_cannot_be() -> None:
     assert "N=4 at 5000 is 1.87x N=2 at 2678 with 2x the trials on 2 cores" in on_cores[0]
     assert on_a_gpu is None, "a GPU's trials may each do nearly as much at N=4 as at N=2"
     assert implausible(curve, CurvePoint(4, 3000.0), cores=2) is None
-
-
-def test_a_climb_that_gains_skips_the_step_below_what_memory_fits() -> None:
-    # From the start (5), memory fits 11: the step 8 below it is not measured.
-    curve = [CurvePoint(5, 500.0)]
-
-    assert next_split(curve, ceiling=11, start=5, fits=11).split == 11
-    assert next_split(curve, ceiling=11, start=5).split == 8, "without a fit, step by step"
-    # A gain, then the fit two steps away (13, 15 above 8): the next step only, then the fit.
-    curve = [CurvePoint(5, 500.0), CurvePoint(8, 800.0)]
-    assert next_split(curve[:1], ceiling=15, start=5, fits=15).split == 8
-    assert next_split(curve, ceiling=15, start=5, fits=15).split == 15
-
-
-def test_after_a_miss_the_climb_takes_the_next_step_whatever_memory_fits() -> None:
-    # N=5 missed (under 5% over N=3): the ascent needs its second reading, one step up.
-    curve = [CurvePoint(3, 300.0), CurvePoint(5, 305.0)]
-
-    assert next_split(curve, ceiling=11, start=3, fits=11).split == 8
-
-
-def test_a_fit_skipped_to_that_measures_less_settles_below_it() -> None:
-    curve = [CurvePoint(5, 500.0), CurvePoint(11, 450.0)]
-
-    decision = next_split(curve, ceiling=11, start=5, fits=11)
-
-    # The knee is below the fit: nothing between is measured (the curve is past its peak), and
-    # the descent below the start goes on.
-    assert decision.split < 5 and not decision.settled, decision

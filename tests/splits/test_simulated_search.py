@@ -100,7 +100,7 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     daemon_of: Start, tmp_path: Path
 ) -> None:
     # Slices of 7 hold a trial, of 8 do not; the rate would scale to 16. On 2 host cores the
-    # search starts at N=2, below the memory's bound; its trials say what fits.
+    # search starts at N=2, below the memory's bound.
     shape = {"memory_mb": 60_000, "per_process_mb": 7_500, "context_mb": 728}
     top = fits(**shape)
     assert top == 7
@@ -113,9 +113,8 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     assert [t.status for t in trials] == ["succeeded"] * 20
     assert ran_out(trials) == [], "no N above what fits was tried"
     # The ascent's steps (a knee below the fit would show in them) reach the fit itself, and
-    # the profile keeps it as the workload's ceiling. Gaining all the way, the climb skips the
-    # step below the fit (5): from 3 it goes to 7 (seen failing before it did).
-    assert {t.split for t in trials} == {2, 3, top}
+    # the profile keeps it as the workload's ceiling.
+    assert max(t.split or 0 for t in trials) == top
     profile = profile_of(client, ["--seconds=20"])
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
 
