@@ -231,8 +231,9 @@ class SplitSearches:
         does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
-        then goes from its first point to the N that fits, not through the steps between, nor
-        into N that run out of memory."""
+        then ends at the N that fits, not in N that run out of memory; it still measures the
+        steps below it, where a peak of the rate may lie (docs/benchmarks.md: a skip straight
+        to the fit, tried and reverted)."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
