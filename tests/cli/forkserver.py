@@ -39,7 +39,8 @@ from typing import Any, NamedTuple, NoReturn
 # arguments, then what a case may import on its way (typer's formatting of a usage error, the
 # daemon that `gpumux tune` and `serve` start). In a case's process they would load later, to
 # the same effect: the server starts with the environment given it, which the caller makes the
-# cases' own but for what gpumux reads when a command runs (test_hostile_args.py checks that).
+# cases' own but for what gpumux reads when a command runs (test_hostile_args.py checks that,
+# and runs a few cases in fresh interpreters too, their imports on their way).
 PRELOADED = ("gpumux.main", "typer.rich_utils", "gpumux.server.daemon")
 # The variable that tells the server the descriptors of its requests and replies: not 0 and 1,
 # which each child takes over for its stdin and stdout.

@@ -2,7 +2,8 @@
 
 Each case is a `python -m gpumux` process of its own, forked from a server that imported gpumux
 once (forkserver.py): about 440 cases, where each fresh interpreter spent 0.8 s of CPU on its
-imports. The usage errors below run in fresh interpreters."""
+imports. The usage errors below, and a few hostile cases (FRESH: through the imports a command
+makes on its way, which the server made before), run in fresh interpreters."""
 
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ CASE_VARIABLES = {
     TEST_MARK,
     "PYTEST_CURRENT_TEST",
 }
+# Hostile cases run in fresh interpreters as well: `serve`, `tune` (which imports the daemon on
+# its way) and one other command, each against no daemon.
+FRESH: tuple[list[str | bytes], ...] = (
+    ["serve", "--port", "-5"],
+    ["tune", "--splits", "1", "--time-limit", "5", "--", "inf"],
+    ["export", str(10**100), "--optuna", "sqlite:///study.db"],
+)
 
 
 def commands() -> Iterator[tuple[list[str], Any]]:
@@ -254,6 +262,17 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
         )
         wrong = [v for v in verdicts if v is not None]
     assert not wrong, "\n".join(wrong)
+    assert not list(tmp_path.glob("gpumux-traceback-*"))
+
+
+@pytest.mark.parametrize("argv", FRESH, ids=[str(argv[0]) for argv in FRESH])
+def test_hostile_arguments_end_in_a_message_in_a_fresh_interpreter_too(
+    tmp_path: Path, argv: list[str | bytes]
+) -> None:
+    done = run(argv, case_env(tmp_path, tmp_path / "home", daemon=False), tmp_path)
+    shown = [os.fsencode(word)[:40] for word in argv]
+    wrong = judged(shown, False, done.returncode, done.stdout, done.stderr)
+    assert wrong is None, wrong
     assert not list(tmp_path.glob("gpumux-traceback-*"))
 
 
