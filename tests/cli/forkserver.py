@@ -3,10 +3,16 @@ each time (0.8 s of CPU a start, most of a hostile argument's case).
 
 A server, this file run by the interpreter, imports gpumux (PRELOADED), then forks a child per
 command line: the child takes the case's directory, environment, argv, stdin from /dev/null and
-stdout and stderr into files, runs the `gpumux` module as `python -m` does and exits as the
+stdout and stderr into files, runs its module (`gpumux`) as `python -m` does and exits as the
 interpreter exits (see _exit). Its argv is decoded as the interpreter decodes its own
 (os.fsdecode: the file system's encoding, undecodable bytes as surrogates;
 argv_as_the_interpreter_decodes_it checks it).
+
+Each case is a process group of its own: what it leaves running there once it ends is killed
+and reported with its end (conftest's leak guard cannot see a forked process: the environment
+/proc shows for it is the server's, not the test's, so it carries no test's mark), and a case
+past its time is killed with its group. What a case starts in a session of its own execs
+with the case's environment, the test's mark in it, for the leak guard to find.
 """
 
 from __future__ import annotations
@@ -22,28 +28,73 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 # What the server imports before it forks: what `python -m gpumux` imports before it reads its
 # arguments, then what a case may import on its way (typer's formatting of a usage error, the
 # daemon that `gpumux tune` and `serve` start). In a case's process they would load later, to
-# the same effect: a case's environment differs from the server's only in GPUMUX_HOME,
-# GPUMUX_URL, XDG_CONFIG_HOME and TMPDIR, which gpumux reads when a command runs.
+# the same effect: the server starts with the environment given it, which the caller makes the
+# cases' own but for what gpumux reads when a command runs (test_hostile_args.py checks that,
+# and runs a few cases in fresh interpreters too, their imports on their way).
 PRELOADED = ("gpumux.main", "typer.rich_utils", "gpumux.server.daemon")
 # The variable that tells the server the descriptors of its requests and replies: not 0 and 1,
 # which each child takes over for its stdin and stdout.
 FDS_VARIABLE = "PYTEST_FORKSERVER_FDS"
+# How long what a case started may take to end on its own once the case has ended (as conftest's
+# LEFTOVER_GRACE_S).
+LEFTOVER_GRACE_S = 5.0
+# How long the server may take to answer what is not a case's run: a fork, a group's end.
+REPLY_TIMEOUT_S = 60.0
+
+
+class Ended(NamedTuple):
+    """How a case ended: its exit code (negative: the signal that ended it), its output, and
+    what it left running, killed since (pid: command line)."""
+
+    code: int
+    stdout: bytes
+    stderr: bytes
+    left: dict[int, str]
+
+
+class StillRunning(Exception):
+    """A case past its time, killed with its process group."""
+
+    def __init__(self, timeout: float, left: dict[int, str]) -> None:
+        super().__init__(f"still running after {timeout} s")
+        # What outlived the case's own kill (nothing, where the group was killed at once).
+        self.left = left
+
+
+class OutOfStep(Exception):
+    """The server missed a reply: it is restarted, and the case's end is unknown."""
 
 
 class ForkServer:
-    """One server; a thread at a time uses it. The cases' output goes to files in `directory`."""
+    """One server; a thread at a time uses it. The cases' output goes to files in `directory`;
+    the server runs with `env` (what it imports may read it)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        env: Mapping[str, str],
+        reply_timeout: float = REPLY_TIMEOUT_S,
+    ) -> None:
         self._directory = directory
+        self.environment = dict(env)
+        self._reply_timeout = reply_timeout
         self._runs = 0
+        # The case in flight (its pid, its process group's id), until its end is read.
+        self._case: int | None = None
+        self._start()
+
+    def _start(self) -> None:
         requests_read, self._requests = os.pipe()
         self._replies, replies_write = os.pipe()
         # Its stdout not a terminal, as a case's is not (buffering and colour are decided at start).
@@ -52,7 +103,7 @@ class ForkServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             pass_fds=(requests_read, replies_write),
-            env={**os.environ, FDS_VARIABLE: f"{requests_read},{replies_write}"},
+            env={**self.environment, FDS_VARIABLE: f"{requests_read},{replies_write}"},
         )
         os.close(requests_read)
         os.close(replies_write)
@@ -65,12 +116,14 @@ class ForkServer:
         env: Mapping[str, str],
         cwd: Path,
         timeout: float,
-    ) -> tuple[int, bytes, bytes]:
-        """`python -m gpumux *argv` in `cwd` with `env`: its exit code (negative: the signal
-        that ended it), stdout and stderr. TimeoutError past `timeout`, the child killed."""
+        module: str = "gpumux",
+    ) -> Ended:
+        """`python -m module *argv` in `cwd` with `env`, and how it ended. StillRunning past
+        `timeout`; OutOfStep where the server missed a reply."""
         self._runs += 1
         stdout, stderr = (self._directory / f"{self._runs}.{name}" for name in ("out", "err"))
         request = {
+            "module": module,
             "argv": as_argv(argv),
             "env": dict(env),
             "cwd": str(cwd),
@@ -78,14 +131,27 @@ class ForkServer:
             "stderr": str(stderr),
         }
         os.write(self._requests, json.dumps(request).encode() + b"\n")
-        pid = int(self._line(timeout=60))
         try:
-            code = int(self._line(timeout=timeout))
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            self._line(timeout=60)
-            raise
-        return code, stdout.read_bytes(), stderr.read_bytes()
+            self._case = int(self._line(timeout=self._reply_timeout))
+            try:
+                code = int(self._line(timeout=timeout))
+            except TimeoutError:
+                _kill_group(self._case)
+                self._line(timeout=self._reply_timeout)
+                raise StillRunning(timeout, self._left()) from None
+            left = self._left()
+        except (TimeoutError, EOFError, ValueError) as error:
+            # A reply missed is read as the next case's, unless the server starts afresh.
+            self._restart()
+            raise OutOfStep(f"the fork server missed a reply ({error}): restarted") from error
+        self._case = None
+        return Ended(code, stdout.read_bytes(), stderr.read_bytes(), left)
+
+    def _left(self) -> dict[int, str]:
+        """What the case left running, killed: its group's end, which follows the case's."""
+        left = json.loads(self._line(timeout=self._reply_timeout))
+        self._case = None
+        return {int(pid): line for pid, line in left.items()}
 
     def _line(self, *, timeout: float) -> bytes:
         """The server's next reply."""
@@ -101,9 +167,36 @@ class ForkServer:
         return line
 
     def close(self) -> None:
+        """Stop the server once its case ends; at once, with its case, if it is stuck or a case
+        was given up on (pytest-timeout)."""
         os.close(self._requests)
-        self.process.wait(timeout=60)
+        try:
+            if self._case is not None:
+                self._kill()
+            self.process.wait(timeout=self._reply_timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        finally:
+            os.close(self._replies)
+
+    def _kill(self) -> None:
+        if self._case is not None:
+            _kill_group(self._case)
+            self._case = None
+        self.process.kill()
+        self.process.wait()
+
+    def _restart(self) -> None:
+        self._kill()
+        os.close(self._requests)
         os.close(self._replies)
+        self._start()
+
+
+def _kill_group(group: int) -> None:
+    """SIGKILL every process of `group`, if any is left."""
+    with suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def as_argv(words: Sequence[str | bytes]) -> list[str]:
@@ -124,8 +217,8 @@ def argv_as_the_interpreter_decodes_it(words: Sequence[bytes]) -> list[str]:
 
 
 def _serve(requests: int, replies: int) -> None:
-    """Fork a child per request until the requests' pipe closes; for each, reply its pid, then
-    its exit code."""
+    """Fork a child per request until the requests' pipe closes; for each, reply its pid, its
+    exit code, then what it left running in its process group (killed)."""
     for module in PRELOADED:
         importlib.import_module(module)
     # Left out of the collector's passes: a child that collects garbage does not write to (and
@@ -142,16 +235,60 @@ def _serve(requests: int, replies: int) -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
+            # First: the group is what a timeout kills, and where leftovers are looked for.
+            os.setpgid(0, 0)
             os.close(requests)
             os.close(replies)
             _exit(_become(request))
         os.write(replies, b"%d\n" % pid)
         _, status = os.waitpid(pid, 0)
         os.write(replies, b"%d\n" % os.waitstatus_to_exitcode(status))
+        os.write(replies, json.dumps(_left_running(pid)).encode() + b"\n")
+
+
+def _left_running(group: int) -> dict[int, str]:
+    """The processes of `group` still running LEFTOVER_GRACE_S after its leader ended, killed:
+    their command lines."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (members := _members(group)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shown = {pid: _command_line(pid) for pid in members}
+    if members:
+        _kill_group(group)
+    return shown
+
+
+def _members(group: int) -> list[int]:
+    """The processes of `group` that run (not those exited, waiting for their parent)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                # After the command's name, in parentheses: state, parent, group.
+                state, _, pgrp = stat.read().rpartition(b")")[2].split()[:3]
+        except OSError:
+            continue
+        if int(pgrp) == group and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(gone)"
 
 
 def _become(request: dict[str, Any]) -> int:
-    """In the child: the case's process, running `python -m gpumux`; its exit status."""
+    """In the child: the case's process, running `python -m` on its module; its exit status."""
     import runpy
     import tempfile
 
@@ -172,7 +309,7 @@ def _become(request: dict[str, Any]) -> int:
     sys.path[0] = os.getcwd()
     sys.argv = ["-m", *request["argv"]]
     try:
-        runpy.run_module("gpumux", run_name="__main__", alter_sys=True)
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as exit:
         return _exit_code(exit)
     except BaseException:

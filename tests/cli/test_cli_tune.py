@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
-import shutil
 import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,18 +42,16 @@ STARTED_THEN_BLOCK = (
 )
 
 
-def tune_env(tmp_path: Path) -> dict[str, str]:
-    """A user whose gpumux data would live in tmp_path/home, temporary files in a directory of
-    their own, short: tune's socket lives there, and a Unix socket's path (107 bytes at most)
-    below tmp_path is too long under pytest-xdist (its worker's directory lengthens tmp_path)."""
-    tmp = tempfile.mkdtemp(prefix="gmx-tune-")
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+def tune_env(tmp_path: Path, short_tmp_path: Path) -> dict[str, str]:
+    """A user whose gpumux data would live in tmp_path/home, temporary files in short_tmp_path:
+    tune's socket lives there, and a Unix socket's path (107 bytes at most) below tmp_path is
+    too long under pytest-xdist (its worker's directory lengthens tmp_path)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
     # Wide, so that table rows stay on one line each in what the tests read.
     env.update(
         GPUMUX_HOME=str(tmp_path / "home"),
         GPUMUX_KILL_GRACE="5",
-        TMPDIR=tmp,
+        TMPDIR=str(short_tmp_path),
         COLUMNS="200",
     )
     return env
@@ -89,9 +84,12 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path) -> None:
+def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path, short_tmp_path: Path) -> None:
     # The user's own database, named by URL: tune measures on a fresh one of its own instead.
-    env = {**tune_env(tmp_path), "GPUMUX_DATABASE_URL": f"sqlite:///{tmp_path / 'mine.db'}"}
+    env = {
+        **tune_env(tmp_path, short_tmp_path),
+        "GPUMUX_DATABASE_URL": f"sqlite:///{tmp_path / 'mine.db'}",
+    }
     png = tmp_path / "curve.png"
     result = tune(
         "--splits", "2,1", "--png", str(png), "--", sys.executable, REPORT_SAMPLES,
@@ -120,8 +118,8 @@ def test_tune_measures_each_split_and_draws_the_curve(tmp_path: Path) -> None:
     assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
-def test_a_failing_command_is_reported_per_split(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+def test_a_failing_command_is_reported_per_split(tmp_path: Path, short_tmp_path: Path) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     result = tune(
         "--splits", "1,2", "--keep", "--", sys.executable, CRASH, "--code=3", env=env
     )  # fmt: skip
@@ -143,8 +141,10 @@ def test_a_failing_command_is_reported_per_split(tmp_path: Path) -> None:
     assert not (tmp_path / "home").exists()
 
 
-def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     started = tmp_path / "started"
     command = [sys.executable, "-c", STARTED_THEN_BLOCK, str(started)]
     tuner = subprocess.Popen(
@@ -182,8 +182,10 @@ def test_ctrl_c_stops_the_trials_and_removes_the_data_directory(tmp_path: Path) 
         (["--splits", "1", "--", "python", "t.py", "{lr}"], "{lr} names no parameter"),
     ],
 )
-def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str) -> None:
-    env = tune_env(tmp_path)
+def test_usage_errors_run_nothing(
+    tmp_path: Path, short_tmp_path: Path, args: list[str], message: str
+) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     result = tune(*args, env=env)
     assert result.returncode == 2
     assert message in " ".join(result.stderr.split())
@@ -191,8 +193,10 @@ def test_usage_errors_run_nothing(tmp_path: Path, args: list[str], message: str)
     assert list(Path(env["TMPDIR"]).iterdir()) == []
 
 
-def test_an_environment_variable_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+def test_an_environment_variable_that_is_not_utf8_is_refused_by_name(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     env["GARBLED"] = os.fsdecode(b"x\xff")
     result = tune("--splits", "1", "--", "true", env=env)
     assert result.returncode == 2
@@ -279,8 +283,10 @@ def test_rounds_without_samples_are_compared_in_trials_per_second() -> None:
     assert list(without_baseline.columns[4].cells) == ["-", "-"]
 
 
-def test_tune_measures_the_simulated_gpu_when_one_is_set(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+def test_tune_measures_the_simulated_gpu_when_one_is_set(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     env.update(GPUMUX_SIMULATED_GPU="a100-compute-bound", GPUMUX_SIMULATED_TIME_SCALE="0.05")
     trial = [sys.executable, "-m", "gpumux.devices.simulated.trial", "--epochs=2"]
     # --gpu names no GPU of the simulated daemon: it is ignored, not looked up on the host.

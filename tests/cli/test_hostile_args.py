@@ -2,7 +2,8 @@
 
 Each case is a `python -m gpumux` process of its own, forked from a server that imported gpumux
 once (forkserver.py): about 440 cases, where each fresh interpreter spent 0.8 s of CPU on its
-imports. The usage errors below run in fresh interpreters."""
+imports. The usage errors below, and a few hostile cases (FRESH: through the imports a command
+makes on its way, which the server made before), run in fresh interpreters."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer.main
-from forkserver import ForkServer, argv_as_the_interpreter_decodes_it, as_argv
+from builders import TEST_MARK
+from forkserver import (
+    ForkServer,
+    OutOfStep,
+    StillRunning,
+    argv_as_the_interpreter_decodes_it,
+    as_argv,
+)
 
 from gpumux.cli.app import app
 from gpumux.config import Settings
@@ -45,6 +54,23 @@ RUN_TIMEOUT_S = 60
 # What gpumux.main prints for an exception no command caught.
 UNEXPECTED = "failed unexpectedly"
 WORKERS = 4
+# What a case's environment may differ in from its server's: what gpumux reads when a command
+# runs, and what is the test's own (conftest's mark for its leak guard, pytest's name of it).
+CASE_VARIABLES = {
+    "GPUMUX_HOME",
+    "GPUMUX_URL",
+    "XDG_CONFIG_HOME",
+    "TMPDIR",
+    TEST_MARK,
+    "PYTEST_CURRENT_TEST",
+}
+# Hostile cases run in fresh interpreters as well: `serve`, `tune` (which imports the daemon on
+# its way) and one other command, each against no daemon.
+FRESH: tuple[list[str | bytes], ...] = (
+    ["serve", "--port", "-5"],
+    ["tune", "--splits", "1", "--time-limit", "5", "--", "inf"],
+    ["export", str(10**100), "--optuna", "sqlite:///study.db"],
+)
 
 
 def commands() -> Iterator[tuple[list[str], Any]]:
@@ -116,11 +142,20 @@ def verdict(
     shown = [os.fsencode(word)[:40] for word in argv]
     server = servers.get()
     try:
-        returncode, stdout, stderr = server.run(argv, env=env, cwd=cwd, timeout=RUN_TIMEOUT_S)
-    except TimeoutError:
-        return f"{shown}: still running after {RUN_TIMEOUT_S} s"
+        ended = server.run(argv, env=env, cwd=cwd, timeout=RUN_TIMEOUT_S)
+    except (StillRunning, OutOfStep) as error:
+        return f"{shown}: {error}"
     finally:
         servers.put(server)
+    if ended.left:
+        return f"{shown}: left running, now killed: {ended.left}"
+    return judged(shown, must_refuse, ended.code, ended.stdout, ended.stderr)
+
+
+def judged(
+    shown: list[bytes], must_refuse: bool, returncode: int, stdout: bytes, stderr: bytes
+) -> str | None:
+    """What is wrong with how the CLI ended on `shown`, or None."""
     output = (stdout + stderr).decode(errors="replace")
     if "Traceback" in output:
         return f"{shown}: a traceback\n{output[-3000:]}"
@@ -149,22 +184,56 @@ def daemon_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home
 
 
+def case_env(tmp_path: Path, home: Path, *, daemon: bool) -> dict[str, str]:
+    """A case's environment: its own home, user configuration and temporary files, and the
+    daemon at `home`'s or none."""
+    env = quiet_env(tmp_path)
+    env["GPUMUX_HOME"] = str(home)
+    # `token create` writes the user's token file: here, not in the real home.
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    if not daemon:
+        env["GPUMUX_URL"] = f"unix:{tmp_path / 'nobody.sock'}"
+    return env
+
+
+def server_env() -> dict[str, str]:
+    """The cases' environment but for CASE_VARIABLES, in a module's fixture: conftest's autouse
+    fixtures (no GPUMUX_* variable, the GPUs hidden) are a test's, set up after it."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMUX_")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[queue.Queue[ForkServer]]:
     """A fork server for each of the WORKERS threads: each case a process of its own, forked
     from one that imported gpumux once (about 440 cases, 0.8 s of CPU each to import it)."""
-    started = [ForkServer(tmp_path_factory.mktemp("forked")) for _ in range(WORKERS)]
     idle: queue.Queue[ForkServer] = queue.Queue()
-    for server in started:
-        idle.put(server)
-    yield idle
-    for server in started:
-        server.close()
+    with ExitStack() as started:
+        for _ in range(WORKERS):
+            server = ForkServer(tmp_path_factory.mktemp("forked"), env=server_env())
+            started.callback(server.close)
+            idle.put(server)
+        yield idle
 
 
 def test_a_forked_case_gets_its_arguments_as_the_interpreter_decodes_them() -> None:
     words = [os.fsencode(value) for value in HOSTILE]
     assert as_argv(words) == argv_as_the_interpreter_decodes_it(words)
+
+
+def test_a_case_differs_from_its_server_only_in_what_a_command_reads(
+    tmp_path: Path, servers: queue.Queue[ForkServer]
+) -> None:
+    server = servers.get()
+    servers.put(server)
+    env = case_env(tmp_path, tmp_path / "home", daemon=False)
+    differing = {
+        name
+        for name in env.keys() | server.environment.keys()
+        if env.get(name) != server.environment.get(name)
+    }
+    assert differing <= CASE_VARIABLES
 
 
 @pytest.mark.parametrize("against", ["a daemon", "no daemon"])
@@ -179,16 +248,11 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     command: Any,
     against: str,
 ) -> None:
-    env = quiet_env(tmp_path)
     home = daemon_home if against == "a daemon" else tmp_path / "home"
     if path == ["serve"]:
         # A serve that accepts its arguments runs until stopped; kept apart from the daemon's.
         home = tmp_path / "serve-home"
-    env["GPUMUX_HOME"] = str(home)
-    # `token create` writes the user's token file: here, not in the real home.
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-    if against == "no daemon":
-        env["GPUMUX_URL"] = f"unix:{tmp_path / 'nobody.sock'}"
+    env = case_env(tmp_path, home, daemon=against == "a daemon")
     study = tmp_path / "study.db"
     with ThreadPoolExecutor(WORKERS) as pool:
         verdicts = pool.map(
@@ -198,6 +262,17 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
         )
         wrong = [v for v in verdicts if v is not None]
     assert not wrong, "\n".join(wrong)
+    assert not list(tmp_path.glob("gpumux-traceback-*"))
+
+
+@pytest.mark.parametrize("argv", FRESH, ids=[str(argv[0]) for argv in FRESH])
+def test_hostile_arguments_end_in_a_message_in_a_fresh_interpreter_too(
+    tmp_path: Path, argv: list[str | bytes]
+) -> None:
+    done = run(argv, case_env(tmp_path, tmp_path / "home", daemon=False), tmp_path)
+    shown = [os.fsencode(word)[:40] for word in argv]
+    wrong = judged(shown, False, done.returncode, done.stdout, done.stderr)
+    assert wrong is None, wrong
     assert not list(tmp_path.glob("gpumux-traceback-*"))
 
 
