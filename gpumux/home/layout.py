@@ -59,6 +59,13 @@ class Layout:
     def runs(self) -> Path:
         return self.home / "runs"
 
+    def make(self) -> None:
+        """The directory and its logs and runs, owner only (the database holds each
+        submitter's environment, the logs their output); OSError where they cannot be made."""
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+        self.runs.mkdir(mode=0o700, exist_ok=True)
+
     def trial_log(self, *, sweep_id: int, trial_id: int, attempt: int) -> Path:
         """One attempt's output, grouped by sweep."""
         return self.logs / f"sweep-{sweep_id}" / f"trial-{trial_id}.{attempt}.log"

@@ -44,6 +44,7 @@ from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
 from gpumux.storage.nodes import NodeIdentity
+from gpumux.text import quoted
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,13 @@ class Daemon:
         self.database = dialect.label
         # Refused before anything is created there (an SQLite file on a network filesystem).
         dialect.check_location()
-        # The database holds each submitter's environment, the logs their output: owner only.
-        self.settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.settings.layout.logs.mkdir(mode=0o700, exist_ok=True)
-        self.settings.layout.runs.mkdir(mode=0o700, exist_ok=True)
+        try:
+            self.settings.layout.make()
+        except OSError as error:
+            raise DaemonError(
+                f"cannot make the data directory {quoted(str(self.settings.home))}: "
+                f"{error.strerror or error}; give another with --home or GPUMUX_HOME"
+            ) from error
         dialect.prepare_location()
         self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
         try:

@@ -146,6 +146,15 @@ def test_a_socket_path_too_long_for_unix_is_refused_with_the_way_out(tmp_path: P
             pass
 
 
+def test_a_data_directory_that_cannot_be_made_is_refused_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    # A name longer than the filesystem takes (255 bytes), as a mistyped --home can be.
+    settings = Settings(home=tmp_path / ("y" * 300), url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(DaemonError, match="cannot make the data directory '.*…': File name too"):
+        Daemon(settings).start()
+
+
 def test_serve_listens_where_the_cli_looks_unless_given_a_port(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMUX_")}
