@@ -77,8 +77,9 @@ class Computing:
 
 def test_on_a_gpu_the_next_n_starts_up_beside_the_one_before_and_computes_after_it(
     tmp_path: Path,
+    short_tmp_path: Path,
 ) -> None:
-    env = tune_env(tmp_path)
+    env = tune_env(tmp_path, short_tmp_path)
     env.update(GPUMUX_SIMULATED_GPU="h200-torch-mlp", GPUMUX_SIMULATED_TIME_SCALE="0.25")
     computing = Computing(Path(env["TMPDIR"]))
     try:
@@ -111,8 +112,10 @@ def test_on_a_gpu_the_next_n_starts_up_beside_the_one_before_and_computes_after_
     ), result.stdout
 
 
-def test_a_round_out_of_memory_beside_the_next_n_is_measured_again_alone(tmp_path: Path) -> None:
-    env = tune_env(tmp_path)
+def test_a_round_out_of_memory_beside_the_next_n_is_measured_again_alone(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
+    env = tune_env(tmp_path, short_tmp_path)
     env.update(GPUMUX_SIMULATED_GPU="h200-torch-mlp", GPUMUX_SIMULATED_TIME_SCALE="0.1")
     # 60,000 MiB fits a slice of N=1 (143,771 MiB) or 2, not one of the three N=1 and 2 share.
     result = run_tune(env, "--splits", "1,2", "--", *TRIAL, "--epochs=2", "--memory-mb=60000")

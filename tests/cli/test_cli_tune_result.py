@@ -48,8 +48,9 @@ def read_until(stream: object, pattern: str, seen: list[str]) -> None:
 
 def test_tune_says_what_it_does_from_its_first_line_and_while_a_round_runs(
     tmp_path: Path,
+    short_tmp_path: Path,
 ) -> None:
-    env = tune_env(tmp_path)
+    env = tune_env(tmp_path, short_tmp_path)
     started = tmp_path / "started"
     tuner = subprocess.Popen(
         [sys.executable, "-m", "gpumux", "tune", "--splits", "1",
@@ -91,9 +92,12 @@ class RecordingDaemons(ServerDaemons):
 
 
 def test_the_result_is_printed_before_its_daemon_stops(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    short_tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in tune_env(tmp_path).items():
+    for name, value in tune_env(tmp_path, short_tmp_path).items():
         monkeypatch.setenv(name, value)
     daemons = RecordingDaemons(capsys)
     # The command line takes SIGTERM and SIGHUP as Ctrl-C: pytest's own handlers come back.
@@ -152,8 +156,10 @@ def test_a_surprising_best_n_says_what_it_means() -> None:
     ]
 
 
-def test_a_surprising_best_n_is_explained_under_the_result(tmp_path: Path) -> None:
-    env = {**tune_env(tmp_path), "COLUMNS": "100"}
+def test_a_surprising_best_n_is_explained_under_the_result(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
+    env = {**tune_env(tmp_path, short_tmp_path), "COLUMNS": "100"}
     env.update(GPUMUX_SIMULATED_GPU=SIMULATED, GPUMUX_SIMULATED_TIME_SCALE=SCALE)
     # Two short epochs after the model's start-up: the trials mostly start.
     result = tune("--splits", "1,2", "--", *TRIAL, env=env)
@@ -167,8 +173,9 @@ def test_a_surprising_best_n_is_explained_under_the_result(tmp_path: Path) -> No
 
 def test_tunes_curve_is_the_profile_the_next_auto_sweep_starts_settled_from(
     tmp_path: Path,
+    short_tmp_path: Path,
 ) -> None:
-    env = tune_env(tmp_path)
+    env = tune_env(tmp_path, short_tmp_path)
     env.update(GPUMUX_SIMULATED_GPU=SIMULATED, GPUMUX_SIMULATED_TIME_SCALE=SCALE)
     settings = Settings(
         home=tmp_path / "home", simulated_gpu=SIMULATED, simulated_time_scale=float(SCALE),
