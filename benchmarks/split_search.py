@@ -188,6 +188,8 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="another checkout whose auto runs too")
     parser.add_argument("--keep-logs", type=Path, help="a directory for each daemon's log")
     args = parser.parse_args()
+    if args.against is not None:
+        check_against(parser, args.against)
     if args.model is not None:
         names = [args.model]
     else:
@@ -206,6 +208,19 @@ def main() -> None:
         console.print(f"goal met on {met} of {len(outcomes)} models:")
         for name, outcome in zip(names, outcomes, strict=True):
             console.print(f"  {'met   ' if outcome.met else 'MISSED'} {name}: {outcome.line}")
+
+
+def check_against(parser: argparse.ArgumentParser, against: Path) -> None:
+    """Refuse an --against that would not run its own code: its daemon imports gpumux from
+    PYTHONPATH, which `python -m` puts after the working directory."""
+    if not (against / "gpumux" / "__init__.py").is_file():
+        parser.error(f"--against {against}: no gpumux package there (a checkout of gpumux)")
+    here = Path.cwd() / "gpumux" / "__init__.py"
+    if here.is_file() and here.resolve() != (against / "gpumux" / "__init__.py").resolve():
+        parser.error(
+            f"--against {against}: run from outside both checkouts (here, {Path.cwd()}, "
+            "`python -m gpumux` would import this directory's gpumux, not DIR's)"
+        )
 
 
 @dataclass(frozen=True)
