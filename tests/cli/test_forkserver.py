@@ -44,15 +44,22 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ForkServer]:
+def start_server(tmp_path: Path, **options: float) -> ForkServer:
+    """A fork server with the test modules in `tmp_path` and its cases' output below it."""
     for name, text in (("leaver", LEAVER), ("sleeper", SLEEPER), ("echo", ECHO)):
         (tmp_path / f"{name}.py").write_text(text)
     output = tmp_path / "output"
     output.mkdir()
     # Without the test's mark, as a module's server of test_hostile_args.py is: only the fork
     # server sees what a case forks.
-    started = ForkServer(output, env=unmarked_environment(), reply_timeout=10)
+    return ForkServer(output, env=unmarked_environment(), **options)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ForkServer]:
+    # The server's own replies get the default time: on a loaded host, beside parallel
+    # workers, a group's end and its leftovers' look took more than 10 s.
+    started = start_server(tmp_path)
     yield started
     started.close()
 
@@ -100,14 +107,19 @@ def test_a_case_past_its_time_is_killed_with_what_it_started(
 
 
 def test_a_server_that_missed_a_reply_starts_afresh_rather_than_read_it_as_the_next(
-    tmp_path: Path, server: ForkServer
+    tmp_path: Path,
 ) -> None:
-    stuck = server.process
-    stuck.send_signal(signal.SIGSTOP)
+    # A short wait for the reply a stopped server cannot send.
+    server = start_server(tmp_path, reply_timeout=5.0)
     try:
-        with pytest.raises(OutOfStep):
-            server.run(["3"], env=dict(os.environ), cwd=tmp_path, timeout=60, module="echo")
+        stuck = server.process
+        stuck.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(OutOfStep):
+                server.run(["3"], env=dict(os.environ), cwd=tmp_path, timeout=60, module="echo")
+        finally:
+            stuck.send_signal(signal.SIGCONT)
+        ended = server.run(["5"], env=dict(os.environ), cwd=tmp_path, timeout=60, module="echo")
+        assert (ended.code, ended.stdout) == (5, b"5\n")
     finally:
-        stuck.send_signal(signal.SIGCONT)
-    ended = server.run(["5"], env=dict(os.environ), cwd=tmp_path, timeout=60, module="echo")
-    assert (ended.code, ended.stdout) == (5, b"5\n")
+        server.close()
