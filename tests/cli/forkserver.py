@@ -50,6 +50,8 @@ FDS_VARIABLE = "PYTEST_FORKSERVER_FDS"
 LEFTOVER_GRACE_S = 5.0
 # How long the server may take to answer what is not a case's run: a fork, a group's end.
 REPLY_TIMEOUT_S = 60.0
+# What the server says once it has imported PRELOADED and takes requests.
+READY = b"ready"
 
 
 class Ended(NamedTuple):
@@ -108,6 +110,11 @@ class ForkServer:
         os.close(requests_read)
         os.close(replies_write)
         self._pending = b""
+        # Its imports take their time (seconds on a loaded host), a reply to a request does not:
+        # `reply_timeout` is for the replies alone.
+        ready = self._line(timeout=REPLY_TIMEOUT_S)
+        if ready != READY:
+            raise OutOfStep(f"the fork server started with {ready!r}, not {READY!r}")
 
     def run(
         self,
@@ -224,6 +231,7 @@ def _serve(requests: int, replies: int) -> None:
     # Left out of the collector's passes: a child that collects garbage does not write to (and
     # so copy) every page of what it shares with the server.
     gc.freeze()
+    os.write(replies, READY + b"\n")
     pending = b""
     while True:
         while b"\n" not in pending:
