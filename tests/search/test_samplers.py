@@ -32,6 +32,10 @@ CLASSES: dict[SearchMethod, type[optuna.samplers.BaseSampler]] = {
     SearchMethod.qmc: optuna.samplers.QMCSampler,
 }
 SEEDS = range(8)
+# GPSampler's fits cost about a second of CPU a seed, and at each seed alone it asks at the
+# optimum (a median loss of 0.00 against random search's 1.0-3.9 at seeds 0-7): three seeds
+# decide as eight do.
+GP_SEEDS = range(3)
 
 
 @pytest.mark.parametrize(
@@ -148,13 +152,14 @@ def test_a_model_based_sampler_asks_nearer_the_optimum_than_random(
 ) -> None:
     if method is SearchMethod.gp:
         request.getfixturevalue("one_torch_thread")
+    seeds = GP_SEEDS if method is SearchMethod.gp else SEEDS
     model = [
         statistics.median(_distances_after_startup(make_sampler(method, seed=s, budget=BUDGET)))
-        for s in SEEDS
+        for s in seeds
     ]
     random = [
         statistics.median(_distances_after_startup(optuna.samplers.RandomSampler(seed=s)))
-        for s in SEEDS
+        for s in seeds
     ]
     # Seeded, so one fixed outcome per Optuna release; random search's median loss is about 2.
     assert statistics.median(model) < 0.75 * statistics.median(random), (model, random)
