@@ -39,7 +39,7 @@ def test_a_torch_loop_that_imports_no_gpumux_gives_steps_per_second(tmp_path: Pa
         created = client.post(
             "/sweeps",
             json={
-                "params": ["steps=1200,1500"],
+                "params": ["steps=1500"],
                 "command": [
                     sys.executable,
                     str(FIXTURES / "torch_loop.py"),
@@ -48,7 +48,7 @@ def test_a_torch_loop_that_imports_no_gpumux_gives_steps_per_second(tmp_path: Pa
                 ],
                 "workdir": str(tmp_path),
                 "env": dict(os.environ),
-                "split": 2,
+                "split": 1,
             },
         ).json()
         deadline = time.monotonic() + 300
@@ -56,9 +56,7 @@ def test_a_torch_loop_that_imports_no_gpumux_gives_steps_per_second(tmp_path: Pa
             assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
             time.sleep(0.2)
         trials = client.get(f"/sweeps/{created['id']}/trials").json()["data"]
-        assert [t["status"] for t in trials] == ["succeeded", "succeeded"], [
-            t["error"] for t in trials
-        ]
+        assert [t["status"] for t in trials] == ["succeeded"], [t["error"] for t in trials]
         for trial in trials:
             log = client.get(f"/trials/{trial['id']}/log", params={"offset": 0}).json()["data"]
             steps = trial["params"]["steps"]
