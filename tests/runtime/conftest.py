@@ -5,12 +5,11 @@ from __future__ import annotations
 import socketserver
 import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from .support import ReportServer, make_handler
+from .support import ReportServer, make_handler, serve_reports
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -20,15 +19,8 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 @pytest.fixture
 def report_server() -> Iterator[ReportServer]:
     """A report server on 127.0.0.1 (GPUMUX_URL in server.url)."""
-    server = ReportServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server))
-    server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with serve_reports() as server:
+        yield server
 
 
 @pytest.fixture

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,23 @@ def make_handler(server: ReportServer) -> type[BaseHTTPRequestHandler]:
             """Quiet: the test output is for the trial's lines."""
 
     return Handler
+
+
+@contextlib.contextmanager
+def serve_reports() -> Iterator[ReportServer]:
+    """A report server on 127.0.0.1 (GPUMUX_URL in server.url) for the block; what it
+    recorded stays readable after it."""
+    server = ReportServer()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server))
+    server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def trial_env(url: str | None, **overrides: str | None) -> dict[str, str]:

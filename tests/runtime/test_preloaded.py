@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +20,10 @@ from .support import (
     FIXTURES,
     REPO_ROOT,
     TOKEN,
-    ReportServer,
     gpumux_lines,
     run_python,
     samples_by_epoch,
+    serve_reports,
     trial_env,
 )
 
@@ -35,10 +38,23 @@ def run_preloaded(
     python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """A real preloading parent (not a trial itself) that forks one trial; the output of both."""
+    return run_parent(preload, [(argv, env)], cwd, python)
+
+
+def run_parent(
+    preload: list[str],
+    trials: list[tuple[list[str], dict[str, str]]],
+    cwd: Path,
+    python: str = sys.executable,
+) -> subprocess.CompletedProcess[str]:
+    """A real preloading parent that forks each trial (argv, environment) in turn."""
     parent_env = {name: value for name, value in os.environ.items() if name in ("PATH", "HOME")}
     parent_env.update(PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    request = json.dumps({"preload": preload, "argv": argv, "env": env, "cwd": str(cwd)})
-    return run_python([str(FIXTURES / "preloading_parent.py"), request], parent_env, cwd, python)
+    requests = [
+        json.dumps({"preload": preload, "argv": argv, "env": env, "cwd": str(cwd)})
+        for argv, env in trials
+    ]
+    return run_python([str(FIXTURES / "preloading_parent.py"), *requests], parent_env, cwd, python)
 
 
 def child_exit(result: subprocess.CompletedProcess[str]) -> int:
@@ -53,63 +69,115 @@ def script_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("script:")]
 
 
+@dataclass
+class Forked:
+    """A trial the TensorFlow parent forked: its exit status, what was printed from the
+    parent's line before it on, the requests it sent (their bodies: reports)."""
+
+    exit: int
+    output: str
+    requests: list[dict[str, Any]]
+
+    @property
+    def reports(self) -> list[dict[str, Any]]:
+        return [request["body"] for request in self.requests]
+
+
+@dataclass
+class TensorflowParent:
+    """What the parent printed, and each of its trials by name."""
+
+    stdout: str
+    trials: dict[str, Forked]
+
+
+# What a GPU slice needs: TensorFlow not initialised by the parent, so the child may still split
+# a device into logical ones (here the CPU, as no GPU is needed to show it).
+CONFIGURE_DEVICES = (
+    "import tensorflow as tf\n"
+    "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+    "two = [tf.config.LogicalDeviceConfiguration()] * 2\n"
+    "tf.config.set_logical_device_configuration(cpu, two)\n"
+    "print('script: logical CPUs', len(tf.config.list_logical_devices('CPU')))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def tensorflow_parent(tmp_path_factory: pytest.TempPathFactory) -> TensorflowParent:
+    """One parent that preloads TensorFlow and Keras forks the trials of the three tests below,
+    one after another, as the daemon's preloaded start forks each trial from one parent:
+    TensorFlow's seconds of imports once, not once a test. Each trial reports to its own
+    server."""
+    cwd = tmp_path_factory.mktemp("preloaded")
+    devices = cwd / "devices.py"
+    devices.write_text(CONFIGURE_DEVICES)
+    with serve_reports() as keras, serve_reports() as reports:
+        trials = {
+            "keras": ([sys.executable, str(FIXTURES / "keras_fit.py")], trial_env(keras.url)),
+            "reports": ([sys.executable, str(FIXTURES / "report_some.py")], trial_env(reports.url)),
+            # It reports nothing: no report server.
+            "devices": ([sys.executable, str(devices)], trial_env(None)),
+        }
+        result = run_parent(["tensorflow", "keras"], list(trials.values()), cwd)
+    assert result.returncode == 0, result.stdout
+    # [output, exit, output, exit, output, exit, ""]: what came before each exit line.
+    parts = re.split(r"^parent: child exit (-?\d+)\n", result.stdout, flags=re.MULTILINE)
+    assert len(parts) == 2 * len(trials) + 1 and parts[-1] == "", result.stdout
+    sent = {"keras": keras.requests, "reports": reports.requests, "devices": []}
+    return TensorflowParent(
+        stdout=result.stdout,
+        trials={
+            name: Forked(exit=int(parts[2 * i + 1]), output=parts[2 * i], requests=sent[name])
+            for i, name in enumerate(trials)
+        },
+    )
+
+
 @pytest.mark.slow
 def test_a_forked_tensorflow_trial_is_capped_and_measured(
-    report_server: ReportServer, tmp_path: Path
+    tensorflow_parent: TensorflowParent,
 ) -> None:
-    argv = [sys.executable, str(FIXTURES / "keras_fit.py")]
+    trial = tensorflow_parent.trials["keras"]
 
-    result = run_preloaded(["tensorflow", "keras"], argv, trial_env(report_server.url), tmp_path)
-
-    assert child_exit(result) == 0
-    assert "parent: python threads []" in result.stdout.splitlines()
-    assert gpumux_lines(result.stdout) == [
+    assert trial.exit == 0, trial.output
+    assert "parent: python threads []" in tensorflow_parent.stdout.splitlines()
+    assert gpumux_lines(trial.output) == [
         "gpumux: tensorflow: CPU device, 1 intra-op and 1 inter-op thread(s) (split 2), "
         "applied before TensorFlow initialised"
     ]
-    lines = script_lines(result.stdout)
+    lines = script_lines(trial.output)
     assert "script: intra-op threads 1" in lines
     assert "script: inter-op threads 1" in lines
     assert lines[-1] == "script: done"
-    assert samples_by_epoch(report_server.reports) == [(0, 192.0), (1, 192.0)]
-    for report in report_server.reports:
+    assert samples_by_epoch(trial.reports) == [(0, 192.0), (1, 192.0)]
+    for report in trial.reports:
         assert (report["trial_id"], report["attempt"]) == (7, 2)
-    assert {r["authorization"] for r in report_server.requests} == {f"Bearer {TOKEN}"}
+    assert {r["authorization"] for r in trial.requests} == {f"Bearer {TOKEN}"}
 
 
 @pytest.mark.slow
 def test_the_first_report_counts_from_the_trials_start_not_the_parents(
-    report_server: ReportServer, tmp_path: Path
+    tensorflow_parent: TensorflowParent,
 ) -> None:
-    argv = [sys.executable, str(FIXTURES / "report_some.py")]
+    trial = tensorflow_parent.trials["reports"]
 
-    result = run_preloaded(["tensorflow"], argv, trial_env(report_server.url), tmp_path)
-
-    assert child_exit(result) == 0
-    preloaded = [line for line in result.stdout.splitlines() if "preloaded in" in line]
+    assert trial.exit == 0, trial.output
+    preloaded = [line for line in tensorflow_parent.stdout.splitlines() if "preloaded in" in line]
     preload_s = float(preloaded[0].split()[-2])
-    assert [report["step"] for report in report_server.reports] == [0, 1, 2]
+    reports = trial.reports
+    assert [report["step"] for report in reports] == [0, 1, 2]
     # The parent loaded the runtime before its seconds-long preload; the trial began after it.
-    assert report_server.reports[0]["seconds"] < preload_s / 2, (preload_s, result.stdout)
+    assert reports[0]["seconds"] < preload_s / 2, (preload_s, tensorflow_parent.stdout)
 
 
 @pytest.mark.slow
-def test_a_forked_trial_can_still_configure_tensorflow_devices(tmp_path: Path) -> None:
-    # What a GPU slice needs: TensorFlow not initialised by the parent, so the child may still
-    # split a device into logical ones (here the CPU, as no GPU is needed to show it).
-    script = tmp_path / "devices.py"
-    script.write_text(
-        "import tensorflow as tf\n"
-        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
-        "two = [tf.config.LogicalDeviceConfiguration()] * 2\n"
-        "tf.config.set_logical_device_configuration(cpu, two)\n"
-        "print('script: logical CPUs', len(tf.config.list_logical_devices('CPU')))\n"
-    )
+def test_a_forked_trial_can_still_configure_tensorflow_devices(
+    tensorflow_parent: TensorflowParent,
+) -> None:
+    trial = tensorflow_parent.trials["devices"]
 
-    result = run_preloaded(["tensorflow"], [sys.executable, str(script)], trial_env(None), tmp_path)
-
-    assert child_exit(result) == 0
-    assert script_lines(result.stdout) == ["script: logical CPUs 2"]
+    assert trial.exit == 0, trial.output
+    assert script_lines(trial.output) == ["script: logical CPUs 2"]
 
 
 def test_the_child_runs_the_script_as_main_in_the_trials_place(tmp_path: Path) -> None:
