@@ -106,7 +106,14 @@ class Daemon:
                 f"cannot make the data directory {quoted(str(self.settings.home))}: "
                 f"{error.strerror or error}; give another with --home or GPUMUX_HOME"
             ) from error
-        dialect.prepare_location()
+        try:
+            dialect.prepare_location()
+        except OSError as error:
+            # A directory given as the file, a name too long for the filesystem.
+            raise DaemonError(
+                f"cannot create the database {quoted(dialect.label)}: "
+                f"{error.strerror or error}; give another with --db or GPUMUX_DB"
+            ) from error
         self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
         try:
             self._home_lock = acquire_home_lock(self.settings.home)
