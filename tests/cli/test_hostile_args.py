@@ -1,7 +1,7 @@
 """Every command of the real CLI, given hostile arguments, ends in a message, never a traceback.
 
 Each case is a `python -m gpumux` process of its own, forked from a server that imported gpumux
-once (forkserver.py): about 440 cases, where each fresh interpreter spent 0.8 s of CPU on its
+once (forkserver.py): about 470 cases, where each fresh interpreter spent 0.8 s of CPU on its
 imports. The usage errors below, and a few hostile cases (FRESH: through the imports a command
 makes on its way, which the server made before), run in fresh interpreters."""
 
@@ -63,11 +63,12 @@ CASE_VARIABLES = {
     "TMPDIR",
     TEST_MARK,
     "PYTEST_CURRENT_TEST",
+    "GPUMUX_LEAVE_WHEN_IDLE",
 }
 # Hostile cases run in fresh interpreters as well: `serve`, `tune` (which imports the daemon on
 # its way) and one other command, each against no daemon.
 FRESH: tuple[list[str | bytes], ...] = (
-    ["serve", "--port", "-5"],
+    ["serve", "--home", "y" * 50_000],
     ["tune", "--splits", "1", "--time-limit", "5", "--", "inf"],
     ["export", str(10**100), "--optuna", "sqlite:///study.db"],
 )
@@ -98,11 +99,33 @@ def with_value(path: list[str], value: str | bytes, study: Path) -> list[str | b
     return [*path, value]
 
 
+def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool]]:
+    """(argv, whether it must be refused) for every hostile value in each option of `serve`,
+    which takes no argument: each case with a data directory of its own under `homes` (the
+    hostile option comes after it, so a hostile --home is the one taken)."""
+    found: list[tuple[list[str | bytes], bool]] = []
+    named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
+    for option in named:
+        for value in HOSTILE:
+            if option.name == "leave_when_idle" and value == str(10**100):
+                # Taken, rightly: a serve that would wait 1e100 s to leave.
+                continue
+            home = str(homes / str(len(found)))
+            found.append((["serve", "--home", home, option.opts[0], value], value == NOT_UTF8))
+    for value in (NOT_UTF8, str(10**100), "\x01\x07\x1b[31m\x7f"):
+        # Where `serve` listens: where clients look.
+        home = str(homes / str(len(found)))
+        found.append((["--url", value, "serve", "--home", home], value == NOT_UTF8))
+    return found
+
+
 def cases(
     path: list[str], command: Any, study: Path, *, options: bool
 ) -> list[tuple[list[str | bytes], bool]]:
     """(argv, whether it must be refused) for hostile values in the command's argument, and
     with `options` in each of its options too."""
+    if path == ["serve"]:
+        return serve_cases(command, study.parent / "serve")
     found = [(with_value(path, value, study), value in ALWAYS_REFUSED) for value in HOSTILE]
     if not options:
         return found
@@ -207,7 +230,7 @@ def server_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[queue.Queue[ForkServer]]:
     """A fork server for each of the WORKERS threads: each case a process of its own, forked
-    from one that imported gpumux once (about 440 cases, 0.8 s of CPU each to import it)."""
+    from one that imported gpumux once (about 470 cases, 0.8 s of CPU each to import it)."""
     idle: queue.Queue[ForkServer] = queue.Queue()
     with ExitStack() as started:
         for _ in range(WORKERS):
@@ -236,10 +259,16 @@ def test_a_case_differs_from_its_server_only_in_what_a_command_reads(
     assert differing <= CASE_VARIABLES
 
 
-@pytest.mark.parametrize("against", ["a daemon", "no daemon"])
-@pytest.mark.parametrize(
-    ("path", "command"), list(commands()), ids=[" ".join(p) for p, _ in commands()]
-)
+# Each command against a daemon and against none; `serve`, which looks for none, once.
+AGAINST = [
+    pytest.param(path, command, against, id=f"{' '.join(path)}-{against}")
+    for path, command in commands()
+    for against in ("a daemon", "no daemon")
+    if path != ["serve"] or against == "a daemon"
+]
+
+
+@pytest.mark.parametrize(("path", "command", "against"), AGAINST)
 def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     tmp_path: Path,
     daemon_home: Path,
@@ -249,10 +278,10 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     against: str,
 ) -> None:
     home = daemon_home if against == "a daemon" else tmp_path / "home"
-    if path == ["serve"]:
-        # A serve that accepts its arguments runs until stopped; kept apart from the daemon's.
-        home = tmp_path / "serve-home"
     env = case_env(tmp_path, home, daemon=against == "a daemon")
+    if path == ["serve"]:
+        # A serve that accepts its arguments leaves at once rather than serving until stopped.
+        env["GPUMUX_LEAVE_WHEN_IDLE"] = "0"
     study = tmp_path / "study.db"
     with ThreadPoolExecutor(WORKERS) as pool:
         verdicts = pool.map(
