@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from gpumux.config import Settings
+from gpumux.processes.rundir import ExitStatus, TrialEnd
+from gpumux.processes.supervised import SupervisedTrial
+from gpumux.scheduling.lines import READ_LIMIT
+from gpumux.scheduling.watched import Running
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import reports as report_store
@@ -17,6 +23,7 @@ from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Trial
 
 from .support import (
+    DEADLINE,
     FIXTURES,
     Harness,
     start_then_leave,
@@ -84,3 +91,36 @@ def test_the_report_budget_holds_no_allowance_of_an_ended_trial(harness: Harness
         counts = [report_store.list_reports(session=session, trial_id=t.id)[1] for t in trials]
     assert counts == [3] * len(trials)
     assert len(harness.scheduler.budget) == 0
+
+
+def test_an_earlier_attempts_log_read_to_its_end_does_not_end_the_current_attempt(
+    harness: Harness, tmp_path: Path
+) -> None:
+    sweep_id = harness.submit(command=["true"])
+    # Attempt 2 runs, with more in its log than one read takes.
+    log_path = tmp_path / "attempt-2.log"
+    log_path.write_bytes(b"output\n" * (READ_LIMIT // 7 + 1))
+    harness.mark_running(sweep_id, pid=os.getpid(), started=None)
+    with harness.sessions.write.begin() as session:
+        (trial,) = trial_store.list_trials(session=session, sweep_id=sweep_id)[0]
+        trial.attempt, trial.log_path = 2, str(log_path)
+    # Both attempts' supervisors have exited; attempt 1's log, no longer running here, is whole
+    # at once, attempt 2's after a read more.
+    process = SupervisedTrial(
+        trial_id=trial.id, attempt=2, run_dir=tmp_path / "run", pid=os.getpid(), started=None
+    )
+    try:
+        reaper = harness.scheduler.reaper
+        end = TrialEnd(ExitStatus(exit_code=0, signal=None), error=None)
+        reaper.ending[trial.id] = (Running(process, sweep_id, None, None), end)
+        harness.scheduler.lines.ended([(trial.id, 1)])
+        reaper.reap()
+        assert trial.id in reaper.ending
+        assert [t.status for t in harness.trials(sweep_id)] == [TrialStatus.running]
+        deadline = time.monotonic() + DEADLINE
+        while trial.id in reaper.ending:
+            assert time.monotonic() < deadline, "attempt 2's log never read to its end"
+            reaper.reap()
+    finally:
+        process.close()
+    assert [t.status for t in harness.trials(sweep_id)] == [TrialStatus.succeeded]
