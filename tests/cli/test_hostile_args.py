@@ -11,9 +11,11 @@ import os
 import queue
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -227,17 +229,73 @@ def server_env() -> dict[str, str]:
     return env
 
 
+@contextmanager
+def fork_servers(
+    directories: Sequence[Path], env: Mapping[str, str]
+) -> Iterator[queue.Queue[ForkServer]]:
+    """A fork server for each of `directories`, idle in a queue; each one closed at the end
+    (when a test fails too), the case it may have in flight killed with it."""
+    idle: queue.Queue[ForkServer] = queue.Queue()
+    with ExitStack() as started:
+        for directory in directories:
+            server = ForkServer(directory, env=env)
+            started.callback(server.close)
+            idle.put(server)
+        yield idle
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[queue.Queue[ForkServer]]:
     """A fork server for each of the WORKERS threads: each case a process of its own, forked
     from one that imported gpumux once (about 470 cases, 0.8 s of CPU each to import it)."""
-    idle: queue.Queue[ForkServer] = queue.Queue()
-    with ExitStack() as started:
-        for _ in range(WORKERS):
-            server = ForkServer(tmp_path_factory.mktemp("forked"), env=server_env())
-            started.callback(server.close)
-            idle.put(server)
+    directories = [tmp_path_factory.mktemp("forked") for _ in range(WORKERS)]
+    with fork_servers(directories, server_env()) as idle:
         yield idle
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (a zombie runs nothing; PID 1 here may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_test_that_fails_with_a_case_in_flight_leaves_no_server_and_no_case_running(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "case.pid"
+    (tmp_path / "sleeper.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    ends: list[BaseException] = []
+
+    def run_case(server: ForkServer) -> None:
+        try:
+            server.run([], env=server.environment, cwd=tmp_path, timeout=600, module="sleeper")
+        except BaseException as error:
+            ends.append(error)
+
+    directories = [tmp_path / "a", tmp_path / "b"]
+    for directory in directories:
+        directory.mkdir()
+    with pytest.raises(RuntimeError), fork_servers(directories, server_env()) as idle:
+        started = [idle.get(), idle.get()]
+        case = threading.Thread(target=run_case, args=(started[0],), daemon=True)
+        case.start()
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the case never started"
+            time.sleep(0.02)
+        raise RuntimeError("a case failed")
+    pids = [int(pid_file.read_text()), *(server.process.pid for server in started)]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not all(map(gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [pid for pid in pids if not gone(pid)] == []
+    case.join(RUN_TIMEOUT_S)
+    assert not case.is_alive() and ends, "the case's run ended with its server"
 
 
 def test_a_forked_case_gets_its_arguments_as_the_interpreter_decodes_them() -> None:
