@@ -50,6 +50,8 @@ HOSTILE: tuple[str | bytes, ...] = (
     "1e400",
     "--no-such-option",
 )
+# Numbers that are not finite: hostile to a number, ordinary words to a name.
+NOT_FINITE = ("inf", "nan", "1e400")
 # Refused by every command, whatever the parameter.
 ALWAYS_REFUSED = (NOT_UTF8, "--no-such-option")
 RUN_TIMEOUT_S = 60
@@ -108,7 +110,11 @@ def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool
     found: list[tuple[list[str | bytes], bool]] = []
     named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
     for option in named:
+        number = option.type_descriptor.annotation in (int, float)
         for value in HOSTILE:
+            if value in NOT_FINITE and not number:
+                # For a name or an address, one more ordinary word: no daemon started for it.
+                continue
             if option.name == "leave_when_idle" and value == str(10**100):
                 # Taken, rightly: a serve that would wait 1e100 s to leave.
                 continue
