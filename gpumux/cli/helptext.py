@@ -4,12 +4,16 @@ typer's help shows a type column (`<bool>` for a flag, `<int range>` and `[1<=x<
 id, `<str>`): labels of its internals, not words a user types. Each command's help here shows an
 option's metavar (its name in capitals when it has none), nothing for a flag or for an argument
 (whose metavar its name column already shows), and no range; the values are checked as before.
+
+typer draws that column from two methods of each parameter (typer 0.29: `display_type_rich`,
+`_get_number_range_help_str`). A plain command's parameters are of subclasses that override
+them, so that nothing is replaced on a parameter while its help is drawn
+(tests/cli/test_helptext.py fails where a typer upgrade renames them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
@@ -22,24 +26,35 @@ def label(param: TyperArgument | TyperOption) -> str | None:
     return None
 
 
-@contextmanager
-def plain_labels(params: Iterable[object]) -> Iterator[None]:
-    """While the help is drawn, each parameter's type column shows `label(param)` and no range.
+class PlainArgument(TyperArgument):
+    """An argument whose help shows no type column (its name column shows its metavar)."""
 
-    typer draws the column from two methods of the parameter; they are shadowed on the
-    instances for as long as the help takes, and given back after.
-    """
-    shadowed = [p for p in params if isinstance(p, TyperArgument | TyperOption)]
-    for param in shadowed:
-        shown = label(param)
-        vars(param)["display_type_rich"] = lambda ctx, shown=shown: shown
-        vars(param)["_get_number_range_help_str"] = lambda: None
-    try:
-        yield
-    finally:
-        for param in shadowed:
-            vars(param).pop("display_type_rich", None)
-            vars(param).pop("_get_number_range_help_str", None)
+    # Any: typer's context class is click's, or its own copy of click's.
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return label(self)
+
+    def _get_number_range_help_str(self) -> str | None:
+        return None
+
+
+class PlainOption(TyperOption):
+    """An option whose help shows its metavar, or nothing for a flag, and no range."""
+
+    # Any: typer's context class is click's, or its own copy of click's.
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return label(self)
+
+    def _get_number_range_help_str(self) -> str | None:
+        return None
+
+
+def plain(params: Iterable[object | None]) -> None:
+    """Make typer's parameters `params` plain ones: the same state, the overrides above."""
+    for param in params:
+        if isinstance(param, TyperOption):
+            param.__class__ = PlainOption
+        elif isinstance(param, TyperArgument):
+            param.__class__ = PlainArgument
 
 
 class PlainCommand(TyperCommand):
@@ -51,17 +66,26 @@ class PlainCommand(TyperCommand):
         for param in self.params:
             if isinstance(param, TyperArgument) and param.metavar is None:
                 param.metavar = (param.name or "").upper()
+        plain(self.params)
 
-    # Any: typer's context and formatter classes are click's, or its own copy of click's.
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        with plain_labels(self.get_params(ctx)):
-            super().format_help(ctx, formatter)
+    # Any: typer's context and option classes are click's, or its own copy of click's.
+    def get_help_option(self, ctx: Any) -> Any:
+        """--help, made as the other options are: a plain one."""
+        option = super().get_help_option(ctx)
+        plain([option])
+        return option
 
 
 class PlainGroup(TyperGroup):
     """A group whose help names values by their metavars (see the module)."""
 
-    # Any: typer's context and formatter classes are click's, or its own copy of click's.
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        with plain_labels(self.get_params(ctx)):
-            super().format_help(ctx, formatter)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        plain(self.params)
+
+    # Any: typer's context and option classes are click's, or its own copy of click's.
+    def get_help_option(self, ctx: Any) -> Any:
+        """--help, made as the other options are: a plain one."""
+        option = super().get_help_option(ctx)
+        plain([option])
+        return option

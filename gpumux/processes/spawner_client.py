@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumux.processes import spawner_process, supervisor
+from gpumux.processes import spawner_process, trialstart
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Spawner:
     def with_preloading(cls, *, runs_dir: Path, preload: Sequence[str]) -> Spawner:
         """The daemon's spawner, with a preloading spawner that preloads `preload`."""
         preloading = cls(
-            runs_dir=runs_dir, preload=(supervisor.PRELOADED_MODULE, *preload), preloading=True
+            runs_dir=runs_dir, preload=(trialstart.PRELOADED_MODULE, *preload), preloading=True
         )
         return cls(runs_dir=runs_dir, preloading_spawner=preloading)
 

@@ -11,33 +11,29 @@ import socket
 import threading
 from collections.abc import Iterator
 from typing import IO
-from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
-from sqlalchemy.exc import OperationalError
 
 from gpumux.config import Settings
 from gpumux.devices.probes import DeviceProbe, make_probe
 from gpumux.devices.simulated.nvml import open_simulated
 from gpumux.devices.snapshot import visible_gpus
-from gpumux.home import accounts, tokenfile
 from gpumux.home.lockfile import (
     DaemonError,
     acquire_home_lock,
     acquire_lock,
     record_holder,
 )
-from gpumux.processes import rundir
 from gpumux.processes.spawner_client import Spawner
-from gpumux.scheduling.heartbeat import NodeHeartbeat, record_lease
+from gpumux.scheduling.heartbeat import NodeHeartbeat
 from gpumux.scheduling.idle import until_idle
 from gpumux.scheduling.loop import Scheduler
-from gpumux.server import identity
+from gpumux.server import identity, joining
 from gpumux.server.api import create_app
 from gpumux.server.api.forward import NodeClient
 from gpumux.server.listening import bind, listen_where_clients_look, serves_other_users
 from gpumux.server.metrics import Metrics
-from gpumux.storage import membership, tokens
+from gpumux.storage import membership
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.dialects import dialect_for
 from gpumux.storage.dialects.base import DatabaseError
@@ -48,8 +44,6 @@ from gpumux.text import quoted
 
 log = logging.getLogger(__name__)
 
-# Addresses that listen on every interface: no other host can connect to them as written.
-WILDCARDS = {"0.0.0.0", "::"}
 # A graceful stop the first time, an immediate stop the second; SIGHUP: `serve`'s terminal closed.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # How long the API waits for the first probe of the devices before it answers without them.
@@ -106,91 +100,33 @@ class Daemon:
                 f"cannot make the data directory {quoted(str(self.settings.home))}: "
                 f"{error.strerror or error}; give another with --home or GPUMUX_HOME"
             ) from error
-        dialect.prepare_location()
+        try:
+            dialect.prepare_location()
+        except OSError as error:
+            # A directory given as the file, a name too long for the filesystem.
+            raise DaemonError(
+                f"cannot create the database {quoted(dialect.label)}: "
+                f"{error.strerror or error}; give another with --db or GPUMUX_DB"
+            ) from error
         self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
         try:
             self._home_lock = acquire_home_lock(self.settings.home)
             engine = make_engine(self.settings.database_url)
             self.sessions = make_sessions(engine)
             upgrade(engine)
-            self._own_token()
+            joining.own_token(self.settings, self.sessions)
             shared = not self.personal and serves_other_users(self.settings)
             listeners = bind(self.settings, fallback_port=fallback_port, shared=shared)
             self._sockets = [sock for sock, _ in listeners]
             self.urls = [url for _, url in listeners]
             self.url = self.urls[0]
-            self.node = self._join()
+            self.node = joining.join(
+                self.settings, self.sessions, url=joining.tcp_url(self.urls), database=self.database
+            )
         except BaseException:
             self.close()
             raise
         record_holder(self._lock, self.url)
-
-    def _tcp_url(self) -> str | None:
-        """Where other nodes reach this daemon's API, None when it serves no TCP: a wildcard
-        address (0.0.0.0, ::) is this host's name to them."""
-        url = next((url for url in self.urls if url.startswith("http")), None)
-        if url is None:
-            return None
-        parts = urlsplit(url)
-        if parts.hostname in WILDCARDS:
-            return urlunsplit(parts._replace(netloc=f"{socket.getfqdn()}:{parts.port}"))
-        return url
-
-    def _join(self) -> NodeIdentity | None:
-        """Join the nodes of this database (one on SQLite); a name another live daemon holds
-        is refused with what to do. On a full disk the one daemon of an SQLite file serves
-        unrecorded (None: it owns every trial, as before nodes), so that it still serves what
-        it has; on a shared database a node must be recorded to claim anything."""
-        assert self.sessions is not None
-        dialect = self.sessions.dialect
-        renewed_at = rundir.boottime()
-        try:
-            with self.sessions.write.begin() as session:
-                node = membership.join(
-                    session=session,
-                    name=self.settings.node_name,
-                    home=membership.home_id(self.settings.home),
-                    url=self._tcp_url(),
-                    pid=os.getpid(),
-                    lease_s=self.settings.node_lease,
-                    lost_retries=self.settings.lost_retries,
-                )
-        except membership.NodeNameTaken as error:
-            raise DaemonError(str(error)) from error
-        except OperationalError as error:
-            if dialect.shared or not dialect.is_full(error):
-                raise
-            log.warning(
-                "node %s: not recorded: the disk is full (%s); serving as the one daemon of %s",
-                self.settings.node_name,
-                error.orig,
-                self.database,
-            )
-            return None
-        record_lease(self.settings, self.sessions, renewed_at=renewed_at)
-        return node
-
-    def _own_token(self) -> None:
-        """A token for the daemon's own user, kept in its data directory, so that the CLI of
-        that user can reach it over TCP without a `gpumux token create`."""
-        assert self.sessions is not None
-        path = self.settings.layout.daemon_token
-        with contextlib.suppress(tokenfile.TokenFileError):
-            kept = tokenfile.read_token_file(path)
-            if kept is not None:
-                with self.sessions.write.begin() as session:
-                    if tokens.resolve_token(session=session, token=kept) is not None:
-                        return
-        account = accounts.UserAccount.from_uid(os.geteuid())
-        try:
-            with self.sessions.write.begin() as session:
-                token = tokens.create_token(
-                    session=session, owner_name=account.name, uid=account.uid
-                )
-            tokenfile.write_token_file(path, token)
-        except (OSError, OperationalError) as error:
-            # Only TCP clients of this user need it; the daemon serves on without.
-            log.warning("daemon: no token for %s in %s: %s", account.name, path, error)
 
     def _devices(self) -> DeviceProbe:
         """The simulated GPU when one is asked for, else what the host offers."""
@@ -229,7 +165,7 @@ class Daemon:
                 sessions=self.sessions,
                 scheduler=scheduler,
                 node=self.node,
-                url=self._tcp_url(),
+                url=joining.tcp_url(self.urls),
                 home=membership.home_id(self.settings.home),
             )
         node_client = NodeClient()

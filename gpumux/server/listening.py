@@ -3,7 +3,6 @@ it or instead (requests carry a token), and the address the CLI will look for.""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
@@ -51,13 +50,21 @@ def bind(
 
 def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
     """A listening Unix socket at `path` (0600, or 0666 when shared)."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # we hold the lock, so a socket file left here is stale
+    # Before the unlink: a path too long for a socket may be too long for a file name too.
     if len(os.fsencode(path)) >= UNIX_PATH_MAX:
         raise DaemonError(
             f"socket path {path} is too long for a Unix socket ({UNIX_PATH_MAX - 1} bytes at "
             "most); set GPUMUX_URL=unix:/a/shorter/path, or serve over TCP with --port"
         )
+    try:
+        path.unlink()  # we hold the lock, so a socket file left here is stale
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        # A directory there, or one this user may not write to.
+        raise DaemonError(
+            f"cannot listen on the socket {path}: {error.strerror}; choose another --uds"
+        ) from error
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Created 0600 from the start: no moment in which another user could connect.
     previous = os.umask(0o177)

@@ -1,7 +1,7 @@
 """Every command of the real CLI, given hostile arguments, ends in a message, never a traceback.
 
 Each case is a `python -m gpumux` process of its own, forked from a server that imported gpumux
-once (forkserver.py): about 440 cases, where each fresh interpreter spent 0.8 s of CPU on its
+once (forkserver.py): about 470 cases, where each fresh interpreter spent 0.8 s of CPU on its
 imports. The usage errors below, and a few hostile cases (FRESH: through the imports a command
 makes on its way, which the server made before), run in fresh interpreters."""
 
@@ -11,9 +11,11 @@ import os
 import queue
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ HOSTILE: tuple[str | bytes, ...] = (
     "1e400",
     "--no-such-option",
 )
+# Numbers that are not finite: hostile to a number, ordinary words to a name.
+NOT_FINITE = ("inf", "nan", "1e400")
 # Refused by every command, whatever the parameter.
 ALWAYS_REFUSED = (NOT_UTF8, "--no-such-option")
 RUN_TIMEOUT_S = 60
@@ -63,11 +67,12 @@ CASE_VARIABLES = {
     "TMPDIR",
     TEST_MARK,
     "PYTEST_CURRENT_TEST",
+    "GPUMUX_LEAVE_WHEN_IDLE",
 }
 # Hostile cases run in fresh interpreters as well: `serve`, `tune` (which imports the daemon on
 # its way) and one other command, each against no daemon.
 FRESH: tuple[list[str | bytes], ...] = (
-    ["serve", "--port", "-5"],
+    ["serve", "--home", "y" * 50_000],
     ["tune", "--splits", "1", "--time-limit", "5", "--", "inf"],
     ["export", str(10**100), "--optuna", "sqlite:///study.db"],
 )
@@ -98,11 +103,37 @@ def with_value(path: list[str], value: str | bytes, study: Path) -> list[str | b
     return [*path, value]
 
 
+def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool]]:
+    """(argv, whether it must be refused) for every hostile value in each option of `serve`,
+    which takes no argument: each case with a data directory of its own under `homes` (the
+    hostile option comes after it, so a hostile --home is the one taken)."""
+    found: list[tuple[list[str | bytes], bool]] = []
+    named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
+    for option in named:
+        number = option.type_descriptor.annotation in (int, float)
+        for value in HOSTILE:
+            if value in NOT_FINITE and not number:
+                # For a name or an address, one more ordinary word: no daemon started for it.
+                continue
+            if option.name == "leave_when_idle" and value == str(10**100):
+                # Taken, rightly: a serve that would wait 1e100 s to leave.
+                continue
+            home = str(homes / str(len(found)))
+            found.append((["serve", "--home", home, option.opts[0], value], value == NOT_UTF8))
+    for value in (NOT_UTF8, str(10**100), "\x01\x07\x1b[31m\x7f"):
+        # Where `serve` listens: where clients look.
+        home = str(homes / str(len(found)))
+        found.append((["--url", value, "serve", "--home", home], value == NOT_UTF8))
+    return found
+
+
 def cases(
     path: list[str], command: Any, study: Path, *, options: bool
 ) -> list[tuple[list[str | bytes], bool]]:
     """(argv, whether it must be refused) for hostile values in the command's argument, and
     with `options` in each of its options too."""
+    if path == ["serve"]:
+        return serve_cases(command, study.parent / "serve")
     found = [(with_value(path, value, study), value in ALWAYS_REFUSED) for value in HOSTILE]
     if not options:
         return found
@@ -204,17 +235,73 @@ def server_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[queue.Queue[ForkServer]]:
-    """A fork server for each of the WORKERS threads: each case a process of its own, forked
-    from one that imported gpumux once (about 440 cases, 0.8 s of CPU each to import it)."""
+@contextmanager
+def fork_servers(
+    directories: Sequence[Path], env: Mapping[str, str]
+) -> Iterator[queue.Queue[ForkServer]]:
+    """A fork server for each of `directories`, idle in a queue; each one closed at the end
+    (when a test fails too), the case it may have in flight killed with it."""
     idle: queue.Queue[ForkServer] = queue.Queue()
     with ExitStack() as started:
-        for _ in range(WORKERS):
-            server = ForkServer(tmp_path_factory.mktemp("forked"), env=server_env())
+        for directory in directories:
+            server = ForkServer(directory, env=env)
             started.callback(server.close)
             idle.put(server)
         yield idle
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[queue.Queue[ForkServer]]:
+    """A fork server for each of the WORKERS threads: each case a process of its own, forked
+    from one that imported gpumux once (about 470 cases, 0.8 s of CPU each to import it)."""
+    directories = [tmp_path_factory.mktemp("forked") for _ in range(WORKERS)]
+    with fork_servers(directories, server_env()) as idle:
+        yield idle
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (a zombie runs nothing; PID 1 here may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_test_that_fails_with_a_case_in_flight_leaves_no_server_and_no_case_running(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "case.pid"
+    (tmp_path / "sleeper.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    ends: list[BaseException] = []
+
+    def run_case(server: ForkServer) -> None:
+        try:
+            server.run([], env=server.environment, cwd=tmp_path, timeout=600, module="sleeper")
+        except BaseException as error:
+            ends.append(error)
+
+    directories = [tmp_path / "a", tmp_path / "b"]
+    for directory in directories:
+        directory.mkdir()
+    with pytest.raises(RuntimeError), fork_servers(directories, server_env()) as idle:
+        started = [idle.get(), idle.get()]
+        case = threading.Thread(target=run_case, args=(started[0],), daemon=True)
+        case.start()
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the case never started"
+            time.sleep(0.02)
+        raise RuntimeError("a case failed")
+    pids = [int(pid_file.read_text()), *(server.process.pid for server in started)]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not all(map(gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [pid for pid in pids if not gone(pid)] == []
+    case.join(RUN_TIMEOUT_S)
+    assert not case.is_alive() and ends, "the case's run ended with its server"
 
 
 def test_a_forked_case_gets_its_arguments_as_the_interpreter_decodes_them() -> None:
@@ -236,10 +323,16 @@ def test_a_case_differs_from_its_server_only_in_what_a_command_reads(
     assert differing <= CASE_VARIABLES
 
 
-@pytest.mark.parametrize("against", ["a daemon", "no daemon"])
-@pytest.mark.parametrize(
-    ("path", "command"), list(commands()), ids=[" ".join(p) for p, _ in commands()]
-)
+# Each command against a daemon and against none; `serve`, which looks for none, once.
+AGAINST = [
+    pytest.param(path, command, against, id=f"{' '.join(path)}-{against}")
+    for path, command in commands()
+    for against in ("a daemon", "no daemon")
+    if path != ["serve"] or against == "a daemon"
+]
+
+
+@pytest.mark.parametrize(("path", "command", "against"), AGAINST)
 def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     tmp_path: Path,
     daemon_home: Path,
@@ -249,10 +342,10 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     against: str,
 ) -> None:
     home = daemon_home if against == "a daemon" else tmp_path / "home"
-    if path == ["serve"]:
-        # A serve that accepts its arguments runs until stopped; kept apart from the daemon's.
-        home = tmp_path / "serve-home"
     env = case_env(tmp_path, home, daemon=against == "a daemon")
+    if path == ["serve"]:
+        # A serve that accepts its arguments leaves at once rather than serving until stopped.
+        env["GPUMUX_LEAVE_WHEN_IDLE"] = "0"
     study = tmp_path / "study.db"
     with ThreadPoolExecutor(WORKERS) as pool:
         verdicts = pool.map(

@@ -121,6 +121,7 @@ def test_the_supervisor_imports_only_what_it_needs() -> None:
         "gpumux.processes.reaping",
         "gpumux.processes.rundir",
         "gpumux.processes.supervisor",
+        "gpumux.processes.trialstart",
     }
     assert not {"pathlib", "dataclasses", "logging", "subprocess"} & set(loaded)
 

@@ -118,7 +118,10 @@ def node_devices(
     devices = []
     for snapshot in snapshots:
         fields = asdict(snapshot)
-        fields.pop("processes")
+        # The scheduler's, not shown: NVML's processes (the device's trials are listed instead)
+        # and the ids of its cores (cpu_count and work_cores say how many). DevicePublic would
+        # ignore them unsaid.
+        del fields["processes"], fields["cpu_cores"]
         mix = mixes.get(snapshot.key, [])
         # Exact: six trials at split 6 are a full device, where floats sum to 0.9999999999999999.
         load = sum((Fraction(share.trials, share.split) for share in mix), Fraction(0))

@@ -12,12 +12,16 @@ from typing import Any
 import httpx
 import pytest
 from builders import bearer, served, stored_sweep
+from pydantic import ConfigDict
 
 from gpumux.config import Settings
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.home.accounts import UserAccount
+from gpumux.schemas.devices import DevicePublic
 from gpumux.server.api import create_app
-from gpumux.server.api.devices import work_cores
+from gpumux.server.api import devices as devices_api
+from gpumux.server.api.deps import Caller
+from gpumux.server.api.devices import node_devices, work_cores
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import trials as trial_store
@@ -204,3 +208,21 @@ def test_work_cores_is_said_only_where_the_kind_and_the_cores_are_known() -> Non
     assert work_cores(replace(CPU, cpu_count=None)) is None
     # A newer node's kind this daemon does not know: listed, not a failed request.
     assert work_cores(replace(CPU, kind="shared-gpu")) is None
+
+
+class StrictDevicePublic(DevicePublic):
+    """DevicePublic refusing a field it has not, where the API's model ignores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def test_a_device_is_built_from_the_fields_it_shows_none_dropped_unsaid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A snapshot's field that DevicePublic lacks would be dropped without a word: each one
+    # left out must be left out where the device is built.
+    monkeypatch.setattr(devices_api, "DevicePublic", StrictDevicePublic)
+    snapshot = replace(CPU, cpu_cores=(0, 1))
+    caller = Caller(account=UserAccount.from_uid(os.geteuid()), admin=False)
+    [shown] = node_devices([snapshot], [], caller, node=None)
+    assert (shown.key, shown.cpu_count, shown.memory_free_mb) == ("cpu", 2, 4_800)
