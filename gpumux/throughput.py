@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 ThroughputUnit = Literal["samples/s", "steps/s", "trials/s"]
 SAMPLES_PER_S: ThroughputUnit = "samples/s"
@@ -51,11 +51,14 @@ class CurvePoint:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CurvePoint:
-        """A point from its JSON object, checked: ValueError naming what is wrong.
+    def from_json(cls, data: object) -> CurvePoint:
+        """A point from its JSON object (or what came instead), checked: ValueError naming what is
+        wrong.
 
         Points the search makes are measured and sound; what is read or stored is checked.
         """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a curve point must be an object, not {type(data).__name__}")
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"a curve point has no field {', '.join(sorted(unknown))}")

@@ -33,9 +33,12 @@ POINTS = [
         ({"split": 1, "throughput": -1}, "throughput must be 0 or more: -1"),
         ({"split": 1, "throughput": 1, "seconds_per_trial": 0}, "seconds_per_trial must be above"),
         ({"split": 1, "throughput": 1, "memory_per_trial_mb": -5}, "memory_per_trial_mb must be 0"),
+        ([None, None], "a curve point must be an object, not list"),
+        ("split", "a curve point must be an object, not str"),
+        (3, "a curve point must be an object, not int"),
     ],
 )
-def test_a_bad_point_is_refused_naming_what_is_wrong(data: dict[str, Any], message: str) -> None:
+def test_a_bad_point_is_refused_naming_what_is_wrong(data: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CurvePoint.from_json(data)
 

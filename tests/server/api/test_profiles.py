@@ -79,4 +79,8 @@ def test_a_measured_curve_is_refused_for_a_device_the_daemon_lacks_or_a_best_n_n
     response = api.put("/profiles", json={**measured, "best_split": 2})
     assert response.status_code == 422, response.text
     assert "best_split 2 is no N of the curve" in response.text
+    # A point that is no JSON object (schemathesis's coverage phase sent [[null, null]]: a 500).
+    response = api.put("/profiles", json={**measured, "curve": [[None, None]]})
+    assert response.status_code == 422, response.text
+    assert "a curve point must be an object, not list" in response.text
     assert api.get("/profiles").json() == {"data": [], "count": 0}
