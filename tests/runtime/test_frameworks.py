@@ -17,6 +17,12 @@ from .support import FIXTURES, ReportServer, gpumux_lines, run_python, trial_env
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 NO_TORCH = "PyTorch is not installed here (pip install torch) so its hook cannot be exercised"
+# What a script says, and reports, once its framework is imported: before it, the import's.
+MARKER = (
+    "print('script: imported', flush=True)\n"
+    "from gpumux.runtime import reporter\n"
+    "reporter.submit(kind='marker', step=None, samples=None, seconds=None, metrics={})\n"
+)
 
 
 def gpu_trial(**changes: Any) -> TrialContext:
@@ -185,11 +191,11 @@ def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemo
         CUDA_VISIBLE_DEVICES="GPU-00000000-0000-0000-0000-000000000000",
     )
     # One process, one import of TensorFlow: what it says before the marker is the import's,
-    # after it the training's. The warning is said in the call that sends the report, so no
-    # warning before the marker means no report from the import either.
+    # after it the training's; the marker is also a report, queued behind any the import sent
+    # (one thread sends them in order), so a device report before it is the import's.
     script = (
         "import tensorflow as tf\n"
-        "print('script: imported', flush=True)\n"
+        f"{MARKER}"
         "import keras, numpy as np\n"
         "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
         "model.compile(optimizer='sgd', loss='mse')\n"
@@ -207,6 +213,8 @@ def test_a_real_tensorflow_that_sees_no_gpu_on_a_gpu_says_so_and_tells_the_daemo
         "trains on the CPU, its 4096 MB slice is not applied, and its throughput is left out of "
         f"the GPU's split search. To use the GPU, install {frameworks.NO_GPU_FIX['tensorflow']}"
     ) in gpumux_lines(trained)
+    kinds = [r["kind"] for r in report_server.reports]
+    assert "device" not in kinds[: kinds.index("marker")], kinds
     device_reports = [r for r in report_server.reports if r["kind"] == "device"]
     assert [r["no_gpu"] for r in device_reports] == ["tensorflow"]
 
@@ -218,11 +226,11 @@ def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
     import torch
 
     env = trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu", GPUMUX_FRAMEWORK_DEVICE="cuda")
-    # One process: the import's output comes before the marker, the first step's after it (as
-    # for TensorFlow above, no warning before it means no report from the import).
+    # One process: the import's output and reports come before the marker, the first step's
+    # after it (as for TensorFlow above).
     script = (
         "import torch\n"
-        "print('script: imported', flush=True)\n"
+        f"{MARKER}"
         "weight = torch.nn.Parameter(torch.zeros(1))\n"
         "optimizer = torch.optim.SGD([weight], lr=0.1)\n"
         "for _ in range(3):\n"
@@ -236,6 +244,8 @@ def test_a_torch_without_cuda_on_a_gpu_says_so_and_tells_the_daemon(
     assert marker, result.stdout
     assert "sees no GPU" not in imported, result.stdout
     warnings = [line for line in gpumux_lines(trained) if "sees no GPU" in line]
+    kinds = [r["kind"] for r in report_server.reports]
+    assert "device" not in kinds[: kinds.index("marker")], kinds
     device_reports = [r for r in report_server.reports if r["kind"] == "device"]
     if torch.version.cuda is not None or torch.version.hip is not None:
         # A GPU build: whether it sees the GPU is CUDA's to say when the script asks.

@@ -34,7 +34,10 @@ CLASSES: dict[SearchMethod, type[optuna.samplers.BaseSampler]] = {
 SEEDS = range(8)
 # GPSampler's fits cost about a second of CPU a seed, and at each seed alone it asks at the
 # optimum (a median loss of 0.00 against random search's 1.0-3.9 at seeds 0-7): three seeds
-# decide as eight do.
+# decide as eight do where each of them must be near the optimum, not their median alone (a
+# random search passes the median of three against 0.75 times random's about one time in four,
+# each seed under a quarter of random's median: no random-search seed of 300 tried, 100-399, had
+# its median there).
 GP_SEEDS = range(3)
 
 
@@ -163,3 +166,5 @@ def test_a_model_based_sampler_asks_nearer_the_optimum_than_random(
     ]
     # Seeded, so one fixed outcome per Optuna release; random search's median loss is about 2.
     assert statistics.median(model) < 0.75 * statistics.median(random), (model, random)
+    if method is SearchMethod.gp:
+        assert max(model) < 0.25 * statistics.median(random), (model, random)
