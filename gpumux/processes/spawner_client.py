@@ -10,7 +10,7 @@ The preloading spawner is a second one, for the trials of `--preload` sweeps: `p
 daemon's own site-packages (so the framework imports; no PYTHONPATH, no user site: each trial
 adds its own) and the daemon's LD_LIBRARY_PATH and LD_PRELOAD; it preloads gpumux.runtime.preloaded
 and the framework, so the supervisors it forks start their trials without an exec (see
-supervisor.py). Its imports take seconds: it starts on the first --preload trial, and until it says
+trialstart.py). Its imports take seconds: it starts on the first --preload trial, and until it says
 it is ready, --preload trials start fresh from the ordinary spawner.
 """
 

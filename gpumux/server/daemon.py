@@ -108,7 +108,14 @@ class Daemon:
                 f"cannot create the database {quoted(dialect.label)}: "
                 f"{error.strerror or error}; give another with --db or GPUMUX_DB"
             ) from error
-        self._lock = acquire_lock(dialect.lock_path(self.settings.home), database=dialect.label)
+        lock_path = dialect.lock_path(self.settings.home)
+        try:
+            self._lock = acquire_lock(lock_path, database=dialect.label)
+        except OSError as error:
+            raise DaemonError(
+                f"cannot open the lock file {quoted(str(lock_path))}: "
+                f"{error.strerror or error}; give another --db or --home"
+            ) from error
         try:
             self._home_lock = acquire_home_lock(self.settings.home)
             engine = make_engine(self.settings.database_url)

@@ -63,7 +63,8 @@ def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
     except OSError as error:
         # A directory there, or one this user may not write to.
         raise DaemonError(
-            f"cannot listen on the socket {path}: {error.strerror}; choose another --uds"
+            f"cannot listen on the socket {path}: {error.strerror}; choose another with --uds "
+            "or GPUMUX_URL"
         ) from error
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Created 0600 from the start: no moment in which another user could connect.
@@ -74,7 +75,7 @@ def bind_unix(path: Path, *, shared: bool) -> tuple[socket.socket, str]:
         sock.close()
         raise DaemonError(
             f"cannot listen on the socket {path}: {error.strerror}; create its directory "
-            "(writable by this user) or choose another --uds"
+            "(writable by this user) or choose another with --uds or GPUMUX_URL"
         ) from error
     finally:
         os.umask(previous)

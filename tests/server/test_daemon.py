@@ -315,3 +315,27 @@ def test_tcp_connections_send_small_answers_without_waiting_for_an_ack(tmp_path:
         return nodelay
 
     assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
+
+
+def test_a_database_that_is_a_directory_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", db=tmp_path, url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(DaemonError, match="cannot create the database .*--db or GPUMUX_DB"):
+        Daemon(settings).start()
+
+
+def test_a_database_name_with_no_room_for_its_journal_is_refused_before_it_is_made(
+    tmp_path: Path,
+) -> None:
+    # The file itself would fit; its -journal and .lock beside it would not.
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    db = tmp_path / ("d" * (longest - 3))
+    settings = Settings(home=tmp_path / "home", db=db, url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(DaemonError, match="no room for its -journal/-wal/-shm/.lock files"):
+        Daemon(settings).start()
+    assert not db.exists()
+
+
+def test_a_socket_path_that_is_a_directory_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", uds=tmp_path)
+    with pytest.raises(DaemonError, match="cannot listen on the socket .*--uds or GPUMUX_URL"):
+        Daemon(settings).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -30,6 +31,8 @@ SQLITE_FULL = 13
 SQLITE_IOERR_SHMSIZE = 4874
 # How many of quick_check's findings a refusal quotes: enough to say what, short enough to read.
 DAMAGE_LINES = 3
+# The names SQLite and gpumux make beside the file: the longest must fit the filesystem too.
+BESIDE = ("-journal", "-wal", "-shm", ".lock")
 
 
 class SqliteDialect(Dialect):
@@ -65,8 +68,16 @@ class SqliteDialect(Dialect):
         require_local_filesystem(self.file)
 
     def prepare_location(self) -> None:
-        """The file and its directory, owner-only: the database holds submitters' environments."""
+        """The file and its directory, owner-only: the database holds submitters' environments.
+        A name whose journal or lock file the filesystem cannot hold is refused before the file
+        is made (SQLite would fail later, as if the file were damaged)."""
         self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        longest = len(os.fsencode(self.file.name)) + max(len(suffix) for suffix in BESIDE)
+        if longest > os.pathconf(self.file.parent, "PC_NAME_MAX"):
+            raise OSError(
+                errno.ENAMETOOLONG,
+                f"the file's name leaves no room for its {'/'.join(BESIDE)} files beside it",
+            )
         os.close(os.open(self.file, os.O_CREAT | os.O_WRONLY, 0o600))
 
     def engine_options(self) -> dict[str, Any]:
