@@ -68,6 +68,7 @@ CASE_VARIABLES = {
     TEST_MARK,
     "PYTEST_CURRENT_TEST",
     "GPUMUX_LEAVE_WHEN_IDLE",
+    "GPUMUX_PORT",
 }
 # Hostile cases run in fresh interpreters as well: `serve`, `tune` (which imports the daemon on
 # its way) and one other command, each against no daemon.
@@ -103,11 +104,18 @@ def with_value(path: list[str], value: str | bytes, study: Path) -> list[str | b
     return [*path, value]
 
 
-def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool]]:
-    """(argv, whether it must be refused) for every hostile value in each option of `serve`,
-    which takes no argument: each case with a data directory of its own under `homes` (the
-    hostile option comes after it, so a hostile --home is the one taken)."""
-    found: list[tuple[list[str | bytes], bool]] = []
+def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool, Path]]:
+    """(argv, whether it must be refused, where it runs) for every hostile value in each option
+    of `serve`, which takes no argument: each case in a directory of its own under `homes`, with
+    its data directory in it (the hostile option comes after it, so a hostile --home is the one
+    taken), so that a relative --db, --uds or --home stays the case's own."""
+    found: list[tuple[list[str | bytes], bool, Path]] = []
+
+    def case(argv: list[str | bytes], must_refuse: bool) -> None:
+        where = homes / str(len(found))
+        where.mkdir(parents=True)
+        found.append((["serve", "--home", str(where / "home"), *argv], must_refuse, where))
+
     named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
     for option in named:
         number = option.type_descriptor.annotation in (int, float)
@@ -118,25 +126,36 @@ def serve_cases(command: Any, homes: Path) -> list[tuple[list[str | bytes], bool
             if option.name == "leave_when_idle" and value == str(10**100):
                 # Taken, rightly: a serve that would wait 1e100 s to leave.
                 continue
-            home = str(homes / str(len(found)))
-            found.append((["serve", "--home", home, option.opts[0], value], value == NOT_UTF8))
+            case([option.opts[0], value], value == NOT_UTF8)
     for value in (NOT_UTF8, str(10**100), "\x01\x07\x1b[31m\x7f"):
         # Where `serve` listens: where clients look.
-        home = str(homes / str(len(found)))
-        found.append((["--url", value, "serve", "--home", home], value == NOT_UTF8))
+        where = homes / str(len(found))
+        where.mkdir(parents=True)
+        found.append(
+            (["--url", value, "serve", "--home", str(where / "home")], value == NOT_UTF8, where)
+        )
     return found
 
 
 def cases(
     path: list[str], command: Any, study: Path, *, options: bool
-) -> list[tuple[list[str | bytes], bool]]:
-    """(argv, whether it must be refused) for hostile values in the command's argument, and
-    with `options` in each of its options too."""
+) -> list[tuple[list[str | bytes], bool, Path]]:
+    """(argv, whether it must be refused, where it runs) for hostile values in the command's
+    argument, and with `options` in each of its options too."""
     if path == ["serve"]:
         return serve_cases(command, study.parent / "serve")
     found = [(with_value(path, value, study), value in ALWAYS_REFUSED) for value in HOSTILE]
-    if not options:
-        return found
+    if options:
+        found += options_cases(path, command, study)
+    return [(argv, must_refuse, study.parent) for argv, must_refuse in found]
+
+
+def options_cases(
+    path: list[str], command: Any, study: Path
+) -> list[tuple[list[str | bytes], bool]]:
+    """(argv, whether it must be refused) for hostile values in each of the command's options
+    and in the daemon's address."""
+    found: list[tuple[list[str | bytes], bool]] = []
     plain = with_value(path, "1", study)
     named = [p for p in command.params if p.param_type_name == "option" and not p.is_flag]
     for number, option in enumerate(named):
@@ -346,10 +365,12 @@ def test_hostile_arguments_end_in_a_message_and_an_exit_code(
     if path == ["serve"]:
         # A serve that accepts its arguments leaves at once rather than serving until stopped.
         env["GPUMUX_LEAVE_WHEN_IDLE"] = "0"
+        # Not the default port, which a person's own daemon here may hold.
+        env["GPUMUX_PORT"] = "0"
     study = tmp_path / "study.db"
     with ThreadPoolExecutor(WORKERS) as pool:
         verdicts = pool.map(
-            lambda case: verdict(case[0], case[1], env, tmp_path, servers),
+            lambda case: verdict(case[0], case[1], env, case[2], servers),
             # Options are parsed before any daemon is looked for: once is enough.
             cases(path, command, study, options=against == "a daemon"),
         )
