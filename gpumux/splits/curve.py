@@ -15,15 +15,6 @@ device's guess); s = 1 is the search from scratch.
   miss. Until the knee, measure the next candidate above the largest measured N. The knee is two
   misses in a row, or one at N >= `LARGE` (the median of that many trials' rates is one steady
   reading, and each point there costs a wave of long trials).
-- Memory's fit (`fits`: the N memory fits, as measured trials were seen holding it): where no
-  point has missed since the leader and the trials left (`room`) fill it, the ascent skips the
-  step below it, once the largest candidate within the fit is at most the step after the next.
-  The fit skipped to is taken only where its per-trial rate is within `threshold` of the point
-  below's: per-trial rates do not rise with N, so an N between gives at most N times the
-  point below's, and the fit then does within `threshold` as much as any of them; else the
-  skipped step is measured, and the walk goes on as without a skip (a rate that peaks below the
-  fit settles there, not at the fit). After an out-of-memory
-  start, the first N is the fit rather than half the start (half was to learn what a trial holds).
 - Refinement up: when the leader's next measured N above (or else the OOM) is a candidate more
   than 1 away, and it measured at least as much as the leader (the peak may lie between) or ran
   out of memory, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
@@ -133,15 +124,10 @@ def candidate_splits(*, ceiling: int, oom_at: int | None = None, start: int = 1)
     return tuple(sorted(below))
 
 
-def first_split(
-    *, ceiling: int, oom_at: int | None = None, start: int = 1, fits: int | None = None
-) -> int:
+def first_split(*, ceiling: int, oom_at: int | None = None, start: int = 1) -> int:
     """The N a search from `start` measures first: the start, or the largest N that may fit;
-    where the start itself ran out of memory, the N memory fits (`fits`) or else half of it."""
+    half the N that ran out of memory where that was the start itself."""
     top = candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)[-1]
-    if oom_at is not None and start >= oom_at and fits is not None:
-        # What the trials hold is known: the fit, not a guess at half.
-        return max(1, min(top, fits))
     if oom_at is not None and start >= oom_at:
         # The start was a guess, and memory proved it wrong by a factor nothing tells: the
         # N just below would likely run out too, a wave of start-ups lost. Half of it gives each
@@ -170,11 +156,8 @@ def next_split(
     threshold: float = DEFAULT_THRESHOLD,
     oom_at: int | None = None,
     start: int = 1,
-    fits: int | None = None,
-    room: int | None = None,
 ) -> Decision:
-    """Decide the N to run next from the points measured so far, searching from `start`;
-    `fits`: the N memory fits, where known; `room`: the trials the sweep has left, where known."""
+    """Decide the N to run next from the points measured so far, searching from `start`."""
     if threshold < 0:
         raise ValueError(f"threshold must be at least 0, not {threshold}")
     if oom_at is not None and oom_at <= 1:
@@ -182,19 +165,13 @@ def next_split(
         return Decision(split=1, settled=True, reason="out of memory at N=1; using N=1")
     top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
     candidates = candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)
-    first = first_split(ceiling=ceiling, oom_at=oom_at, start=start, fits=fits)
+    first = first_split(ceiling=ceiling, oom_at=oom_at, start=start)
     by_split = {point.split: point for point in curve if 1 <= point.split <= top}
     points = [by_split[split] for split in sorted(by_split) if split >= first]
     if not points:
         return Decision(split=first, settled=False, reason=f"measuring N={first}")
     walk = _walk(points, threshold=threshold)
     step = next((n for n in candidates if n > points[-1].split), None)
-    if fits is not None:
-        skip = _skip_to_fit(points, walk, candidates=candidates, step=step, fits=fits, room=room)
-        if skip is None:
-            skip = _skipped_step(points, candidates=candidates, threshold=threshold)
-        if skip is not None:
-            return skip
     if not walk.knee and step is not None:
         return Decision(split=step, settled=False, reason=f"measuring N={step}")
     oom = oom_at if oom_at is not None and oom_at <= ceiling else None
@@ -212,56 +189,6 @@ def next_split(
     if descent.settled and descent.split == first and refine is not None:
         return refine
     return descent
-
-
-def _skip_to_fit(
-    points: Sequence[CurvePoint],
-    walk: _Walk,
-    *,
-    candidates: Sequence[int],
-    step: int | None,
-    fits: int,
-    room: int | None,
-) -> Decision | None:
-    """A climb that still gains: the largest candidate memory fits where it is at most the step
-    after `step` and the trials left fill it; None: the step as usual."""
-    if walk.knee or walk.misses or step is None:
-        return None
-    after = next((n for n in candidates if n > step), None)
-    target = max((n for n in candidates if n <= fits), default=step)
-    if after is None or not step < target <= after or (room is not None and room < target):
-        return None
-    return Decision(
-        split=target, settled=False, reason=f"measuring N={target} (memory fits it; N={step} later)"
-    )
-
-
-def _skipped_step(
-    points: Sequence[CurvePoint], *, candidates: Sequence[int], threshold: float
-) -> Decision | None:
-    """The step a skip to memory's fit left out, unless the fit's per-trial rate is within
-    `threshold` of the point below's: any N up to the fit gives at most N times that rate, so the
-    fit then does within `threshold` as much as any N between (a peak between shows as a lower
-    rate per trial at the fit, whatever its total gained)."""
-    if len(points) < 2:
-        return None
-    below, fit = points[-2], points[-1]
-    between = [n for n in candidates if below.split < n < fit.split]
-    if not between or below.throughput <= 0:
-        return None
-    split = between[-1]
-    most = fit.split * below.throughput / below.split
-    if fit.throughput * (1 + threshold) >= most:
-        return None
-    return Decision(
-        split=split,
-        settled=False,
-        reason=(
-            f"measuring N={split} (N={fit.split} at {fit.throughput:.4g} may be more than"
-            f" {threshold:.0%} under {most:.4g}, N={below.split}'s rate per trial: a peak may lie"
-            " between)"
-        ),
-    )
 
 
 def _refine_up(

@@ -76,12 +76,6 @@ class SplitSearch:
     origin: str = ""
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
-    # The N whose slices hold what this search's trials were seen holding, where it bounds N: a
-    # climb that still gains goes to it without the step below it (curve.next_split's fits).
-    fit: int | None = None
-    # The sweep's trials left here (running and queued) when last seen: a climb skips to
-    # memory's fit only where they fill it.
-    left: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
     # The node whose device this is, on a database several nodes share (none: the only one).
@@ -124,12 +118,10 @@ class SplitSearch:
             mix = Mix.alone(running=running, queued=queued, split=self.split)
         # The sweep's trials left here (running and queued) may not fill the N measured next:
         # the search then settles on what it measured, saying so (splits.tail).
-        left = running + mix.stale + queued
-        self.left = left if mix.counted else None
         short = mix.counted and settle_short(
             self.curve,
             split=self.split,
-            left=left,
+            left=running + mix.stale + queued,
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
             start=self.start,
@@ -341,8 +333,6 @@ class SplitSearch:
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
             start=self.start,
-            fits=self.fit,
-            room=self.left,
         )
         if self.start == 1:
             return decision

@@ -217,7 +217,6 @@ class SplitSearches:
             return
         fit = self.memory_fit(snapshot, search)
         if fit is not None and fit < search.ceiling:
-            search.fit = fit
             search.lower_ceiling(
                 fit,
                 why=f"memory fits {fit} of the trials as they were seen holding it",
@@ -232,23 +231,18 @@ class SplitSearches:
         does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
-        then ends at the N that fits, not in N that run out of memory, and goes there without
-        the step below it where the fit's rate per trial shows no peak between
-        (curve.next_split's fits). The running phase's trials count as soon as they hold
-        memory: after a start that ran out of memory, the N the fit allows follows at once."""
+        then ends at the N that fits, not in N that run out of memory; it still measures the
+        steps below it, where a peak of the rate may lie (docs/benchmarks.md: a skip straight
+        to the fit, tried and reverted)."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
         overhead = self.overheads.for_device(device.key)
-        seen = [(point.split, point.memory_per_trial_mb) for point in search.curve]
-        if search.phase_start is not None:
-            # The phase under way: its trials tell what they hold once they allocate, before
-            # its window closes (a later, larger peak lowers the fit again).
-            seen.append((search.split, search.peak_mb))
         fits = [
-            max(split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
-            for split, held in seen
-            if held is not None and held < room // split - overhead
+            max(point.split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
+            for point in search.curve
+            if (held := point.memory_per_trial_mb) is not None
+            and held < room // point.split - overhead
         ]
         return min(fits, default=None)
 

@@ -55,16 +55,14 @@ def simulate(
     noise: float = 0.0,
     seed: int = 0,
     start: int = 1,
-    fits: int | None = None,
 ) -> Run:
-    """Drive next_split like the scheduler: measure what it asks, with noise, until it settles;
-    `fits`: the N memory fits, told from the start."""
+    """Drive next_split like the scheduler: measure what it asks, with noise, until it settles."""
     rng = random.Random(seed)
     points: list[CurvePoint] = []
     tried: list[int] = []
     oom_at: int | None = None
     while True:
-        decision = next_split(points, ceiling=ceiling, oom_at=oom_at, start=start, fits=fits)
+        decision = next_split(points, ceiling=ceiling, oom_at=oom_at, start=start)
         top = effective_ceiling(ceiling=ceiling, oom_at=oom_at)
         assert 1 <= decision.split <= top, decision
         if decision.settled:
@@ -556,127 +554,3 @@ def test_more_than_the_cores_allow_cannot_be() -> None:
     assert "N=4 at 5000 is 1.87x N=2 at 2678 with 2x the trials on 2 cores" in on_cores[0]
     assert on_a_gpu is None, "a GPU's trials may each do nearly as much at N=4 as at N=2"
     assert implausible(curve, CurvePoint(4, 3000.0), cores=2) is None
-
-
-@pytest.mark.parametrize("fits", [11, 12, 13])
-def test_a_fit_above_a_rate_peak_settles_at_the_peak_not_the_fit(fits: int) -> None:
-    # The rate peaks at 8; memory fits 11-13. A skip from 5 to the fit reads a gain over 5 and,
-    # taken as it is, would settle there (87%, 82%, 78% of the peak's rate).
-    run = simulate(peak_at_8, ceiling=fits, start=5, fits=fits)
-
-    assert run.tried[:2] == (5, fits), "the climb goes to the fit first"
-    assert 8 in run.tried, "the fit's rate per trial is well under 5's: 8 is measured"
-    assert peak_at_8(run.decision.split) >= peak_at_8(8) / 1.05, run.decision.reason
-
-
-@pytest.mark.parametrize("fits", [11, 12, 13])
-def test_with_noise_a_fit_above_a_rate_peak_rarely_misleads(fits: int) -> None:
-    runs = [
-        simulate(peak_at_8, ceiling=fits, start=5, fits=fits, noise=0.1, seed=seed)
-        for seed in range(200)
-    ]
-
-    good = sum(peak_at_8(run.decision.split) >= 0.9 * peak_at_8(8) for run in runs)
-    assert good / len(runs) >= 0.95, f"{good} of {len(runs)} runs within 10% of the best"
-
-
-def test_a_fit_that_does_as_well_as_the_step_below_could_is_taken_without_it() -> None:
-    run = simulate(linear, ceiling=11, start=5, fits=11)
-
-    assert run.tried == (5, 11), "one trial's rate at 11 is that at 5: nothing between can do more"
-    assert run.decision.split == 11 and run.decision.settled
-
-
-def test_no_skip_where_the_trials_left_cannot_fill_the_fit() -> None:
-    curve = [CurvePoint(5, 500.0)]
-
-    assert next_split(curve, ceiling=11, start=5, fits=11, room=12).split == 11
-    assert next_split(curve, ceiling=11, start=5, fits=11, room=10).split == 8
-    assert next_split(curve, ceiling=11, start=5).split == 8, "without a fit, step by step"
-
-
-def test_after_a_miss_the_climb_takes_the_next_step_whatever_memory_fits() -> None:
-    # N=5 missed (under 5% over N=3): the ascent needs its second reading, one step up.
-    curve = [CurvePoint(3, 300.0), CurvePoint(5, 305.0)]
-
-    assert next_split(curve, ceiling=11, start=3, fits=11).split == 8
-
-
-def test_a_start_that_ran_out_of_memory_goes_to_what_memory_fits() -> None:
-    assert first_split(ceiling=8, oom_at=13, start=13, fits=8) == 8
-    assert first_split(ceiling=52, oom_at=13, start=13) == 6, "nothing known: half the start"
-    # A fit at or above the N that ran out is capped below it.
-    assert first_split(ceiling=52, oom_at=13, start=13, fits=20) == 12
-
-
-@pytest.mark.parametrize("start", (1, 2, 5, 8))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
-def test_memorys_fit_costs_no_shape_its_best(shape: Shape, start: int) -> None:
-    # Memory fits every N up to the ceiling, and every N up to 10 in a second run.
-    for fits in (shape.ceiling, min(shape.ceiling, 10)):
-        runs = [
-            simulate(
-                shape.curve,
-                ceiling=fits,
-                oom_from=shape.oom_from,
-                noise=0.1,
-                seed=seed,
-                start=start,
-                fits=fits,
-            )
-            for seed in range(100)
-        ]
-        top = fits if shape.oom_from is None else min(fits, shape.oom_from - 1)
-        best = max(shape.curve(n) for n in range(1, top + 1))
-        good = sum(shape.curve(run.decision.split) >= 0.9 * best for run in runs)
-        assert good / len(runs) >= 0.95, f"fit {fits}: {good} of {len(runs)} within 10%"
-        assert all(run.steps <= run.bound for run in runs), max(run.steps for run in runs)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    values=curves(),
-    fits=st.integers(1, 60),
-    oom_from=st.none() | st.integers(1, 64),
-    noise=st.sampled_from([0.0, 0.1, 0.3]),
-    seed=st.integers(0, 2**32),
-    start=st.integers(1, 64),
-)
-def test_any_unimodal_curve_with_a_fit_settles_within_the_bound(
-    values: list[float], fits: int, oom_from: int | None, noise: float, seed: int, start: int
-) -> None:
-    run = simulate(
-        lambda n: values[n - 1],
-        ceiling=fits,
-        oom_from=oom_from,
-        noise=noise,
-        seed=seed,
-        start=start,
-        fits=fits,
-    )
-
-    assert run.steps <= run.bound, run.tried
-    assert 1 <= run.decision.split <= run.top
-
-
-@settings(max_examples=300, deadline=None)
-@given(values=curves(), fits=st.integers(2, 40), start=st.integers(1, 8))
-def test_a_noiseless_skip_settles_within_the_threshold_of_what_the_climb_would(
-    values: list[float], fits: int, start: int
-) -> None:
-    # More trials sharing a device never make each faster: each N's rate at most N/(N-1) of
-    # the last (the skip's premise; on a real device a point that breaks it is not stored).
-    rates = values[:1]
-    for n, value in enumerate(values[1:], start=2):
-        rates.append(min(value, rates[-1] * n / (n - 1)))
-
-    def rate(n: int) -> float:
-        return rates[n - 1]
-
-    skipping = simulate(rate, ceiling=fits, start=start, fits=fits)
-    stepping = simulate(rate, ceiling=fits, start=start)
-
-    assert rate(skipping.decision.split) * 1.05 >= rate(stepping.decision.split) * (1 - 1e-9), (
-        skipping.tried,
-        stepping.tried,
-    )

@@ -141,31 +141,6 @@ def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
     assert profile.oom_at is not None and profile.oom_at > top, profile.reason
 
 
-def test_a_start_that_ran_out_of_memory_goes_to_what_its_trials_hold_without_measuring_half(
-    daemon_of: Start, tmp_path: Path
-) -> None:
-    # As the simulated H100: the guess (5) runs out of memory; half of it (2) is launched to
-    # learn what a trial holds, and once its trials hold it the N grows to the 4 that fit.
-    shape = {"memory_mb": 40_000, "per_process_mb": 8_500, "context_mb": 728}
-    top = fits(**shape)
-    assert top == 4
-    client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
-
-    (trials,) = finished(
-        client, simulated_sweep(client, split="auto", trials=16, args=["--seconds=20"])
-    )
-
-    assert [t.status for t in trials] == ["succeeded"] * 16
-    assert ran_out(trials), "the start ran out of memory"
-    profile = profile_of(client, ["--seconds=20"])
-    # Half the start is not a point: the search went to the fit before its phase closed (seen
-    # failing before: points at 2, 3 and 4).
-    measured = sorted(point.split for point in profile.curve)
-    assert measured == [top], profile.reason
-    assert profile.settled and profile.best_split == top, profile.reason
-    assert sum(t.split == 2 for t in trials) <= 2, "only the first wave ran at half the start"
-
-
 def test_two_workloads_at_auto_share_the_device_and_each_is_measured(daemon_of: Start) -> None:
     client = daemon_of("h200-torch-mlp", host_cores=16)
     # Two workloads (other commands), submitted together: they run side by side on one GPU.
