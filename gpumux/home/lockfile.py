@@ -64,6 +64,9 @@ def acquire_lock(lock_path: Path, *, database: str) -> IO[str]:
             f"{database}; stop it first, or give this one its own --home",
             url or None,
         ) from None
+    except OSError:
+        lock_file.close()
+        raise
     return lock_file
 
 

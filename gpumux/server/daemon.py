@@ -114,7 +114,7 @@ class Daemon:
         except OSError as error:
             raise DaemonError(
                 f"cannot open the lock file {quoted(str(lock_path))}: "
-                f"{error.strerror or error}; give another --db or --home"
+                f"{error.strerror or error}; give another database with --db or GPUMUX_DB"
             ) from error
         try:
             self._home_lock = acquire_home_lock(self.settings.home)

@@ -12,6 +12,7 @@ its length limit apart from it (FOLD_LIMIT).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import schemathesis
@@ -34,12 +35,25 @@ def _unfold(node: Any) -> None:
     if isinstance(node, dict):
         pattern, longest = node.get("pattern"), node.get("maxLength")
         if isinstance(pattern, str) and isinstance(longest, int) and longest > FOLD_LIMIT:
-            node["pattern"] = f"(?:{pattern})|(?:{pattern})"
+            node["pattern"] = _alternation(pattern)
         for value in node.values():
             _unfold(value)
     elif isinstance(node, list):
         for value in node:
             _unfold(value)
+
+
+def _alternation(pattern: str) -> str:
+    """`(?:P)|(?:P)`; P itself where that would not compile the same (a named group twice, a
+    flag after the start), lest schemathesis drop the pattern unsaid."""
+    doubled = f"(?:{pattern})|(?:{pattern})"
+    try:
+        if re.compile(pattern).groups == 0:
+            re.compile(doubled)
+            return doubled
+    except re.error:
+        pass
+    return pattern
 
 
 @schemathesis.hook

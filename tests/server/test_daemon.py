@@ -27,6 +27,10 @@ from gpumux.storage.models import Node
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
+def free_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
 def wait_finished(client: httpx.Client, sweep_id: int) -> dict[str, object]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -326,13 +330,29 @@ def test_a_database_that_is_a_directory_is_refused_with_the_way_out(tmp_path: Pa
 def test_a_database_name_with_no_room_for_its_journal_is_refused_before_it_is_made(
     tmp_path: Path,
 ) -> None:
-    # The file itself would fit; its -journal and .lock beside it would not.
-    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
-    db = tmp_path / ("d" * (longest - 3))
-    settings = Settings(home=tmp_path / "home", db=db, url=f"http://127.0.0.1:{free_port()}")
+    # The longest name SQLite can keep its -journal beside (8 bytes) is taken; one byte more,
+    # which the file itself would fit, is refused before the file or its directory is made.
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX") - len("-journal")
+    with embedded(
+        Settings(home=tmp_path / "home", db=tmp_path / ("d" * longest), url=free_url())
+    ) as daemon:
+        assert daemon.url
+    db = tmp_path / "new" / ("d" * (longest + 1))
+    settings = Settings(home=tmp_path / "home", db=db, url=free_url())
     with pytest.raises(DaemonError, match="no room for its -journal/-wal/-shm/.lock files"):
         Daemon(settings).start()
-    assert not db.exists()
+    assert not db.parent.exists()
+
+
+def test_a_database_named_by_a_link_needs_room_beside_its_target_for_sqlite_and_its_own_lock(
+    tmp_path: Path,
+) -> None:
+    # SQLite keeps its journal beside the file it opens, gpumux its lock beside the name given.
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    link = tmp_path / ("l" * (longest - len(".lock")))
+    link.symlink_to(tmp_path / "target.db")
+    with embedded(Settings(home=tmp_path / "home", db=link, url=free_url())) as daemon:
+        assert daemon.url
 
 
 def test_a_socket_path_that_is_a_directory_is_refused_with_the_way_out(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ SQLITE_IOERR_SHMSIZE = 4874
 # How many of quick_check's findings a refusal quotes: enough to say what, short enough to read.
 DAMAGE_LINES = 3
 # The names SQLite and gpumux make beside the file: the longest must fit the filesystem too.
-BESIDE = ("-journal", "-wal", "-shm", ".lock")
+SQLITE_BESIDE = ("-journal", "-wal", "-shm")
+LOCK_BESIDE = ".lock"
+BESIDE = (*SQLITE_BESIDE, LOCK_BESIDE)
 
 
 class SqliteDialect(Dialect):
@@ -71,14 +73,24 @@ class SqliteDialect(Dialect):
         """The file and its directory, owner-only: the database holds submitters' environments.
         A name whose journal or lock file the filesystem cannot hold is refused before the file
         is made (SQLite would fail later, as if the file were damaged)."""
+        self._check_room_beside()
         self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        longest = len(os.fsencode(self.file.name)) + max(len(suffix) for suffix in BESIDE)
-        if longest > os.pathconf(self.file.parent, "PC_NAME_MAX"):
+        os.close(os.open(self.file, os.O_CREAT | os.O_WRONLY, 0o600))
+
+    def _check_room_beside(self) -> None:
+        """Refuse (ENAMETOOLONG) a name whose files beside it the filesystem cannot name: SQLite's
+        beside the file it opens (a symlink's target), the lock beside the name given."""
+        existing = next(parent for parent in self.file.absolute().parents if parent.exists())
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+        if limit <= 0:
+            return
+        target = self.file.resolve()
+        names = [(target.name, SQLITE_BESIDE), (self.file.name, (LOCK_BESIDE,))]
+        if any(len(os.fsencode(name)) + max(map(len, beside)) > limit for name, beside in names):
             raise OSError(
                 errno.ENAMETOOLONG,
                 f"the file's name leaves no room for its {'/'.join(BESIDE)} files beside it",
             )
-        os.close(os.open(self.file, os.O_CREAT | os.O_WRONLY, 0o600))
 
     def engine_options(self) -> dict[str, Any]:
         """The driver's own transaction handling off (on_begin emits BEGIN), any thread."""
