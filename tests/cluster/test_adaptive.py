@@ -79,7 +79,7 @@ def assert_nothing_lost(trials: list[Trial], budget: int, ids: dict[str, int]) -
     the nodes, its objective recorded, no two asked the same point."""
     assert [t.number for t in trials] == list(range(budget))
     assert {t.status for t in trials} == {TrialStatus.succeeded}
-    assert {t.attempt for t in trials} == {1}
+    assert {t.attempt for t in trials} == {1}, [(t.number, t.attempt, t.error) for t in trials]
     assert {t.node_id for t in trials} == set(ids.values())
     for trial in trials:
         assert trial.objective == pytest.approx(trial.params["x"] * 0.9**4)
