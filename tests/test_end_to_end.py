@@ -39,7 +39,10 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
         created = client.post(
             "/sweeps",
             json={
-                "params": ["lr=1e-3,3e-2", "epochs=3"],
+                # One trial: its metrics and CPU slice are its own, and a sweep's best of
+                # several (each direction) is storage's, tested without TensorFlow
+                # (tests/storage/test_store.py, `gpumux best` in tests/cli/test_cli.py).
+                "params": ["lr=3e-2", "epochs=3"],
                 "command": [sys.executable, "examples/digits_keras.py", "--width=32"],
                 "workdir": str(ROOT),
                 "env": dict(os.environ),
@@ -52,7 +55,7 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             assert time.monotonic() < deadline, f"sweep did not finish: {sweep}"
             time.sleep(0.2)
         trials = client.get(f"/sweeps/{created['id']}/trials").json()["data"]
-        assert [t["status"] for t in trials] == ["succeeded", "succeeded"]
+        assert [t["status"] for t in trials] == ["succeeded"]
         # The CPU device is the cores this process (the embedded daemon) may run on: each
         # trial gets an equal share of them, one thread at least.
         cores = len(os.sched_getaffinity(0))
@@ -75,7 +78,7 @@ def test_keras_metrics_and_the_cpu_slice_of_a_real_sweep(tmp_path: Path) -> None
             )
             assert applied < log.index("Epoch 1/3"), "the slice must precede the first op"
         best = client.get(f"/sweeps/{created['id']}").json()["best"]
-        assert best["objective"] == max(t["objective"] for t in trials)
+        assert (best["id"], best["objective"]) == (trials[0]["id"], trials[0]["objective"])
 
 
 def run_sweep(client: httpx.Client, params: list[str]) -> list[dict[str, object]]:
