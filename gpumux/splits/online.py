@@ -78,7 +78,7 @@ class SplitSearch:
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
     # A first wave smaller than the start, whose trials show what one holds before the start's
-    # wave is launched (a guess from memory); never a point: its N grows by adding trials.
+    # wave is launched (a guess from memory); never a point: the start's trials follow it.
     probe: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -312,7 +312,8 @@ class SplitSearch:
 
     def learned(self, *, why: str) -> None:
         """The first wave told what a trial holds (`why`), or never will: the search goes on at
-        its start, within the ceiling memory now sets, by adding trials beside the wave's."""
+        its start, within the ceiling memory now sets (its trials fill the wave's slices as
+        they free: placement budgets the wave's caps)."""
         self.probe = None
         self.phase_start = None
         self.decision = self.decide()
