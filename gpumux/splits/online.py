@@ -7,7 +7,8 @@ several workloads mix). While the device is full, a phase runs: after it settles
 (splits.window) gives the device's throughput at N; with the most memory one trial held, the
 point goes to the pure split search (curve) for the next N, and the curve is stored as the
 workload's profile so that the workload's next sweep starts settled. A new search starts from
-the best prior there is (splits.priors).
+the best prior there is (splits.priors); from a guess of memory's, its first wave is smaller
+(`probe`), and grows to the start, or what the trials' memory fits, once they show it.
 
 A workload whose framework sees no GPU on a GPU (a CPU-only build) is not measured: the search
 stops for its sweep, saying why. A point that cannot be beside the others (curve.implausible:
@@ -76,6 +77,9 @@ class SplitSearch:
     origin: str = ""
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
+    # A first wave smaller than the start, whose trials show what one holds before the start's
+    # wave is launched (a guess from memory); never a point: the start's trials follow it.
+    probe: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
     # The node whose device this is, on a database several nodes share (none: the only one).
@@ -176,6 +180,11 @@ class SplitSearch:
             # Nothing in range was reported: the phase starts again.
             log.warning("device %s: N=%d gave no finite throughput", self.device_key, self.split)
             self.phase_start = None
+            return
+        if self.probe is not None:
+            # Its trials compute, yet none showed its memory (a device that does not list it):
+            # the start's N is all there is to go by.
+            self.learned(why=f"no trial at N={self.probe} showed what it holds")
             return
         found = None if self.mixed else split_curve.implausible(self.curve, point, cores=self.cores)
         if found is not None:
@@ -292,6 +301,7 @@ class SplitSearch:
     def out_of_memory(self, *, session: Session, split: int) -> None:
         """A trial ran out of memory at N=`split`: that N and above are off the table."""
         self.oom_at = split if self.oom_at is None else min(self.oom_at, split)
+        self.probe = None
         self.curve = [p for p in self.curve if p.split < self.oom_at]
         self.decision = self.decide()
         self.phase_start = None
@@ -299,6 +309,15 @@ class SplitSearch:
             "device %s: out of memory at N=%d; %s", self.device_key, split, self.decision.reason
         )
         self.save(session=session)
+
+    def learned(self, *, why: str) -> None:
+        """The first wave told what a trial holds (`why`), or never will: the search goes on at
+        its start, within the ceiling memory now sets (its trials fill the wave's slices as
+        they free: placement budgets the wave's caps)."""
+        self.probe = None
+        self.phase_start = None
+        self.decision = self.decide()
+        log.info("device %s: %s; %s", self.device_key, why, self.decision.reason)
 
     def save(self, *, session: Session) -> None:
         """Store the curve, the decision and the limits memory set as this workload's profile
@@ -326,6 +345,13 @@ class SplitSearch:
         if self.oom_at == 1:
             return split_curve.Decision(
                 split=1, settled=True, reason="out of memory even alone: N=1"
+            )
+        if self.probe is not None:
+            why = f"learning what a trial holds at N={self.probe}"
+            return split_curve.Decision(
+                split=min(self.probe, self.ceiling),
+                settled=False,
+                reason=f"{why}; started at N={self.start}: {self.origin}",
             )
         decision = split_curve.next_split(
             self.curve,

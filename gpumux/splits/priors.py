@@ -2,8 +2,9 @@
 
 The workload's own profile on the device model (settled: its N; else its curve, from the lowest
 N it measured), else the newest settled profile of the same command and directory with other
-cost parameters (its N), else the device kind's guess. A profile also keeps the N that ran out
-of memory and a lowered ceiling, which the next search never climbs into.
+cost parameters (its N), else the device kind's guess, after a smaller first wave that learns
+what a trial holds where the guess is memory's (`SplitSearch.probe`). A profile also keeps the
+N that ran out of memory and a lowered ceiling, which the next search never climbs into.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class Prior:
     oom_at: int | None = None
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
+    # The guess's smaller first wave, which learns what a trial holds (FirstSplit.probe).
+    probe: int | None = None
 
 
 def resume_search(
@@ -88,6 +91,7 @@ def resume_search(
         start=prior.start,
         origin=prior.origin,
         lowered=prior.lowered,
+        probe=prior.probe,
     )
     if prior.settled is not None:
         search.decision = prior.settled
@@ -126,7 +130,7 @@ def find_prior(
         why = f"profile {similar.id} of a similar workload ({tokens})"
         return _start_at(Prior(ceiling=ceiling), similar.best_split, why)
     if guess is not None:
-        return _start_at(Prior(ceiling=ceiling), guess.split, guess.why)
+        return _guessed(Prior(ceiling=ceiling), guess)
     return Prior(ceiling=ceiling)
 
 
@@ -154,8 +158,16 @@ def _own_profile(
         lowest = min(point.split for point in prior.curve)
         return _start_at(prior, lowest, f"profile {profile.id} of this workload")
     if guess is not None:
-        return _start_at(prior, guess.split, guess.why)
+        return _guessed(prior, guess)
     return prior
+
+
+def _guessed(prior: Prior, guess: FirstSplit) -> Prior:
+    """Start at the guess, after its smaller first wave where it has one."""
+    started = _start_at(prior, guess.split, guess.why)
+    if guess.probe is None or not 1 <= guess.probe < started.start:
+        return started
+    return replace(started, probe=guess.probe)
 
 
 def _start_at(prior: Prior, split: int, origin: str) -> Prior:

@@ -204,6 +204,9 @@ class SplitSearches:
                 why=f"memory leaves room for at most {bound} trials",
                 keep=kind_of(snapshot).stable_ceiling,
             )
+        if snapshot is not None and search.probe is not None and max(held, default=0) > CONTEXT_MB:
+            # The first wave's trials hold more than a CUDA context: they allocated.
+            self._learn(search, snapshot, held=max(held))
         search.observe(
             session=session,
             now=now,
@@ -223,6 +226,18 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
 
+    def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
+        """The first wave showed what a trial holds: the ceiling drops to what memory fits of
+        it, and the search goes on at its start within it."""
+        fit = self._fit(device, split=search.split, held=held)
+        if fit is not None and fit < search.ceiling:
+            search.lower_ceiling(
+                fit,
+                why=f"memory fits {fit} of the trials as the first wave's held it",
+                keep=kind_of(device).stable_ceiling,
+            )
+        search.learned(why=f"a trial at N={search.split} holds {held} MiB")
+
     def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,
         less a CUDA context (NVML's figure counts it; a slice caps the framework's allocations),
@@ -234,17 +249,25 @@ class SplitSearches:
         then ends at the N that fits, not in N that run out of memory; it still measures the
         steps below it, where a peak of the rate may lie (docs/benchmarks.md: a skip straight
         to the fit, tried and reverted)."""
+        fits = [
+            fit
+            for point in search.curve
+            if point.memory_per_trial_mb is not None
+            and (fit := self._fit(device, split=point.split, held=point.memory_per_trial_mb))
+            is not None
+        ]
+        return min(fits, default=None)
+
+    def _fit(self, device: DeviceSnapshot, *, split: int, held: float) -> int | None:
+        """The most trials whose slices hold what one trial held at N=`split`, never below it;
+        None where the device lists no memory per process or the trial took its whole slice."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
         overhead = self.overheads.for_device(device.key)
-        fits = [
-            max(point.split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
-            for point in search.curve
-            if (held := point.memory_per_trial_mb) is not None
-            and held < room // point.split - overhead
-        ]
-        return min(fits, default=None)
+        if held >= room // split - overhead:
+            return None
+        return max(split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:

@@ -393,6 +393,15 @@ def test_a_gpu_search_starts_at_a_quarter_of_what_the_smallest_slices_allow() ->
     assert kind.first_split(gpu(), 3, steps=STEPS, cores=64).split == 1, "a small card starts alone"
 
 
+def test_a_gpu_guess_from_memory_first_runs_half_of_it_and_one_from_the_cores_does_not() -> None:
+    kind = GpuKind()
+    # Memory's guess assumes what a trial holds: a wave of half of it shows what one does.
+    assert kind.first_split(gpu(), 62, steps=STEPS, cores=64).probe == 6
+    assert kind.first_split(gpu(), 12, steps=STEPS, cores=64).probe == 1
+    assert kind.first_split(gpu(), 3, steps=STEPS, cores=64).probe is None, "nothing below 1"
+    assert kind.first_split(gpu(), 400, steps=STEPS, cores=16).probe is None
+
+
 def test_a_gpu_search_starts_at_no_more_trials_than_the_host_has_cores() -> None:
     kind = GpuKind()
     # The H200 measured: its ceiling allowed 13 at a quarter, its host had 16 cores.

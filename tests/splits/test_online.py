@@ -43,7 +43,7 @@ def trial_id(sessions: Sessions, tmp_path: Path) -> int:
         return trial.id
 
 
-def search_of(sessions: Sessions) -> SplitSearch:
+def search_of(sessions: Sessions, guess: FirstSplit | None = None) -> SplitSearch:
     """The search of sweep 1's workload on the CPU device, as the daemon makes it."""
     with sessions.read() as session:
         sweep = sweep_store.get_sweep(session=session, sweep_id=1)
@@ -57,6 +57,7 @@ def search_of(sessions: Sessions) -> SplitSearch:
             param_tokens=sweep.param_tokens,
             ceiling=8,
             timing=TIMING,
+            guess=guess,
         )
 
 
@@ -427,6 +428,32 @@ def test_a_new_workload_starts_at_the_device_kinds_guess(sessions: Sessions) -> 
     assert search.split == 2 and not search.decision.settled
     assert search.decision.reason == "measuring N=2; started at N=2: the device's 2 cores"
     assert guessed(sessions, FirstSplit(split=20, why="many cores")).split == 8, "the ceiling"
+
+
+def test_a_first_wave_whose_trials_show_no_memory_is_no_point_and_the_start_follows(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    assert search.split == 3 and search.probe == 3
+    assert search.decision.reason == (
+        "learning what a trial holds at N=3; started at N=6: memory's guess"
+    )
+
+    # The first wave computes, yet the device never showed what a trial holds: its window
+    # is no point, and the guess's N follows.
+    run_phase(sessions, search, trial_id, utcnow(), 300.0)
+
+    assert search.probe is None and search.curve == []
+    assert search.split == 6 and not search.decision.settled, search.decision.reason
+
+
+def test_a_first_wave_that_runs_out_of_memory_backs_off_below_it(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = guessed(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    with sessions.write.begin() as session:
+        search.out_of_memory(session=session, split=3)
+    assert search.probe is None and search.split < 3, search.decision.reason
 
 
 def test_a_similar_workloads_settled_profile_is_the_start(sessions: Sessions) -> None:

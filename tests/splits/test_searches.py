@@ -24,7 +24,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.curve import Decision
 from gpumux.splits.online import SplitSearch
-from gpumux.splits.searches import SplitSearches
+from gpumux.splits.searches import CONTEXT_MB, SplitSearches
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
@@ -192,11 +192,12 @@ def test_twin_gpus_share_one_search_measured_on_one_of_them(
         splits = searches.searched_splits(session=session, sweep=sweep, devices=twins)
         on_few = few_cores.searched_splits(session=session, sweep=sweep, devices=twins)
     # 62 trials of 256 + 1024 MB fit in 79,488 MB: the largest step within a quarter of that,
-    # on a host of 64 cores; on one of 4, a trial per core.
-    assert splits == {"GPU-a": 13, "GPU-b": 13}
+    # on a host of 64 cores, after a first wave of half of it; on one of 4, a trial per core.
+    assert splits == {"GPU-a": 6, "GPU-b": 6}
     assert on_few == {"GPU-a": 4, "GPU-b": 4}
     (search,) = searches
     assert search.device_key == "GPU-a" and search.device_name == "NVIDIA H200"
+    assert search.start == 13
 
 
 def test_a_cpu_search_keeps_its_profile_per_model_and_cores(
@@ -285,6 +286,56 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     with sessions.read() as session:
         observe(searches, session, now=utcnow(), devices=[gpu], group_of=group_members({hog.pid}))
     assert search.peak_mb == 2500
+
+
+def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_fits(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    # More host cores than a quarter of the memory's ceiling: the guess is memory's.
+    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
+    starting = (GpuProcess(pid=hog.pid, used_memory_mb=CONTEXT_MB),)
+    gpu = device("GPU-a", "NVIDIA H100", "gpu", starting)
+    search = search_for(searches, sessions, auto_id, gpu)
+    guess = search.start
+    assert guess > 2 and search.curve == []
+    assert search.split == guess // 2, search.decision.reason
+    assert search.decision.reason.startswith(f"learning what a trial holds at N={guess // 2}")
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    group = group_members({hog.pid})
+
+    # Starting up, the trial holds no more than a CUDA context: nothing learnt yet.
+    with sessions.read() as session:
+        observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
+    assert search.split == guess // 2 and search.probe is not None
+
+    # It allocated: the slices of N=fit hold it, fewer than the guess; the search goes there
+    # without a point at the first wave's N.
+    room = TOTAL_MB - settings.reserve_mb
+    held = room // (guess - 1) + CONTEXT_MB - searches.overheads.for_device("GPU-a")
+    fit = room // (held - CONTEXT_MB + searches.overheads.for_device("GPU-a"))
+    assert guess // 2 < fit < guess
+    allocated = device(
+        "GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=held),)
+    )
+    with sessions.read() as session:
+        changed = observe(searches, session, now=utcnow(), devices=[allocated], group_of=group)
+    assert changed == [search]
+    assert search.probe is None and search.curve == []
+    assert search.ceiling == fit and search.split == fit, search.decision.reason
+    assert search.decision.reason.startswith(f"measuring N={fit}"), search.decision.reason
+
+
+def test_a_guess_from_the_hosts_cores_has_no_smaller_first_wave(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings.model_copy(update={"host_cores": 4}))
+    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H200", "gpu"))
+    assert search.probe is None and search.split == search.start == 4, search.decision.reason
 
 
 def test_without_the_device_listed_no_memory_is_measured(

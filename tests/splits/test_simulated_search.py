@@ -1,7 +1,8 @@
 """The split search through a real daemon on a simulated GPU: where memory, not the rate, bounds
-N it climbs to the N that fits and never into one that runs out; a start that runs out of
-memory backs off and every trial still succeeds; two workloads at auto share one device, each
-measured."""
+N it climbs to the N that fits and never into one that runs out; a guess from memory learns
+what a trial holds from a smaller first wave before its own runs out; a first wave that runs
+out of memory backs off and every trial still succeeds; two workloads at auto share one
+device, each measured."""
 
 from __future__ import annotations
 
@@ -120,11 +121,32 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
 
 
-def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
+def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
     daemon_of: Start, tmp_path: Path
 ) -> None:
-    # The device's guess (a quarter of what the smallest slices allow, 7: the step 5) is above
-    # the 4 that fit.
+    # The device's guess (a quarter of what the smallest slices allow, 7: the step 5) and its
+    # first wave (half of it, 2) are both above the one trial that fits.
+    shape = {"memory_mb": 40_000, "per_process_mb": 20_000, "context_mb": 728}
+    top = fits(**shape)
+    assert top == 1
+    client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
+
+    (trials,) = finished(
+        client, simulated_sweep(client, split="auto", trials=6, args=["--seconds=10"])
+    )
+
+    assert [t.status for t in trials] == ["succeeded"] * 6
+    assert ran_out(trials), "the first wave ran out of memory and its trials were requeued"
+    assert all(t.split is not None and t.split <= 2 for t in trials), "no wave at the guess"
+    profile = profile_of(client, ["--seconds=10"])
+    assert profile.oom_at is not None and profile.oom_at > top, profile.reason
+
+
+def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
+    daemon_of: Start, tmp_path: Path
+) -> None:
+    # As the simulated H100: the guess (5) is above the 4 that fit. Its first wave (half of it,
+    # 2) shows what a trial holds, and the N grows to the 4 that fit by adding trials.
     shape = {"memory_mb": 40_000, "per_process_mb": 8_500, "context_mb": 728}
     top = fits(**shape)
     assert top == 4
@@ -135,10 +157,13 @@ def test_a_start_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
     )
 
     assert [t.status for t in trials] == ["succeeded"] * 16
-    assert ran_out(trials), "the start ran out of memory and its trials were requeued"
-    assert all(t.split is not None and t.split <= top for t in trials)
+    # Seen failing before: the guess's wave of 5 ran out of memory.
+    assert ran_out(trials) == [], "no wave ran out of memory"
+    assert sum(t.split == 2 for t in trials) == 2, "only the first wave ran at half the guess"
     profile = profile_of(client, ["--seconds=20"])
-    assert profile.oom_at is not None and profile.oom_at > top, profile.reason
+    # The first wave is no point: the only one measured is at the fit.
+    assert [point.split for point in profile.curve] == [top], profile.reason
+    assert profile.settled and profile.best_split == top, profile.reason
 
 
 def test_two_workloads_at_auto_share_the_device_and_each_is_measured(daemon_of: Start) -> None:

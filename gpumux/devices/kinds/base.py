@@ -73,6 +73,10 @@ class FirstSplit:
 
     split: int
     why: str
+    # A smaller first wave that learns what a trial holds before the guess's wave (None: the
+    # guess is not memory's): where memory bounds N below the guess, the guess's wave would
+    # run out of memory at once, with the device idle through its start-up.
+    probe: int | None = None
 
 
 class DeviceKind(ABC):

@@ -81,14 +81,19 @@ class GpuKind(DeviceKind):
         trials out of memory before the search backs off. A quarter of it leaves each trial
         four times that slice. Each trial of a launch-bound network keeps a core busy
         dispatching kernels (on one H200 the knee came near its host's 16 cores): more trials
-        than cores wait for one. The search climbs from there when both allow.
+        than cores wait for one. The search climbs from there when both allow. A guess from
+        memory first runs half as many trials, which learn what a trial holds (`probe`).
         """
         memory = max(1, ceiling // 4)
         if cores <= memory:
             return FirstSplit(split=max(1, cores), why=f"the host's {cores} cores")
         split = max((step for step in steps if 1 <= step <= memory), default=1)
+        # A guess from memory assumes what a trial holds: half of it first, whose slices hold
+        # twice that, shows the trials' real memory before the guess's wave is launched.
         return FirstSplit(
-            split=split, why=f"a quarter of the N whose smallest slices fit on {device.name}"
+            split=split,
+            why=f"a quarter of the N whose smallest slices fit on {device.name}",
+            probe=split // 2 or None,
         )
 
     def room_mb(
