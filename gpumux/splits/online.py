@@ -80,6 +80,9 @@ class SplitSearch:
     # A first wave smaller than the start, whose trials show what one holds before the start's
     # wave is launched (a guess from memory); never a point: the start's trials follow it.
     probe: int | None = None
+    # That wave's N once it told: until a point is measured, what its trials hold may lower the
+    # ceiling further (a framework allocates over its first steps; the first reading is low).
+    probed: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
     # The node whose device this is, on a database several nodes share (none: the only one).
@@ -314,7 +317,7 @@ class SplitSearch:
         """The first wave told what a trial holds (`why`), or never will: the search goes on at
         its start, within the ceiling memory now sets (its trials fill the wave's slices as
         they free: placement budgets the wave's caps)."""
-        self.probe = None
+        self.probe, self.probed = None, self.probe
         self.phase_start = None
         self.decision = self.decide()
         log.info("device %s: %s; %s", self.device_key, why, self.decision.reason)
@@ -349,7 +352,10 @@ class SplitSearch:
         if self.probe is not None:
             why = f"learning what a trial holds at N={self.probe}"
             return split_curve.Decision(
-                split=min(self.probe, self.ceiling),
+                split=min(
+                    self.probe,
+                    split_curve.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at),
+                ),
                 settled=False,
                 reason=f"{why}; started at N={self.start}: {self.origin}",
             )

@@ -165,7 +165,8 @@ def _own_profile(
 def _guessed(prior: Prior, guess: FirstSplit) -> Prior:
     """Start at the guess, after its smaller first wave where it has one."""
     started = _start_at(prior, guess.split, guess.why)
-    if guess.probe is None or not 1 <= guess.probe < started.start:
+    if guess.probe is None or prior.oom_at is not None or not 1 <= guess.probe < started.start:
+        # No wave to learn from, or memory already told (the first wave itself ran out of it).
         return started
     return replace(started, probe=guess.probe)
 

@@ -204,8 +204,10 @@ class SplitSearches:
                 why=f"memory leaves room for at most {bound} trials",
                 keep=kind_of(snapshot).stable_ceiling,
             )
-        if snapshot is not None and search.probe is not None and max(held, default=0) > CONTEXT_MB:
-            # The first wave's trials hold more than a CUDA context: they allocated.
+        learning = search.probe is not None or (search.probed is not None and not search.curve)
+        if snapshot is not None and learning and max(held, default=0) > CONTEXT_MB:
+            # The first wave's trials hold more than a CUDA context: they allocated, and may
+            # still be allocating.
             self._learn(search, snapshot, held=max(held))
         search.observe(
             session=session,
@@ -228,15 +230,18 @@ class SplitSearches:
 
     def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
-        it, and the search goes on at its start within it."""
-        fit = self._fit(device, split=search.split, held=held)
+        it, and the search goes on at its start within it; until a point is measured, a larger
+        reading lowers the ceiling again."""
+        wave = search.probe or search.probed or search.split
+        fit = self._fit(device, split=wave, held=held)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
                 why=f"memory fits {fit} of the trials as the first wave's held it",
                 keep=kind_of(device).stable_ceiling,
             )
-        search.learned(why=f"a trial at N={search.split} holds {held} MiB")
+        if search.probe is not None:
+            search.learned(why=f"a trial at N={wave} holds {held} MiB")
 
     def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,

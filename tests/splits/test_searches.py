@@ -329,6 +329,53 @@ def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_f
     assert search.decision.reason.startswith(f"measuring N={fit}"), search.decision.reason
 
 
+def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
+    sessions: Sessions,
+    settings: Settings,
+    tmp_path: Path,
+    hog: subprocess.Popen[str],
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
+    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    guess = search.start
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    group = group_members({hog.pid})
+
+    def holding(mb: int) -> None:
+        gpu = device("GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=mb),))
+        with sessions.read() as session:
+            observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
+
+    # Its weights first (a real framework's first reading): memory fits more than the guess.
+    holding(CONTEXT_MB + 300)
+    assert search.probe is None and search.split == guess, search.decision.reason
+    # Then its activations and optimizer state: the ceiling drops to what fits of that.
+    room = TOTAL_MB - settings.reserve_mb
+    overhead = searches.overheads.for_device("GPU-a")
+    held = room // (guess - 1) + CONTEXT_MB - overhead
+    fit = room // (held - CONTEXT_MB + overhead)
+    assert guess // 2 < fit < guess
+    holding(held)
+    assert search.ceiling == fit and search.split == fit, search.decision.reason
+
+
+def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
+    gpu = device("GPU-a", "NVIDIA H100", "gpu")
+    search = search_for(searches, sessions, auto_id, gpu)
+    wave = search.split
+    assert search.probe == wave
+    with sessions.write.begin() as session:
+        search.out_of_memory(session=session, split=wave)
+    # A restarted daemon: the profile has no point, only the N that ran out of memory.
+    again = search_for(SplitSearches(searches.settings), sessions, auto_id, gpu)
+    assert again.probe is None and again.split < wave, again.decision.reason
+
+
 def test_a_guess_from_the_hosts_cores_has_no_smaller_first_wave(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:

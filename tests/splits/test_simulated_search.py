@@ -146,7 +146,7 @@ def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
     daemon_of: Start, tmp_path: Path
 ) -> None:
     # As the simulated H100: the guess (5) is above the 4 that fit. Its first wave (half of it,
-    # 2) shows what a trial holds, and the N grows to the 4 that fit by adding trials.
+    # 2) shows what a trial holds, and the N grows to the 4 that fit as its slices free.
     shape = {"memory_mb": 40_000, "per_process_mb": 8_500, "context_mb": 728}
     top = fits(**shape)
     assert top == 4
