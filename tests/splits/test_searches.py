@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -288,75 +289,80 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     assert search.peak_mb == 2500
 
 
-def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_fits(
-    sessions: Sessions,
-    settings: Settings,
-    tmp_path: Path,
-    hog: subprocess.Popen[str],
-) -> None:
+@dataclass
+class FirstWave:
+    """A search on an H100 whose guess is memory's, and the first trial of its first wave."""
+
+    sessions: Sessions
+    searches: SplitSearches
+    search: SplitSearch
+    trial: subprocess.Popen[str]
+    group: dict[int, int]
+
+    def holding(self, mb: int) -> list[SplitSearch]:
+        """The searches look at the H100 with the trial holding `mb`: those that changed."""
+        listed = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
+        gpu = device("GPU-a", "NVIDIA H100", "gpu", listed)
+        with self.sessions.read() as session:
+            return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=self.group)
+
+    def fit_below(self, guess: int) -> tuple[int, int]:
+        """What a trial holds (MiB) where fewer than the guess fit, yet more than its first
+        wave, and the N that fits."""
+        room = TOTAL_MB - self.searches.settings.reserve_mb
+        overhead = self.searches.overheads.for_device("GPU-a")
+        held = room // (guess - 1) + CONTEXT_MB - overhead
+        fit = room // (held - CONTEXT_MB + overhead)
+        assert guess // 2 < fit < guess
+        return held, fit
+
+
+@pytest.fixture
+def first_wave(
+    sessions: Sessions, settings: Settings, tmp_path: Path, hog: subprocess.Popen[str]
+) -> FirstWave:
+    """The auto sweep's search on an H100, its first trial running there as `hog`."""
     auto_id, _ = two_sweeps(sessions, tmp_path)
     # More host cores than a quarter of the memory's ceiling: the guess is memory's.
     searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
-    starting = (GpuProcess(pid=hog.pid, used_memory_mb=CONTEXT_MB),)
-    gpu = device("GPU-a", "NVIDIA H100", "gpu", starting)
-    search = search_for(searches, sessions, auto_id, gpu)
+    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    return FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
+
+
+def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_fits(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
     guess = search.start
     assert guess > 2 and search.curve == []
     assert search.split == guess // 2, search.decision.reason
     assert search.decision.reason.startswith(f"learning what a trial holds at N={guess // 2}")
-    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
-    group = group_members({hog.pid})
 
     # Starting up, the trial holds no more than a CUDA context: nothing learnt yet.
-    with sessions.read() as session:
-        observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
+    first_wave.holding(CONTEXT_MB)
     assert search.split == guess // 2 and search.probe is not None
 
     # It allocated: the slices of N=fit hold it, fewer than the guess; the search goes there
     # without a point at the first wave's N.
-    room = TOTAL_MB - settings.reserve_mb
-    held = room // (guess - 1) + CONTEXT_MB - searches.overheads.for_device("GPU-a")
-    fit = room // (held - CONTEXT_MB + searches.overheads.for_device("GPU-a"))
-    assert guess // 2 < fit < guess
-    allocated = device(
-        "GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=held),)
-    )
-    with sessions.read() as session:
-        changed = observe(searches, session, now=utcnow(), devices=[allocated], group_of=group)
-    assert changed == [search]
+    held, fit = first_wave.fit_below(guess)
+    assert first_wave.holding(held) == [search]
     assert search.probe is None and search.curve == []
     assert search.ceiling == fit and search.split == fit, search.decision.reason
     assert search.decision.reason.startswith(f"measuring N={fit}"), search.decision.reason
 
 
 def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
-    sessions: Sessions,
-    settings: Settings,
-    tmp_path: Path,
-    hog: subprocess.Popen[str],
+    first_wave: FirstWave,
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
-    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    search = first_wave.search
     guess = search.start
-    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
-    group = group_members({hog.pid})
-
-    def holding(mb: int) -> None:
-        gpu = device("GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=mb),))
-        with sessions.read() as session:
-            observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
-
     # Its weights first (a real framework's first reading): memory fits more than the guess.
-    holding(CONTEXT_MB + 300)
+    first_wave.holding(CONTEXT_MB + 300)
     assert search.probe is None and search.split == guess, search.decision.reason
     # Then its activations and optimizer state: the ceiling drops to what fits of that.
-    room = TOTAL_MB - settings.reserve_mb
-    overhead = searches.overheads.for_device("GPU-a")
-    held = room // (guess - 1) + CONTEXT_MB - overhead
-    fit = room // (held - CONTEXT_MB + overhead)
-    assert guess // 2 < fit < guess
-    holding(held)
+    held, fit = first_wave.fit_below(guess)
+    first_wave.holding(held)
     assert search.ceiling == fit and search.split == fit, search.decision.reason
 
 
