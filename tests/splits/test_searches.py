@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_plan
+from builders import launched, sweep_plan
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -117,11 +117,7 @@ def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int
     """The sweep's first trial runs on `device` as the process group `pgid`."""
     with sessions.write.begin() as session:
         trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.running, device=device
-        )
-        trial.pid = pgid
+        launched(session, trial, running=True, device=device, pid=pgid)
 
 
 @pytest.fixture
