@@ -113,6 +113,36 @@ def search_for(
         return searches.search(session=session, sweep=sweep, device=on)
 
 
+def following(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> tuple[int, SplitSearches, SplitSearch]:
+    """The auto sweep, the searches, and the sweep's search on the CPU, following the sweep."""
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings)
+    search = search_for(searches, sessions, auto_id, device())
+    search.sweep_id = auto_id
+    return auto_id, searches, search
+
+
+def sweep_over(
+    searches: SplitSearches,
+    sessions: Sessions,
+    sweep_id: int,
+    status: SweepStatus,
+    *,
+    on: DeviceSnapshot,
+) -> tuple[list[SplitSearch], list[SplitSearch]]:
+    """The sweep is over (`status`): the searches that changed at the next look at `on`, and
+    at the one after."""
+    with sessions.write.begin() as session:
+        sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
+        assert sweep is not None
+        sweep.status = status
+    with sessions.read() as session:
+        over = observe(searches, session, now=utcnow(), devices=[on], group_of={})
+        return over, observe(searches, session, now=utcnow(), devices=[on], group_of={})
+
+
 def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
     """The sweep's first trial runs on `device` as the process group `pgid`."""
     with sessions.write.begin() as session:
@@ -459,11 +489,8 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
 def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings)
+    auto_id, searches, search = following(sessions, settings, tmp_path)
     cpu = device()
-    search = search_for(searches, sessions, auto_id, cpu)
-    search.sweep_id = auto_id
     with sessions.read() as session:
         queued = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
     with sessions.write.begin() as session:
@@ -475,13 +502,7 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
         sweep.status = SweepStatus.running
     with sessions.read() as session:
         between = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-    with sessions.write.begin() as session:
-        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        sweep.status = SweepStatus.cancelled
-    with sessions.read() as session:
-        ended = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    ended, again = sweep_over(searches, sessions, auto_id, SweepStatus.cancelled, on=cpu)
 
     assert queued == between == [], "its trials wait, or its sweep goes on: nothing to say yet"
     assert ended == [search] and again == []
@@ -491,11 +512,8 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
 def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_sweep_is_over(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings)
+    auto_id, searches, search = following(sessions, settings, tmp_path)
     cpu = device()
-    search = search_for(searches, sessions, auto_id, cpu)
-    search.sweep_id = auto_id
     # Measured while its long trials ran: no trial had ended when the window closed.
     search.curve = [CurvePoint(split=2, throughput=10.0), CurvePoint(split=3, throughput=10.1)]
     search.decision = Decision(split=2, settled=True, reason="knee")
@@ -513,13 +531,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
             trial.started_at, trial.ended_at = started, started + timedelta(seconds=seconds)
     with sessions.read() as session:
         running = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-    with sessions.write.begin() as session:
-        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        sweep.status = SweepStatus.finished
-    with sessions.read() as session:
-        over = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    over, again = sweep_over(searches, sessions, auto_id, SweepStatus.finished, on=cpu)
 
     assert running == [], "its sweep goes on: its trials have not all ended"
     assert over == [search] and again == []
