@@ -43,7 +43,7 @@ from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import ReportBudget
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Sweep, token_hash
+from gpumux.storage.models import Sweep, Trial, token_hash
 
 
 def ample_budget() -> ReportBudget:
@@ -219,19 +219,20 @@ def trial_public(**fields: Any) -> TrialPublic:
     return TrialPublic.model_validate(values | fields)
 
 
+def launched(session: Session, trial: Trial, *, running: bool = False, **fields: Any) -> None:
+    """Record a queued trial as launched with `fields` (its device, slot, split, process group):
+    starting, or running once its command started (`running`)."""
+    lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting, **fields)
+    if running:
+        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+
+
 def stored_running_trial(session: Session, tmp_path: Path, **fields: Any) -> int:
     """The one trial of a stored sweep ranked by val_loss, running with the report token
     "secret" (and `fields`, e.g. its attempt); its id."""
     sweep = stored_sweep(session, tmp_path, 1, objective="val_loss:min")
     trial = trial_store.list_trials(session=session, sweep_id=sweep.id)[0][0]
-    lifecycle.set_trial_status(
-        session=session,
-        trial=trial,
-        status=TrialStatus.starting,
-        token_hash=token_hash("secret"),
-        **fields,
-    )
-    lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.running)
+    launched(session, trial, running=True, token_hash=token_hash("secret"), **fields)
     return trial.id
 
 

@@ -34,10 +34,9 @@ from gpumux.splits import curve as split_curve
 from gpumux.splits import window as split_window
 from gpumux.splits.mix import Mix
 from gpumux.splits.tail import settle_short
-from gpumux.splits.window import Timing, Window
+from gpumux.splits.window import Timing
 from gpumux.storage import profiles as profile_store
-from gpumux.storage import reports as report_store
-from gpumux.storage.models import Sweep, Trial
+from gpumux.storage.models import Trial
 from gpumux.storage.nodes import ThisNode
 from gpumux.throughput import SAMPLES_PER_S, SWEEP_ENDED, CurvePoint, ThroughputUnit
 
@@ -168,7 +167,23 @@ class SplitSearch:
 
     def _close(self, *, session: Session, now: datetime) -> None:
         """Measure the phase's window if it can close now: a point on the curve, the next N."""
-        window = self._window(session=session, now=now)
+        assert self.phase_start is not None
+        window, self.unit = split_window.phase_window(
+            session=session,
+            device=self.device_key,
+            split=self.split,
+            phase_start=self.phase_start,
+            now=now,
+            node_id=self.here.id,
+            fingerprint=self.fingerprint,
+            auto=self._sweeps,
+            unit=self.unit,
+            measured=bool(self.curve),
+            timing=self.timing,
+        )
+        if isinstance(window, split_window.NoGpu):
+            self._halt_without_gpu(window.trial)
+            return
         if window is None:
             return
         point, self.unit = split_window.measure(
@@ -227,9 +242,8 @@ class SplitSearch:
         )
 
     def _halt_without_gpu(self, trial: Trial) -> None:
-        """The workload's framework sees no GPU (a CPU-only build): its trials train on the
-        host's CPU, and their rates say nothing of the GPU. The search stops for the sweep at the
-        N it had; the next sweep of the workload measures again."""
+        """The workload's framework sees no GPU (`split_window.NoGpu`): the search stops for the
+        sweep at the N it had; the next sweep of the workload measures again."""
         self.phase_start = None
         self.halted = (
             f"unsettled: {trial.no_gpu} sees no GPU in trial {trial.id} (it trains on the CPU); "
@@ -372,48 +386,6 @@ class SplitSearch:
             decision, reason=f"{decision.reason}; started at N={self.start}: {self.origin}"
         )
 
-    def _window(self, *, session: Session, now: datetime) -> Window | None:
-        """The window to measure now (splits.window); None: not yet.
-
-        It opens the settle time after the phase began. The phase's trials are the workload's
-        trials under N running when it opened.
-        """
-        assert self.phase_start is not None
-        start = self.phase_start + self.timing.settle
-        if now - start < self.timing.window:
-            return None
-        on = report_store.trials_at_split(
-            session=session,
-            device=self.device_key,
-            split=self.split,
-            since=start,
-            node_id=self.here.id,
-        )
-        trials = [t for t in on if self._ours(t)]
-        unseen = next((t for t in trials if t.no_gpu is not None), None)
-        if unseen is not None:
-            self._halt_without_gpu(unseen)
-            return None
-        window, self.unit = split_window.read_window(
-            session=session,
-            trials=trials,
-            start=start,
-            now=now,
-            unit=self.unit,
-            measured=bool(self.curve),
-            timing=self.timing,
-        )
-        return window
-
-    def _ours(self, trial: Trial) -> bool:
-        """Whether the trial is of this workload in an auto sweep."""
-        sweep = trial.sweep
-        if sweep.id not in self._sweeps:
-            self._sweeps[sweep.id] = (
-                sweep.split is None and sweep_fingerprint(sweep) == self.fingerprint
-            )
-        return self._sweeps[sweep.id]
-
     def lower_ceiling(self, ceiling: int, *, why: str, keep: bool = True) -> None:
         """No N above `ceiling` will be tried (or kept): memory allows no more; `keep`: the
         profile keeps the ceiling, so that the next sweep of the workload stays under it."""
@@ -424,8 +396,3 @@ class SplitSearch:
         self.decision = self.decide()
         self.filling_since = None
         log.warning("device %s: %s; %s", self.device_key, why, self.decision.reason)
-
-
-def sweep_fingerprint(sweep: Sweep) -> str:
-    """The workload of a sweep: its directory, its command, and the parameters that cost."""
-    return split_curve.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)

@@ -22,9 +22,9 @@ from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
 from gpumux.splits.mix import Mix
-from gpumux.splits.online import SplitSearch, sweep_fingerprint
+from gpumux.splits.online import SplitSearch
 from gpumux.splits.priors import resume_search
-from gpumux.splits.window import Timing
+from gpumux.splits.window import Timing, sweep_fingerprint
 from gpumux.status import SweepStatus
 from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial

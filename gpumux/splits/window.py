@@ -1,11 +1,14 @@
-"""A phase's measuring window: when it closes, the per-trial rates in it, and the point it gives.
+"""A phase's measuring window, what the split search reads from the database: the phase's trials,
+when the window closes, the per-trial rates in it, and the point it gives.
 
-After N changes the device settles (`Timing.settle`), then a window opens. It closes once each
-trial of the phase has reported twice in it, half a window apart, or ended (scripts that report
-too rarely or nothing: once every one has ended). The device's throughput at N is N times the
-median trial's rate: samples/s, optimizer steps/s for PyTorch scripts that report no samples,
-completed trials/s for scripts that report neither (one unit per workload). Each point keeps the
-trials it was measured on and the spread of their rates: how sure it is.
+After N changes the device settles (`Timing.settle`), then a window opens over the phase's trials:
+the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`). It
+closes once each has reported twice in it, half a window apart, or ended (scripts that report
+too rarely or nothing: once every one has ended); one whose framework sees no GPU closes none
+(`NoGpu`). The device's throughput at N is N times the median trial's rate: samples/s,
+optimizer steps/s for PyTorch scripts that report no samples, completed trials/s for scripts that
+report neither (one unit per workload). Each point keeps the trials it was measured on and the
+spread of their rates: how sure it is.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from gpumux.splits import curve as split_curve
 from gpumux.storage import reports as report_store
-from gpumux.storage.models import Trial
+from gpumux.storage.models import Sweep, Trial
 from gpumux.throughput import (
     SAMPLES_PER_S,
     STEPS_PER_S,
@@ -45,6 +48,69 @@ class Window:
 
     rates: list[float]
     ended: list[Trial]
+
+
+@dataclass(frozen=True)
+class NoGpu:
+    """A trial of the phase whose framework sees no GPU (a CPU-only build): it trains on the
+    host's CPU, and its rates say nothing of the GPU."""
+
+    trial: Trial
+
+
+def phase_window(
+    *,
+    session: Session,
+    device: str,
+    split: int,
+    phase_start: datetime,
+    now: datetime,
+    node_id: int | None,
+    fingerprint: str,
+    auto: dict[int, bool],
+    unit: ThroughputUnit,
+    measured: bool,
+    timing: Timing,
+) -> tuple[Window | NoGpu | None, ThroughputUnit]:
+    """The window to measure now over the phase that began at `phase_start` on the device
+    (None: not yet), and the unit the workload is measured in from now on (`read_window`).
+
+    It opens the settle time after the phase began. The phase's trials are the workload's
+    (`fingerprint`) trials under N running when it opened, in auto sweeps; `auto` remembers
+    whether each sweep seen runs the workload at auto.
+    """
+    start = phase_start + timing.settle
+    if now - start < timing.window:
+        return None, unit
+    on = report_store.trials_at_split(
+        session=session, device=device, split=split, since=start, node_id=node_id
+    )
+    trials = [t for t in on if runs_workload(t.sweep, fingerprint=fingerprint, auto=auto)]
+    unseen = next((t for t in trials if t.no_gpu is not None), None)
+    if unseen is not None:
+        return NoGpu(trial=unseen), unit
+    return read_window(
+        session=session,
+        trials=trials,
+        start=start,
+        now=now,
+        unit=unit,
+        measured=measured,
+        timing=timing,
+    )
+
+
+def runs_workload(sweep: Sweep, *, fingerprint: str, auto: dict[int, bool]) -> bool:
+    """Whether the sweep runs the workload (`fingerprint`) at auto; `auto` remembers the answer
+    for each sweep seen."""
+    if sweep.id not in auto:
+        auto[sweep.id] = sweep.split is None and sweep_fingerprint(sweep) == fingerprint
+    return auto[sweep.id]
+
+
+def sweep_fingerprint(sweep: Sweep) -> str:
+    """The workload of a sweep: its directory, its command, and the parameters that cost."""
+    return split_curve.workload_fingerprint([sweep.workdir, *sweep.command], sweep.param_tokens)
 
 
 def read_window(

@@ -25,10 +25,10 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.server.daemon import embedded
 from gpumux.splits.curve import Decision
 from gpumux.splits.mix import Mix
-from gpumux.splits.online import SplitSearch, sweep_fingerprint
+from gpumux.splits.online import SplitSearch
 from gpumux.splits.priors import resume_search
 from gpumux.splits.searches import SplitSearches
-from gpumux.splits.window import Timing
+from gpumux.splits.window import Timing, sweep_fingerprint
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store

@@ -7,11 +7,12 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from builders import sweep_plan
+from builders import launched, sweep_plan
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -112,15 +113,41 @@ def search_for(
         return searches.search(session=session, sweep=sweep, device=on)
 
 
+def following(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> tuple[int, SplitSearches, SplitSearch]:
+    """The auto sweep, the searches, and the sweep's search on the CPU, following the sweep."""
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings)
+    search = search_for(searches, sessions, auto_id, device())
+    search.sweep_id = auto_id
+    return auto_id, searches, search
+
+
+def sweep_over(
+    searches: SplitSearches,
+    sessions: Sessions,
+    sweep_id: int,
+    status: SweepStatus,
+    *,
+    on: DeviceSnapshot,
+) -> tuple[list[SplitSearch], list[SplitSearch]]:
+    """The sweep is over (`status`): the searches that changed at the next look at `on`, and
+    at the one after."""
+    with sessions.write.begin() as session:
+        sweep = sweep_store.get_sweep(session=session, sweep_id=sweep_id)
+        assert sweep is not None
+        sweep.status = status
+    with sessions.read() as session:
+        over = observe(searches, session, now=utcnow(), devices=[on], group_of={})
+        return over, observe(searches, session, now=utcnow(), devices=[on], group_of={})
+
+
 def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
     """The sweep's first trial runs on `device` as the process group `pgid`."""
     with sessions.write.begin() as session:
         trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-        lifecycle.set_trial_status(
-            session=session, trial=trial, status=TrialStatus.running, device=device
-        )
-        trial.pid = pgid
+        launched(session, trial, running=True, device=device, pid=pgid)
 
 
 @pytest.fixture
@@ -288,75 +315,80 @@ def test_a_gpu_trial_is_measured_by_what_nvml_says_its_processes_hold(
     assert search.peak_mb == 2500
 
 
-def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_fits(
-    sessions: Sessions,
-    settings: Settings,
-    tmp_path: Path,
-    hog: subprocess.Popen[str],
-) -> None:
+@dataclass
+class FirstWave:
+    """A search on an H100 whose guess is memory's, and the first trial of its first wave."""
+
+    sessions: Sessions
+    searches: SplitSearches
+    search: SplitSearch
+    trial: subprocess.Popen[str]
+    group: dict[int, int]
+
+    def holding(self, mb: int) -> list[SplitSearch]:
+        """The searches look at the H100 with the trial holding `mb`: those that changed."""
+        listed = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
+        gpu = device("GPU-a", "NVIDIA H100", "gpu", listed)
+        with self.sessions.read() as session:
+            return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=self.group)
+
+    def fit_below(self, guess: int) -> tuple[int, int]:
+        """What a trial holds (MiB) where fewer than the guess fit, yet more than its first
+        wave, and the N that fits."""
+        room = TOTAL_MB - self.searches.settings.reserve_mb
+        overhead = self.searches.overheads.for_device("GPU-a")
+        held = room // (guess - 1) + CONTEXT_MB - overhead
+        fit = room // (held - CONTEXT_MB + overhead)
+        assert guess // 2 < fit < guess
+        return held, fit
+
+
+@pytest.fixture
+def first_wave(
+    sessions: Sessions, settings: Settings, tmp_path: Path, hog: subprocess.Popen[str]
+) -> FirstWave:
+    """The auto sweep's search on an H100, its first trial running there as `hog`."""
     auto_id, _ = two_sweeps(sessions, tmp_path)
     # More host cores than a quarter of the memory's ceiling: the guess is memory's.
     searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
-    starting = (GpuProcess(pid=hog.pid, used_memory_mb=CONTEXT_MB),)
-    gpu = device("GPU-a", "NVIDIA H100", "gpu", starting)
-    search = search_for(searches, sessions, auto_id, gpu)
+    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    return FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
+
+
+def test_a_guess_from_memory_first_runs_half_and_grows_to_what_the_trials_hold_fits(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
     guess = search.start
     assert guess > 2 and search.curve == []
     assert search.split == guess // 2, search.decision.reason
     assert search.decision.reason.startswith(f"learning what a trial holds at N={guess // 2}")
-    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
-    group = group_members({hog.pid})
 
     # Starting up, the trial holds no more than a CUDA context: nothing learnt yet.
-    with sessions.read() as session:
-        observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
+    first_wave.holding(CONTEXT_MB)
     assert search.split == guess // 2 and search.probe is not None
 
     # It allocated: the slices of N=fit hold it, fewer than the guess; the search goes there
     # without a point at the first wave's N.
-    room = TOTAL_MB - settings.reserve_mb
-    held = room // (guess - 1) + CONTEXT_MB - searches.overheads.for_device("GPU-a")
-    fit = room // (held - CONTEXT_MB + searches.overheads.for_device("GPU-a"))
-    assert guess // 2 < fit < guess
-    allocated = device(
-        "GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=held),)
-    )
-    with sessions.read() as session:
-        changed = observe(searches, session, now=utcnow(), devices=[allocated], group_of=group)
-    assert changed == [search]
+    held, fit = first_wave.fit_below(guess)
+    assert first_wave.holding(held) == [search]
     assert search.probe is None and search.curve == []
     assert search.ceiling == fit and search.split == fit, search.decision.reason
     assert search.decision.reason.startswith(f"measuring N={fit}"), search.decision.reason
 
 
 def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
-    sessions: Sessions,
-    settings: Settings,
-    tmp_path: Path,
-    hog: subprocess.Popen[str],
+    first_wave: FirstWave,
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
-    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    search = first_wave.search
     guess = search.start
-    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
-    group = group_members({hog.pid})
-
-    def holding(mb: int) -> None:
-        gpu = device("GPU-a", "NVIDIA H100", "gpu", (GpuProcess(pid=hog.pid, used_memory_mb=mb),))
-        with sessions.read() as session:
-            observe(searches, session, now=utcnow(), devices=[gpu], group_of=group)
-
     # Its weights first (a real framework's first reading): memory fits more than the guess.
-    holding(CONTEXT_MB + 300)
+    first_wave.holding(CONTEXT_MB + 300)
     assert search.probe is None and search.split == guess, search.decision.reason
     # Then its activations and optimizer state: the ceiling drops to what fits of that.
-    room = TOTAL_MB - settings.reserve_mb
-    overhead = searches.overheads.for_device("GPU-a")
-    held = room // (guess - 1) + CONTEXT_MB - overhead
-    fit = room // (held - CONTEXT_MB + overhead)
-    assert guess // 2 < fit < guess
-    holding(held)
+    held, fit = first_wave.fit_below(guess)
+    first_wave.holding(held)
     assert search.ceiling == fit and search.split == fit, search.decision.reason
 
 
@@ -457,11 +489,8 @@ def test_a_database_failure_in_a_search_fails_the_tick_instead_of_being_logged_a
 def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings)
+    auto_id, searches, search = following(sessions, settings, tmp_path)
     cpu = device()
-    search = search_for(searches, sessions, auto_id, cpu)
-    search.sweep_id = auto_id
     with sessions.read() as session:
         queued = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
     with sessions.write.begin() as session:
@@ -473,13 +502,7 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
         sweep.status = SweepStatus.running
     with sessions.read() as session:
         between = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-    with sessions.write.begin() as session:
-        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        sweep.status = SweepStatus.cancelled
-    with sessions.read() as session:
-        ended = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    ended, again = sweep_over(searches, sessions, auto_id, SweepStatus.cancelled, on=cpu)
 
     assert queued == between == [], "its trials wait, or its sweep goes on: nothing to say yet"
     assert ended == [search] and again == []
@@ -489,11 +512,8 @@ def test_a_sweep_that_ends_unsettled_leaves_its_search_saying_so(
 def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_sweep_is_over(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
-    auto_id, _ = two_sweeps(sessions, tmp_path)
-    searches = SplitSearches(settings)
+    auto_id, searches, search = following(sessions, settings, tmp_path)
     cpu = device()
-    search = search_for(searches, sessions, auto_id, cpu)
-    search.sweep_id = auto_id
     # Measured while its long trials ran: no trial had ended when the window closed.
     search.curve = [CurvePoint(split=2, throughput=10.0), CurvePoint(split=3, throughput=10.1)]
     search.decision = Decision(split=2, settled=True, reason="knee")
@@ -511,13 +531,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
             trial.started_at, trial.ended_at = started, started + timedelta(seconds=seconds)
     with sessions.read() as session:
         running = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-    with sessions.write.begin() as session:
-        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
-        assert sweep is not None
-        sweep.status = SweepStatus.finished
-    with sessions.read() as session:
-        over = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
-        again = observe(searches, session, now=utcnow(), devices=[cpu], group_of={})
+    over, again = sweep_over(searches, sessions, auto_id, SweepStatus.finished, on=cpu)
 
     assert running == [], "its sweep goes on: its trials have not all ended"
     assert over == [search] and again == []

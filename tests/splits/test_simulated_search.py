@@ -97,27 +97,42 @@ def ran_out(trials: list[TrialPublic]) -> list[str]:
     return [t.error for t in trials if t.error and "out of device memory" in t.error]
 
 
+def auto_sweep(
+    daemon_of: Start,
+    tmp_path: Path,
+    shape: dict[str, int],
+    *,
+    fit: int,
+    host_cores: int,
+    trials: int,
+    seconds: int,
+) -> tuple[list[TrialPublic], ProfilePublic]:
+    """A sweep at auto on a card of this shape (`model_file`), where `fit` trials fit at once:
+    its trials, every one of which succeeded, and the workload's profile."""
+    assert fits(**shape) == fit
+    client = daemon_of(model_file(tmp_path, **shape), host_cores=host_cores)
+    args = [f"--seconds={seconds}"]
+    (done,) = finished(client, simulated_sweep(client, split="auto", trials=trials, args=args))
+    assert [t.status for t in done] == ["succeeded"] * trials
+    return done, profile_of(client, args)
+
+
 def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     daemon_of: Start, tmp_path: Path
 ) -> None:
     # Slices of 7 hold a trial, of 8 do not; the rate would scale to 16. On 2 host cores the
-    # search starts at N=2, below the memory's bound.
+    # search starts at N=2, below the memory's bound. Enough trials for the climb's phases at
+    # 2, 3 and 5 and a wave at 7 on a loaded host.
+    top = 7
     shape = {"memory_mb": 60_000, "per_process_mb": 7_500, "context_mb": 728}
-    top = fits(**shape)
-    assert top == 7
-    client = daemon_of(model_file(tmp_path, **shape), host_cores=2)
-
-    # Enough trials for the climb's phases at 2, 3 and 5 and a wave at 7 on a loaded host.
-    (trials,) = finished(
-        client, simulated_sweep(client, split="auto", trials=30, args=["--seconds=20"])
+    trials, profile = auto_sweep(
+        daemon_of, tmp_path, shape, fit=top, host_cores=2, trials=30, seconds=20
     )
 
-    assert [t.status for t in trials] == ["succeeded"] * 30
     assert ran_out(trials) == [], "no N above what fits was tried"
     # The ascent's steps (a knee below the fit would show in them) reach the fit itself, and
     # the profile keeps it as the workload's ceiling.
     assert max(t.split or 0 for t in trials) == top
-    profile = profile_of(client, ["--seconds=20"])
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
 
 
@@ -126,19 +141,14 @@ def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds
 ) -> None:
     # The device's guess (a quarter of what the smallest slices allow, 7: the step 5) and its
     # first wave (half of it, 2) are both above the one trial that fits.
+    top = 1
     shape = {"memory_mb": 40_000, "per_process_mb": 20_000, "context_mb": 728}
-    top = fits(**shape)
-    assert top == 1
-    client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
-
-    (trials,) = finished(
-        client, simulated_sweep(client, split="auto", trials=6, args=["--seconds=10"])
+    trials, profile = auto_sweep(
+        daemon_of, tmp_path, shape, fit=top, host_cores=16, trials=6, seconds=10
     )
 
-    assert [t.status for t in trials] == ["succeeded"] * 6
     assert ran_out(trials), "the first wave ran out of memory and its trials were requeued"
     assert all(t.split is not None and t.split <= 2 for t in trials), "no wave at the guess"
-    profile = profile_of(client, ["--seconds=10"])
     assert profile.oom_at is not None and profile.oom_at > top, profile.reason
 
 
@@ -147,20 +157,15 @@ def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
 ) -> None:
     # As the simulated H100: the guess (5) is above the 4 that fit. Its first wave (half of it,
     # 2) shows what a trial holds, and the N grows to the 4 that fit as its slices free.
+    top = 4
     shape = {"memory_mb": 40_000, "per_process_mb": 8_500, "context_mb": 728}
-    top = fits(**shape)
-    assert top == 4
-    client = daemon_of(model_file(tmp_path, **shape), host_cores=16)
-
-    (trials,) = finished(
-        client, simulated_sweep(client, split="auto", trials=16, args=["--seconds=20"])
+    trials, profile = auto_sweep(
+        daemon_of, tmp_path, shape, fit=top, host_cores=16, trials=16, seconds=20
     )
 
-    assert [t.status for t in trials] == ["succeeded"] * 16
     # Seen failing before: the guess's wave of 5 ran out of memory.
     assert ran_out(trials) == [], "no wave ran out of memory"
     assert sum(t.split == 2 for t in trials) == 2, "only the first wave ran at half the guess"
-    profile = profile_of(client, ["--seconds=20"])
     # The first wave is no point: the only one measured is at the fit.
     assert [point.split for point in profile.curve] == [top], profile.reason
     assert profile.settled and profile.best_split == top, profile.reason

@@ -27,7 +27,7 @@ from gpumux.server.api.deps import (
     refuse_unless_owner,
 )
 from gpumux.server.api.responses import AUTHENTICATED, WRITES, problems
-from gpumux.splits.online import sweep_fingerprint
+from gpumux.splits.window import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import backlog
 from gpumux.storage import owners as owner_store

@@ -10,14 +10,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from builders import planned, sweep_in
+from builders import launched, planned, sweep_in
 
 from gpumux.config import Settings
 from gpumux.devices.probes import CpuProbe, DeviceProbe
 from gpumux.grammar import sweepspec
 from gpumux.scheduling.loop import Scheduler
-from gpumux.status import SweepStatus, TrialStatus
-from gpumux.storage import lifecycle
+from gpumux.status import SweepStatus
 from gpumux.storage import owners as owner_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -74,14 +73,7 @@ class Harness:
         """Record the sweep's first trial as running as `pid`, as a dead daemon leaves it."""
         with self.sessions.write.begin() as session:
             trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-            lifecycle.set_trial_status(
-                session=session,
-                trial=trial,
-                status=TrialStatus.running,
-                pid=pid,
-                pid_started=started,
-            )
+            launched(session, trial, running=True, pid=pid, pid_started=started)
 
     def cancel(self, sweep_id: int) -> None:
         with self.sessions.write.begin() as session:

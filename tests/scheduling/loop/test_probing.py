@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,43 @@ async def ticks_until(scheduler: Scheduler, condition: Callable[[], bool], what:
 
 def idle_gpu(uuid: str) -> ScriptedGpu:
     return ScriptedGpu(name=H100_NAME, uuid=uuid, total_mb=H100_MB, used_mb=0, utilization_pct=0)
+
+
+@dataclass(frozen=True)
+class InTurn:
+    """A sweep of two trials at N=1 on one idle scripted GPU, each running until `flag` exists."""
+
+    harness: Harness
+    gpu: ScriptedGpu
+    sweep_id: int
+    flag: Path
+
+    def started(self) -> Trial | None:
+        """The trial running now with its process started, if one is."""
+        trials = self.harness.trials(self.sweep_id)
+        return next((t for t in trials if t.status == TrialStatus.running and t.pid), None)
+
+
+def in_turn(
+    settings: Settings, sessions: Sessions, tmp_path: Path, *, uuid: str, poll_interval: float
+) -> InTurn:
+    """Two trials in turn on the GPU `uuid`, probed every `poll_interval`."""
+    gpu = idle_gpu(uuid)
+    probing = settings.model_copy(update={"poll_interval": poll_interval})
+    harness = Harness(probing, sessions, tmp_path, probe=NvmlProbe(ScriptedNvml([gpu])))
+    flag = tmp_path / "release"
+    sweep_id = harness.submit(
+        "x=1,2", command=[sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)], split=1
+    )
+    return InTurn(harness, gpu, sweep_id, flag)
+
+
+def assert_same_slice(first: Trial, second: Trial) -> None:
+    """The second trial, placed while the first's process was still listed, got the first's
+    slice: that process is ours, not another user's memory."""
+    assert first.memory_limit_mb is not None
+    assert second.status is not TrialStatus.queued
+    assert second.memory_limit_mb == first.memory_limit_mb
 
 
 def test_on_gpus_each_trial_gets_its_gpu_and_a_slice_that_respects_foreign_memory(
@@ -174,25 +212,14 @@ def test_a_trial_that_ended_since_the_last_probe_does_not_shrink_the_next_slice(
 ) -> None:
     # Probes far apart, so that the next trial is placed on the snapshot that still lists the
     # one that just ended (a real daemon probes every poll interval, and an exit wakes it now).
-    slow = settings.model_copy(update={"poll_interval": 5.0})
-    gpu = ScriptedGpu(
-        name=H100_NAME, uuid="GPU-ended-since-probe", total_mb=H100_MB, used_mb=0, utilization_pct=0
-    )
-    nvml = ScriptedNvml([gpu])
-    harness = Harness(slow, sessions, tmp_path, probe=NvmlProbe(nvml))
-    flag = tmp_path / "release"
-    sweep_id = harness.submit(
-        "x=1,2", command=[sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)], split=1
-    )
-
-    def running() -> Trial | None:
-        return next((t for t in harness.trials(sweep_id) if t.status == TrialStatus.running), None)
+    turn = in_turn(settings, sessions, tmp_path, uuid="GPU-ended-since-probe", poll_interval=5.0)
+    harness, gpu = turn.harness, turn.gpu
 
     async def scenario() -> int:
         stop = asyncio.Event()
         task = asyncio.create_task(harness.scheduler.run(stop))
-        await until(lambda: (t := running()) is not None and t.pid is not None, "a trial to run")
-        first = running()
+        await until(lambda: turn.started() is not None, "a trial to run")
+        first = turn.started()
         assert first is not None and first.pid is not None
         gpu.processes = [ScriptedProcess(pid=first.pid, used_mb=20000)]
         gpu.used_mb = 20000
@@ -202,20 +229,21 @@ def test_a_trial_that_ended_since_the_last_probe_does_not_shrink_the_next_slice(
         )
         # From here NVML no longer lists it, as once it ends; the cached snapshot still does.
         gpu.processes, gpu.used_mb = [], 0
-        flag.touch()
-        await until(lambda: harness.sweep_status(sweep_id) == SweepStatus.finished, "the sweep")
+        turn.flag.touch()
+        await until(
+            lambda: harness.sweep_status(turn.sweep_id) == SweepStatus.finished, "the sweep"
+        )
         stop.set()
         await task
         return first.id
 
     first_id = asyncio.run(scenario())
-    (first,) = (t for t in harness.trials(sweep_id) if t.id == first_id)
-    (second,) = (t for t in harness.trials(sweep_id) if t.id != first_id)
+    (first,) = (t for t in harness.trials(turn.sweep_id) if t.id == first_id)
+    (second,) = (t for t in harness.trials(turn.sweep_id) if t.id != first_id)
     assert first.status == second.status == TrialStatus.succeeded
-    # Alone on the device, each trial gets the same slice: the first's process, listed in the
-    # snapshot the second was placed on, is ours, not another user's 20,000 MiB.
-    assert first.memory_limit_mb is not None
-    assert second.memory_limit_mb == first.memory_limit_mb
+    # Alone on the device, each trial gets the same slice: the first's process was listed in
+    # the snapshot the second was placed on (20,000 MiB).
+    assert_same_slice(first, second)
 
 
 def test_a_worker_that_ended_between_the_probe_and_the_scan_does_not_shrink_the_next_slice(
@@ -255,10 +283,8 @@ def test_a_worker_that_ended_between_the_probe_and_the_scan_does_not_shrink_the_
 
     first, second = asyncio.run(scenario())
     # Alone on the device but for the first trial, the second gets the same half: the worker
-    # that ended is the first trial's, not another user's 4,000 MiB.
-    assert first.memory_limit_mb is not None
-    assert second.status is not TrialStatus.queued
-    assert second.memory_limit_mb == first.memory_limit_mb
+    # that ended is the first trial's (4,000 MiB).
+    assert_same_slice(first, second)
 
 
 def test_a_trial_reaped_in_the_tick_that_probes_does_not_shrink_the_next_slice(
@@ -266,37 +292,25 @@ def test_a_trial_reaped_in_the_tick_that_probes_does_not_shrink_the_next_slice(
 ) -> None:
     # A probe at every tick: the tick that reaps the first trial probes, and the snapshot still
     # lists the first trial's process (NVML lists a process a moment after it ends).
-    eager = settings.model_copy(update={"poll_interval": 1e-9})
-    gpu = idle_gpu("GPU-reaped-then-probed")
-    harness = Harness(eager, sessions, tmp_path, probe=NvmlProbe(ScriptedNvml([gpu])))
-    flag = tmp_path / "release"
-    sweep_id = harness.submit(
-        "x=1,2", command=[sys.executable, str(FIXTURES / "wait_for_file.py"), str(flag)], split=1
-    )
-
-    def running() -> Trial | None:
-        return next((t for t in harness.trials(sweep_id) if t.status == TrialStatus.running), None)
+    turn = in_turn(settings, sessions, tmp_path, uuid="GPU-reaped-then-probed", poll_interval=1e-9)
+    harness, gpu = turn.harness, turn.gpu
 
     async def scenario() -> tuple[Trial, Trial]:
         scheduler = harness.scheduler
-        await ticks_until(
-            scheduler, lambda: (t := running()) is not None and t.pid is not None, "a trial to run"
-        )
-        first = running()
+        await ticks_until(scheduler, lambda: turn.started() is not None, "a trial to run")
+        first = turn.started()
         assert first is not None and first.pid is not None
         gpu.processes, gpu.used_mb = [ScriptedProcess(pid=first.pid, used_mb=20000)], 20000
         await scheduler.tick()
-        flag.touch()
+        turn.flag.touch()
         assert wait_gone([supervisor_pid(harness.scheduler.settings, first)]) == []
         # This tick reaps the first trial, then probes: the snapshot still lists its process.
         await scheduler.tick()
-        (second,) = (t for t in harness.trials(sweep_id) if t.id != first.id)
+        (second,) = (t for t in harness.trials(turn.sweep_id) if t.id != first.id)
         gpu.processes, gpu.used_mb = [], 0
         await scheduler.run_until_idle()
         return first, second
 
     first, second = asyncio.run(scenario())
-    assert first.memory_limit_mb is not None
-    assert second.status is not TrialStatus.queued
-    assert second.memory_limit_mb == first.memory_limit_mb
-    assert {t.status for t in harness.trials(sweep_id)} == {TrialStatus.succeeded}
+    assert_same_slice(first, second)
+    assert {t.status for t in harness.trials(turn.sweep_id)} == {TrialStatus.succeeded}

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from builders import bearer, served, stored_sweep
+from builders import bearer, launched, served, stored_sweep
 from pydantic import ConfigDict
 
 from gpumux.config import Settings
@@ -82,14 +82,7 @@ def launch(sessions: Sessions, trial_id: int, device: str, slot: int, split: int
     with sessions.write.begin() as session:
         trial = trial_store.get_trial(session=session, trial_id=trial_id)
         assert trial is not None
-        lifecycle.set_trial_status(
-            session=session,
-            trial=trial,
-            status=TrialStatus.starting,
-            device=device,
-            slot=slot,
-            split=split,
-        )
+        launched(session, trial, device=device, slot=slot, split=split)
 
 
 @pytest.fixture
