@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from builders import bearer, cpu_snapshot, daemon_bearer, sweep_plan
+from builders import bearer, cpu_snapshot, daemon_bearer, launched, sweep_plan
 from ports import free_port
 
 from gpumux.config import Settings
@@ -30,7 +30,6 @@ from gpumux.splits.priors import resume_search
 from gpumux.splits.searches import SplitSearches
 from gpumux.splits.window import Timing, sweep_fingerprint
 from gpumux.status import TrialStatus
-from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import sweeps as sweep_store
@@ -225,10 +224,7 @@ def test_two_workloads_on_one_device_both_keep_searching(
     with sessions.write.begin() as session:
         for sweep_id in (first, second):
             trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-            lifecycle.set_trial_status(session=session, trial=trial, status=TrialStatus.starting)
-            lifecycle.set_trial_status(
-                session=session, trial=trial, status=TrialStatus.running, device="cpu"
-            )
+            launched(session, trial, running=True, device="cpu")
             trial.split, trial.started_at = 2, start
             session.add_all(reports(trial, start, range(1, look + 1), 40.0))
     for search in searches:

@@ -186,10 +186,7 @@ def test_another_sweep_holding_the_device_never_lowers_the_searchs_ceiling(
         }
     with sessions.write.begin() as session:
         (other,) = trial_store.list_trials(session=session, sweep_id=fixed_id)[0]
-        lifecycle.set_trial_status(session=session, trial=other, status=TrialStatus.starting)
-        lifecycle.set_trial_status(
-            session=session, trial=other, status=TrialStatus.running, device="cpu"
-        )
+        launched(session, other, running=True, device="cpu")
     (search,) = searches
     ceiling = search.ceiling
     now = utcnow()
