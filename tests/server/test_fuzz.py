@@ -233,6 +233,12 @@ def _config(daemon: ConfinedDaemon, directory: Path) -> Path:
     lines = [
         f"headers = {{ Authorization = {json.dumps('Bearer ' + str(daemon_token(daemon.home)))} }}",
         f"hooks = {json.dumps(str(HOOKS))}",
+        # A body over GPUMUX_MAX_BODY_BYTES is refused unparsed with a documented 413, whether
+        # its content breaks the schema (schemathesis's default statuses for that leave 413 out)
+        # or keeps it (a schema-valid sweep may hold more than 1 MiB of strings).
+        "checks.negative_data_rejection.expected-statuses = "
+        '["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", '
+        '"5xx"]',
     ]
     # A sweep's rules across fields (a range's low end below its high end, a {name} that names a
     # parameter, a grid under GPUMUX_MAX_GRID, a pruner with an objective) are more than JSON
@@ -244,7 +250,7 @@ def _config(daemon: ConfinedDaemon, directory: Path) -> Path:
             "[[operations]]",
             f'include-name = "{operation}"',
             'checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "409", '
-            '"422", "429"]',
+            '"413", "422", "429"]',
         ]
     path = directory / "schemathesis.toml"
     path.touch(mode=0o600)
