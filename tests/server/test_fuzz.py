@@ -258,6 +258,13 @@ def _config(daemon: ConfinedDaemon, directory: Path) -> Path:
     return path
 
 
+def _text(output: str | bytes | None) -> str:
+    """A stuck run's output as far as it got (subprocess gives it as bytes once it timed out)."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
 def _failures(output: str) -> str:
     """Schemathesis's failures (each with its curl reproduction) and summary, else its tail."""
     found = re.search(r"^=+ FAILURES =+$", output, re.MULTILINE)
@@ -305,11 +312,19 @@ def test_the_api_keeps_its_schema_under_fuzzing(
     env = {**os.environ, "COLUMNS": "120"}
     if daemon.confinement.account is not None:
         env[RUN_COMMANDS] = "1"  # the hooks leave commands as fuzzed
-    done = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
     again = f"pytest tests/server/test_fuzz.py -k {seeded}"
     replay = again if seeded == "fixed-seed" else f"{SEED_VARIABLE}={seed} {again}"
+    try:
+        done = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as stuck:
+        pytest.fail(
+            f"schemathesis ran past {RUN_TIMEOUT_S} s with seed {seed} (replay: {replay}); "
+            f"its last output:\n{_text(stuck.stdout)[-2000:]}\n{_text(stuck.stderr)[-2000:]}\n"
+            f"daemon:\n{daemon.log_tail()}",
+            pytrace=False,
+        )
     found = done.returncode  # named, so that pytest does not print the whole output twice
     assert found == 0, (
         f"schemathesis found failures with seed {seed} (replay: {replay}); "
