@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Query, Request, status
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from gpumux.config import Settings
@@ -57,9 +57,18 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_read_session(state: StateDep) -> Iterator[Session]:
-    with state.sessions.read() as session:
+def get_read_session(state: StateDep) -> Generator[Session, None, None]:
+    session = state.sessions.read()
+    try:
         yield session
+    finally:
+        try:
+            session.close()
+        except DBAPIError as error:
+            # Closing rolls back: a server gone since the session's query fails that too, after
+            # the request's answer (a 503 where the query failed). A read loses nothing by it.
+            if not state.sessions.dialect.is_unreachable(error):
+                raise
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session)]

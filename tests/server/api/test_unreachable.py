@@ -12,9 +12,11 @@ import httpx
 import pytest
 from builders import bearer, problem, served, sweep_body
 from postgres import Cluster, throwaway_cluster
+from sqlalchemy import text
 
 from gpumux.config import Settings
 from gpumux.server.api import create_app
+from gpumux.server.api.deps import get_read_session
 from gpumux.server.api.errors import RETRY_AFTER_S
 from gpumux.storage.engine import make_engine, make_sessions
 from gpumux.storage.migrate import upgrade
@@ -90,3 +92,31 @@ def test_reads_and_writes_answer_503_not_500_while_the_server_is_away(
     assert listed.status_code == 200, listed.text
     # The write refused while the server was away stored nothing.
     assert listed.json()["data"] == []
+
+
+@pytest.mark.parametrize("ended", ["answered", "failed"])
+def test_a_read_session_whose_server_went_away_closes_without_a_second_error(
+    own_cluster: Cluster, halted: Cluster, tmp_path: Path, ended: str
+) -> None:
+    """A request's read session closes after its answer: a server gone since its query makes
+    that close's rollback fail, which must neither replace the request's own error nor raise
+    past an answer already given (uvicorn logged it as an exception in the application)."""
+    url = own_cluster.url(own_cluster.create_database())
+    engine = make_engine(url)
+    upgrade(engine)
+    sessions = make_sessions(engine)
+    app = create_app(settings=Settings(home=tmp_path / "home", database_url=url), sessions=sessions)
+    reading = get_read_session(app.state.gpumux)
+    try:
+        next(reading).execute(text("SELECT 1"))
+        halted.halt()
+        if ended == "answered":
+            with pytest.raises(StopIteration):
+                next(reading)
+        else:
+            failure = RuntimeError("the request failed")
+            with pytest.raises(RuntimeError) as raised:
+                reading.throw(failure)
+            assert raised.value is failure
+    finally:
+        engine.dispose()
