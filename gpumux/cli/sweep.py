@@ -27,6 +27,7 @@ from gpumux.grammar import sweepfile
 from gpumux.grammar.sweepplan import Objective, parse_objective
 from gpumux.schemas.sweeps import SweepCreate, SweepDetail
 from gpumux.schemas.trials import TrialPublic
+from gpumux.search import planning
 from gpumux.status import SweepStatus, TrialStatus
 
 NO_COMMAND = (
@@ -179,9 +180,6 @@ def build_sweep(
     except ValidationError as error:
         message = validation_message(error, lambda field: OPTION_NAMES.get(field, field))
         raise CliError(message, EXIT_USAGE) from error
-    # Imported here: planning imports Optuna (0.4 s), which no other command needs.
-    from gpumux.search import planning
-
     try:
         planning.check_sweep(sweep_in)
     except planning.PlanError as error:

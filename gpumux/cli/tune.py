@@ -36,6 +36,7 @@ from gpumux.home.layout import Layout
 from gpumux.home.lockfile import DaemonError
 from gpumux.schemas.devices import DevicePublic
 from gpumux.schemas.sweeps import SweepCreate
+from gpumux.search import planning
 from gpumux.splits.curve import SEQUENCE
 
 DEFAULT_SPLITS = tuple(n for n in SEQUENCE if n <= 8)
@@ -119,9 +120,6 @@ def build_rounds(
         except ValidationError as error:
             message = validation_message(error, lambda field: OPTION_NAMES.get(field, field))
             raise CliError(message, EXIT_USAGE) from error
-    # Imported here: planning imports Optuna (0.4 s), which most commands never need.
-    from gpumux.search import planning
-
     try:
         # Before a daemon of tune's own starts: a `{name}` no parameter fills, say.
         planning.check_sweep(sweeps[0])

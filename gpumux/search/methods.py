@@ -7,6 +7,7 @@ gpumux's own choices. Each refusal says what is wrong and what to write instead.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import types
@@ -14,17 +15,7 @@ import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-import optuna
-from optuna.exceptions import ExperimentalWarning
-from optuna.pruners import (
-    BasePruner,
-    HyperbandPruner,
-    MedianPruner,
-    NopPruner,
-    SuccessiveHalvingPruner,
-)
-from optuna.samplers import BaseSampler
+from typing import TYPE_CHECKING
 
 from gpumux.fields import MAX_COUNT
 from gpumux.grammar.searchspec import (
@@ -42,20 +33,14 @@ from gpumux.search.space import distributions_of
 from gpumux.status import SearchMethod
 from gpumux.text import first_line, quoted
 
-PRUNERS: dict[str, type[BasePruner]] = {
-    "median": MedianPruner,
-    "asha": SuccessiveHalvingPruner,
-    "hyperband": HyperbandPruner,
-}
+if TYPE_CHECKING:
+    from optuna.pruners import BasePruner
+    from optuna.samplers import BaseSampler
+
+# The pruners' names, known without Optuna: a sweep that names none never imports it.
+PRUNER_NAMES = ("median", "asha", "hyperband")
 NO_PRUNING = "none"
 PRUNE_FORMS = "none, median, asha or hyperband, options after a colon: asha:reduction_factor=3"
-# Each takes a seed and keyword options: called as such, not as BaseSampler.
-SAMPLERS: dict[SearchMethod, Callable[..., BaseSampler]] = {
-    SearchMethod.tpe: optuna.samplers.TPESampler,
-    SearchMethod.gp: optuna.samplers.GPSampler,
-    SearchMethod.cmaes: optuna.samplers.CmaEsSampler,
-    SearchMethod.qmc: optuna.samplers.QMCSampler,
-}
 # Options a sweep sets otherwise: the seed is --seed (a restart reseeds from it).
 _NOT_OPTIONS = frozenset({"self", "seed"})
 _BUILTINS: dict[str, type] = {
@@ -68,7 +53,40 @@ _BUILTINS: dict[str, type] = {
 # A sampler's numpy random state takes a 32-bit seed.
 SEED_MODULUS = 2**32
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+@functools.cache
+def load_optuna() -> None:
+    """Import Optuna, its INFO lines silenced: called before anything of Optuna's that logs (a
+    study, a sampler, a pruner). Optuna is imported only where a sweep uses it, never at the top
+    of a module: with numpy it costs 0.3 s of CPU that the daemon's start, a grid or random
+    sweep and most commands never need."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@functools.cache
+def pruners() -> dict[str, type[BasePruner]]:
+    """The pruner of each of PRUNER_NAMES."""
+    load_optuna()
+    from optuna.pruners import HyperbandPruner, MedianPruner, SuccessiveHalvingPruner
+
+    return {"median": MedianPruner, "asha": SuccessiveHalvingPruner, "hyperband": HyperbandPruner}
+
+
+@functools.cache
+def samplers() -> dict[SearchMethod, Callable[..., BaseSampler]]:
+    """The sampler of each adaptive method; each takes a seed and keyword options: called as
+    such, not as BaseSampler."""
+    load_optuna()
+    from optuna.samplers import CmaEsSampler, GPSampler, QMCSampler, TPESampler
+
+    return {
+        SearchMethod.tpe: TPESampler,
+        SearchMethod.gp: GPSampler,
+        SearchMethod.cmaes: CmaEsSampler,
+        SearchMethod.qmc: QMCSampler,
+    }
 
 
 @dataclass(frozen=True)
@@ -89,9 +107,9 @@ def parse_prune(text: str) -> PruneSpec | None:
     name = text.strip().partition(":")[0].strip().lower()
     if name == NO_PRUNING and ":" not in text:
         return None
-    if name not in PRUNERS:
+    if name not in PRUNER_NAMES:
         raise SearchError(f"unknown pruner {name!r}; use {PRUNE_FORMS}")
-    example = f"{_option_names(PRUNERS[name])[0]}=2"
+    example = f"{_option_names(pruners()[name])[0]}=2"
     _, options = split_spec(text, flag="pruner", example=example)
     return PruneSpec(name, options)
 
@@ -100,8 +118,11 @@ def make_pruner(spec: PruneSpec | None) -> BasePruner:
     """The Optuna pruner the spec names, or one that never prunes; SearchError for options it
     would refuse, now or at its first step."""
     if spec is None:
+        load_optuna()
+        from optuna.pruners import NopPruner
+
         return NopPruner()
-    cls = PRUNERS[spec.name]
+    cls = pruners()[spec.name]
     options = _checked_options(spec, cls)
     try:
         pruner = cls(**spec.options)
@@ -143,12 +164,15 @@ def make_sampler(
 ) -> BaseSampler:
     """A fresh Optuna sampler for an adaptive sweep of `budget` trials, seeded (replays what
     the sampler allows), with the sweep's checked options over gpumux's."""
-    if method not in SAMPLERS:
+    if not method.adaptive:
         raise SearchError(f"{method} is not chosen by a sampler as the sweep runs")
+    sampler = samplers()[method]
+    from optuna.exceptions import ExperimentalWarning
+
     with warnings.catch_warnings():
         # QMC and GP are marked experimental by Optuna; their use here is deliberate.
         warnings.simplefilter("ignore", ExperimentalWarning)
-        return SAMPLERS[method](
+        return sampler(
             seed=seed % SEED_MODULUS, **{**gpumux_defaults(method, budget=budget), **options}
         )
 
@@ -156,9 +180,9 @@ def make_sampler(
 def sampler_options(method: SearchMethod) -> dict[str, type]:
     """The options `--search METHOD:k=v` may set, each with its type: the sampler's
     constructor arguments that take a bool, a number or a text (not its seed, --seed's)."""
-    cls = SAMPLERS.get(method)
-    if cls is None:
+    if not method.adaptive:
         return {}
+    cls = samplers()[method]
     accepted: dict[str, type] = {}
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         kinds = {

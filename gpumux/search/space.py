@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from typing import TYPE_CHECKING
 
 from gpumux.grammar.sweepspec import Param, Value
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 
 def distribution_of(param: Param) -> BaseDistribution | None:
@@ -22,6 +19,14 @@ def distribution_of(param: Param) -> BaseDistribution | None:
     """
     if param.kind == "const":
         return None
+    # Imported here, not at the top: only an adaptive sweep and an export to Optuna need
+    # distributions (methods.load_optuna says why).
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
     if param.kind == "choice":
         return CategoricalDistribution(param.values)
     if param.points is not None:

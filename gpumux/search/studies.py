@@ -17,12 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import optuna
-from optuna.distributions import BaseDistribution
-from optuna.exceptions import ExperimentalWarning
-from optuna.storages import InMemoryStorage
-from optuna.trial import TrialState, create_trial
-
 from gpumux.grammar import sweepspec
 from gpumux.search import methods
 from gpumux.search.space import constants_of, distributions_of
@@ -37,6 +31,11 @@ from gpumux.storage import studies as study_store
 from gpumux.storage.models import Sweep, Trial
 
 if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
+    from optuna.storages import InMemoryStorage
+    from optuna.trial import TrialState
+
     # The transaction the caller hands in: search/ builds no query (pyproject.toml).
     from sqlalchemy.orm import Session
 
@@ -49,6 +48,9 @@ _SEED_STRIDE = 1_000_003
 def state_of(trial: Trial) -> TrialState:
     """The Optuna state of a stored trial: queued and running ones count as running (a
     sampler with a constant liar spreads its asks away from them)."""
+    # Optuna is imported where a study is built or used, never at the top (methods.load_optuna).
+    from optuna.trial import TrialState
+
     if trial.status is TrialStatus.succeeded:
         return TrialState.COMPLETE if trial.objective is not None else TrialState.FAIL
     if trial.status is TrialStatus.pruned:
@@ -110,6 +112,8 @@ class Studies:
             return None
         try:
             study = self._synced(session, sweep)
+            from optuna.exceptions import ExperimentalWarning
+
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 asked = study.study.ask(fixed_distributions=study.distributions)
@@ -249,6 +253,11 @@ class SamplerFailed(RuntimeError):
 
 def build(session: Session, sweep: Sweep) -> SweepStudy:
     """A sweep's study rebuilt from its stored trials, their steps and Optuna's state."""
+    methods.load_optuna()
+    import optuna
+    from optuna.storages import InMemoryStorage
+    from optuna.trial import TrialState
+
     params = sweepspec.parse_params(sweep.param_tokens)
     adaptive = sweep.search.adaptive
     # A pruner compares steps, not parameters: a grid's or a random sweep's study holds none.
@@ -308,6 +317,8 @@ def build(session: Session, sweep: Sweep) -> SweepStudy:
 
 
 def _frozen(study: SweepStudy, trial: Trial, steps: dict[int, float]) -> optuna.trial.FrozenTrial:
+    from optuna.trial import TrialState, create_trial
+
     state = state_of(trial)
     params = {name: trial.params[name] for name in study.distributions if name in trial.params}
     return create_trial(
@@ -323,6 +334,8 @@ def _frozen(study: SweepStudy, trial: Trial, steps: dict[int, float]) -> optuna.
 def _finish(session: Session, study: SweepStudy, trial: Trial) -> None:
     """Tell the study how a trial it holds as running ended, with every step its attempt
     reported (a short trial may report them all and end between two looks)."""
+    from optuna.trial import TrialState
+
     reports = study_store.step_reports(session=session, trials=[trial]).get(trial.id, [])
     for step, value in _by_step(reports, study.metric).items():
         study.storage.set_trial_intermediate_value(study.optuna_ids[trial.id], step, value)

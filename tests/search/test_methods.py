@@ -7,7 +7,15 @@ import optuna
 import pytest
 
 from gpumux.fields import MAX_COUNT
-from gpumux.search.methods import PruneSpec, SearchError, make_pruner, parse_prune
+from gpumux.search.methods import (
+    PRUNE_FORMS,
+    PRUNER_NAMES,
+    PruneSpec,
+    SearchError,
+    make_pruner,
+    parse_prune,
+    pruners,
+)
 
 
 def checked(text: str) -> PruneSpec:
@@ -79,3 +87,14 @@ def test_what_is_accepted_prunes_at_every_step_a_trial_can_report(text: str) -> 
 
 def test_a_whole_number_written_as_a_float_is_kept_as_an_integer() -> None:
     assert checked("median:n_warmup_steps=1e3").text == "median:n_warmup_steps=1000"
+
+
+def test_the_pruners_named_without_optuna_are_optunas() -> None:
+    optunas: dict[str, type[optuna.pruners.BasePruner]] = {
+        "median": optuna.pruners.MedianPruner,
+        "asha": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+    }
+    assert tuple(pruners()) == PRUNER_NAMES and pruners() == optunas
+    for name in PRUNER_NAMES:
+        assert name in PRUNE_FORMS
