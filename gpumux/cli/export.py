@@ -1,8 +1,8 @@
 """`gpumux export SWEEP --optuna URL`: a sweep written as an Optuna study, for Optuna's tools.
 
 It runs in the CLI's process, as the user who asks: the daemon (root, maybe) never writes to a
-place a user names. Optuna is imported only here, inside the command and the conversion, so
-that the other commands start without paying for it.
+place a user names. Optuna is imported inside the command and the conversion, not at the top,
+so that other commands start without paying for it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from gpumux.grammar.searchspec import (
 # Re-exported: the API and the CLI catch it as methods.SearchError.
 from gpumux.grammar.searchspec import SearchError as SearchError
 from gpumux.grammar.sweepspec import Param
-from gpumux.search.space import distributions_of
+from gpumux.search.space import distributions_of, load_optuna
 from gpumux.status import SearchMethod
 from gpumux.text import first_line, quoted
 
@@ -52,17 +52,6 @@ _BUILTINS: dict[str, type] = {
 }
 # A sampler's numpy random state takes a 32-bit seed.
 SEED_MODULUS = 2**32
-
-
-@functools.cache
-def load_optuna() -> None:
-    """Import Optuna, its INFO lines silenced: called before anything of Optuna's that logs (a
-    study, a sampler, a pruner). Optuna is imported only where a sweep uses it, never at the top
-    of a module: with numpy it costs 0.3 s of CPU that the daemon's start, a grid or random
-    sweep and most commands never need."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumux.grammar import sweepspec
 from gpumux.search import methods
-from gpumux.search.space import constants_of, distributions_of
+from gpumux.search.space import constants_of, distributions_of, load_optuna
 from gpumux.status import (
     ObjectiveMode,
     PruneNote,
@@ -48,7 +48,7 @@ _SEED_STRIDE = 1_000_003
 def state_of(trial: Trial) -> TrialState:
     """The Optuna state of a stored trial: queued and running ones count as running (a
     sampler with a constant liar spreads its asks away from them)."""
-    # Optuna is imported where a study is built or used, never at the top (methods.load_optuna).
+    # Optuna is imported where a study is built or used, never at the top (space.load_optuna).
     from optuna.trial import TrialState
 
     if trial.status is TrialStatus.succeeded:
@@ -253,7 +253,7 @@ class SamplerFailed(RuntimeError):
 
 def build(session: Session, sweep: Sweep) -> SweepStudy:
     """A sweep's study rebuilt from its stored trials, their steps and Optuna's state."""
-    methods.load_optuna()
+    load_optuna()
     import optuna
     from optuna.storages import InMemoryStorage
     from optuna.trial import TrialState
