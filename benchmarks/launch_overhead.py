@@ -12,7 +12,9 @@ loses per trial to scheduling, bookkeeping and the in-trial bootstrap. Medians o
 Each gpumux trial's recorded life (its start to its end, in the database) is then split into
 phases by the times its run directory's records were written: the daemon's claim to the spec
 written, the spawn to the supervisor recorded, the supervisor's start of the trial, the trial
-itself (its leader recorded to its exit recorded), and the exit to its end recorded.
+itself (its leader recorded to its exit recorded), and the exit to its end recorded. A record's
+time is when its file was written, before its fsyncs: the exit record's fsyncs fall in the last
+phase.
 """
 
 from __future__ import annotations
@@ -148,10 +150,10 @@ def gpumux_sweep(
             daemon_log.close()
             if daemon.returncode != 0:
                 console.print((Path(home) / "daemon.log").read_text()[-4000:])
+        failed = [row for row in rows if row["status"] != "succeeded"]
+        if failed:
+            raise SystemExit(f"{len(failed)} no-op trials did not succeed: {failed[0]['error']}")
         phases = phases_of(Layout(Path(home)).runs, rows)
-    failed = [row for row in rows if row["status"] != "succeeded"]
-    if failed:
-        raise SystemExit(f"{len(failed)} no-op trials did not succeed: {failed[0]['error']}")
     starts = [datetime.fromisoformat(row["started_at"]) for row in rows]
     ends = [datetime.fromisoformat(row["ended_at"]) for row in rows]
     durations = [(end - start).total_seconds() for start, end in zip(starts, ends, strict=True)]
