@@ -23,6 +23,7 @@ from gpumux.grammar import sweepspec
 from gpumux.schemas.reports import ReportPublic
 from gpumux.schemas.sweeps import SweepPublic
 from gpumux.schemas.trials import TrialPublic
+from gpumux.search.space import load_optuna
 from gpumux.status import ObjectiveMode, SearchMethod, TrialStatus
 
 if TYPE_CHECKING:
@@ -287,10 +288,8 @@ def export(
     frozen = study_trials(sweep, trials, reports)
     if not frozen:
         raise CliError(f"no trial of sweep {sweep_id} has started yet; nothing to export")
-    import optuna
-
     # Its INFO lines (a study created) would repeat what this command prints.
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    load_optuna()
     name = study_name or study_name_of(sweep_id)
     write_study(open_storage(optuna_url), sweep, frozen, name=name, overwrite=overwrite)
     state.out.print(
