@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from sqlalchemy import (
     URL,
     ColumnElement,
@@ -226,7 +225,8 @@ class PostgresqlDialect(Dialect):
             return True
         state = _sqlstate(error)
         if state is None:
-            return isinstance(error.orig, psycopg.OperationalError)
+            # psycopg's OperationalError, as SQLAlchemy wraps it.
+            return isinstance(error, exc.OperationalError)
         return state.startswith(CONNECTION_CLASS) or state in SERVER_GONE
 
     @property
