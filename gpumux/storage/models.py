@@ -195,7 +195,10 @@ class Trial(Base):
     )
     attempt: Mapped[int] = mapped_column(default=1)
     # The node that claimed the current attempt: the only writer of its lifecycle.
-    node_id: Mapped[int | None] = mapped_column(WIDE, ForeignKey("nodes.id", ondelete="SET NULL"))
+    # Named as migration 0008 named it: a new database is made from these models.
+    node_id: Mapped[int | None] = mapped_column(
+        WIDE, ForeignKey("nodes.id", ondelete="SET NULL", name="fk_trials_node_id_nodes")
+    )
     device: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[int | None]
     split: Mapped[int | None]

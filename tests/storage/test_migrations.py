@@ -7,7 +7,10 @@ models know only the newest schema), then read back through the store.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from postgres import BACKENDS
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.engine.interfaces import ReflectedColumn
 
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.status import SweepStatus, TrialStatus
@@ -29,14 +33,14 @@ from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
-from gpumux.storage.migrate import alembic_config, upgrade
+from gpumux.storage.migrate import HEAD_REVISION, alembic_config, upgrade
 from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
     "0012", "0013", "0014", "0015",
 ]  # fmt: skip
-HEAD = "0016"
+HEAD = HEAD_REVISION
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
@@ -283,15 +287,98 @@ def columns_of(engine: Engine, table: str) -> set[str]:
 
 def test_head_is_the_newest_revision_and_the_earlier_ones_lead_to_it(engine: Engine) -> None:
     scripts = ScriptDirectory.from_config(alembic_config(engine))
-    assert scripts.get_current_head() == HEAD
+    assert scripts.get_current_head() == HEAD, (
+        "HEAD_REVISION (storage/migrate.py) is not the newest"
+    )
     walked = [script.revision for script in scripts.walk_revisions()]
     assert walked == [HEAD, *reversed(EARLIER)]
 
 
-def test_the_models_match_the_migrations(sessions: Sessions) -> None:
-    with sessions.engine.connect() as connection:
+def test_the_models_match_the_migrations(engine: Engine) -> None:
+    migrate(engine, "head")
+    with engine.connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert diff == [], f"models and migrations differ; write a migration: {diff}"
+
+
+@pytest.fixture
+def second_engine(
+    engine: Engine, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Engine]:
+    """An engine over another empty database of `engine`'s backend."""
+    if engine.dialect.name == "postgresql":
+        cluster = request.getfixturevalue("pg_cluster")
+        name = cluster.create_database()
+        second = make_engine(cluster.url(name))
+        yield second
+        second.dispose()
+        cluster.drop_database(name)
+        return
+    second = make_engine(f"sqlite:///{tmp_path / 'second.db'}")
+    yield second
+    second.dispose()
+
+
+def schema_of(engine: Engine) -> dict[str, Any]:
+    """Each table's columns, keys, indexes and constraints and its rows, and PostgreSQL's
+    sequences, as the database reports them (in no order: a migration adds a column last)."""
+
+    def shown(found: Iterable[Any]) -> list[str]:
+        return sorted(" ".join(repr(item).split()) for item in found)
+
+    def column(described: ReflectedColumn) -> ReflectedColumn:
+        # PostgreSQL shows a default as the literal cast to the column's type ('0'::bigint), or
+        # bare (0) where 0009 widened the column after: the same value.
+        default = described["default"]
+        if default is not None:
+            described["default"] = re.sub(r"^'(.*)'::[a-z ]+$", r"\1", default)
+        return described
+
+    with engine.connect() as connection:
+        inspector = inspect(connection)
+        schema: dict[str, Any] = {
+            table: {
+                "columns": shown([column(c) for c in inspector.get_columns(table)]),
+                "primary key": shown([inspector.get_pk_constraint(table)]),
+                "foreign keys": shown(inspector.get_foreign_keys(table)),
+                "indexes": shown(inspector.get_indexes(table)),
+                "unique": shown(inspector.get_unique_constraints(table)),
+                "checks": shown(inspector.get_check_constraints(table)),
+                "rows": shown(connection.execute(text(f"SELECT * FROM {table}")).all()),
+            }
+            for table in inspector.get_table_names()
+        }
+        if connection.dialect.name == "postgresql":
+            sequences = "SELECT sequence_name, data_type FROM information_schema.sequences"
+            schema["sequences"] = shown(connection.execute(text(sequences)).all())
+        else:
+            tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'sqlite_%'"
+            schema["SQLite's own tables"] = shown(connection.execute(text(tables)).all())
+    return schema
+
+
+def test_a_new_database_is_made_as_the_migrations_from_nothing_make_it(
+    engine: Engine, second_engine: Engine
+) -> None:
+    migrate(engine, "head")
+    upgrade(second_engine)
+    assert revision_of(second_engine) == HEAD
+    migrated, made = schema_of(engine), schema_of(second_engine)
+    assert sorted(made) == sorted(migrated)
+    for name, described in migrated.items():
+        parts = described if isinstance(described, dict) else {"": described}
+        for part, items in parts.items():
+            ours = made[name][part] if part else made[name]
+            assert ours == items, (
+                f"{name} {part}: migrated only {sorted(set(items) - set(ours))}; "
+                f"made only {sorted(set(ours) - set(items))}"
+            )
+    # The same rows go into both.
+    for either in (engine, second_engine):
+        with either.begin() as connection:
+            populate(connection, HEAD)
+        assert_sound(either)
+    assert row_counts(second_engine) == row_counts(engine)
 
 
 @pytest.mark.parametrize("revision", EARLIER)
@@ -483,6 +570,37 @@ def test_0016_renames_warm_to_preload_and_back_keeping_the_flag(engine: Engine) 
 def test_upgrade_is_idempotent(sessions: Sessions) -> None:
     upgrade(sessions.engine)
     assert revision_of(sessions.engine) == HEAD
+
+
+# In a fresh interpreter, as a daemon starts: whether upgrading the database at the URL given
+# imported Alembic.
+UPGRADED = """
+import sys
+from gpumux.storage.engine import make_engine
+from gpumux.storage.migrate import upgrade
+upgrade(make_engine(sys.argv[1]))
+print("alembic" in sys.modules)
+"""
+
+
+def alembic_imported_upgrading(url: str) -> bool:
+    done = subprocess.run(
+        [sys.executable, "-c", UPGRADED, url], capture_output=True, text=True, check=True
+    )
+    return done.stdout.split() == ["True"]
+
+
+def test_only_a_database_of_an_earlier_gpumux_imports_alembic(
+    engine: Engine, second_engine: Engine
+) -> None:
+    new = engine.url.render_as_string(hide_password=False)
+    # A new database is made without it, and then, at head, checked without it.
+    assert not alembic_imported_upgrading(new)
+    assert revision_of(engine) == HEAD
+    assert not alembic_imported_upgrading(new)
+    migrate(second_engine, EARLIER[-1])
+    assert alembic_imported_upgrading(second_engine.url.render_as_string(hide_password=False))
+    assert revision_of(second_engine) == HEAD
 
 
 def test_a_database_from_a_newer_gpumux_is_refused(sessions: Sessions) -> None:
