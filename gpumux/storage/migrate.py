@@ -1,16 +1,18 @@
 """The schema's Alembic migrations: where they are, and the upgrade a daemon runs at start.
 
-Alembic is imported only to migrate a database of an earlier gpumux, or to tell a revision this
-gpumux does not know. A database at HEAD_REVISION, as every daemon's but the first start's is,
-is checked without it, and a new one is made from the models at once, recorded at
-HEAD_REVISION: importing Alembic and running the 16 migrations from nothing took 0.3 s of CPU
-of every new data directory's first start, the models' tables 0.015 s (docs/benchmarks.md).
+Alembic is imported only to migrate a database of an earlier gpumux, or one whose tables have
+no revision recorded, or to refuse a revision this gpumux does not know. A database at the head
+revision, as every daemon's but the first start's is, is checked without it, and a new one
+(no table) is made from the models at once and recorded at head: importing Alembic and running
+the 16 migrations from nothing took 0.3 s of CPU of every new data directory's first daemon
+start, the models' tables 0.015 s (docs/benchmarks.md, "The test suite").
 tests/storage/test_migrations.py checks that the two make the same schema.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,9 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The revision of the newest script in migrations/versions/ (tests/storage/test_migrations.py
-# checks it against them): a new migration changes it.
-HEAD_REVISION = "0016"
 # Where Alembic keeps a database's revision, as Alembic defines it.
 VERSION_TABLE = Table(
     "alembic_version",
@@ -54,6 +53,15 @@ def migrations_dir() -> Path:
     package = Path(__file__).resolve().parents[1]
     installed = package / "_migrations"
     return installed if installed.is_dir() else package.parent / "migrations"
+
+
+@functools.cache
+def head_revision() -> str:
+    """The revision of the newest script in migrations/versions/, read from the names of the
+    files without importing Alembic: each script's revision is its file name's four digits
+    (tests/storage/test_migrations.py checks them against Alembic's)."""
+    scripts = (migrations_dir() / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")
+    return max(script.name[:4] for script in scripts)
 
 
 def alembic_config(engine: Engine, connection: Connection | None = None) -> Config:
@@ -94,17 +102,17 @@ def upgrade(engine: Engine, *, lock_wait_s: float = MIGRATION_LOCK_WAIT_S) -> No
             # As a migration from nothing logs it: the schema it makes is the same.
             log.info("db %s: upgrading schema %s -> %s", dialect.label, None, "head")
             create_at_head(connection)
-        elif current != HEAD_REVISION:
+        elif current != head_revision():
             migrate(engine, connection, current)
 
 
 def create_at_head(connection: Connection) -> None:
-    """The models' tables, and Alembic's record that they are at HEAD_REVISION, in one
+    """The models' tables, and Alembic's record that they are at the head revision, in one
     transaction, in a database with no table: what migrating it from nothing makes."""
     with connection.begin():
         Base.metadata.create_all(connection, checkfirst=False)
         VERSION_TABLE.create(connection)
-        connection.execute(VERSION_TABLE.insert().values(version_num=HEAD_REVISION))
+        connection.execute(VERSION_TABLE.insert().values(version_num=head_revision()))
 
 
 def revision_of(connection: Connection) -> str | None:

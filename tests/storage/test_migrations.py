@@ -33,14 +33,14 @@ from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.dialects.base import DatabaseError
 from gpumux.storage.engine import Sessions, make_engine, make_sessions
-from gpumux.storage.migrate import HEAD_REVISION, alembic_config, upgrade
+from gpumux.storage.migrate import alembic_config, head_revision, upgrade
 from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
     "0012", "0013", "0014", "0015",
 ]  # fmt: skip
-HEAD = HEAD_REVISION
+HEAD = head_revision()
 # Before 0013 the split search stored a profile's directory as the first word of its command.
 WORKDIR = "/home/alice/project"
 TOKEN = "gmx_issued-before-the-upgrade"
@@ -287,9 +287,8 @@ def columns_of(engine: Engine, table: str) -> set[str]:
 
 def test_head_is_the_newest_revision_and_the_earlier_ones_lead_to_it(engine: Engine) -> None:
     scripts = ScriptDirectory.from_config(alembic_config(engine))
-    assert scripts.get_current_head() == HEAD, (
-        "HEAD_REVISION (storage/migrate.py) is not the newest"
-    )
+    # What a daemon takes for head, read from the scripts' file names, is Alembic's.
+    assert scripts.get_current_head() == HEAD
     walked = [script.revision for script in scripts.walk_revisions()]
     assert walked == [HEAD, *reversed(EARLIER)]
 
@@ -354,7 +353,26 @@ def schema_of(engine: Engine) -> dict[str, Any]:
         else:
             tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'sqlite_%'"
             schema["SQLite's own tables"] = shown(connection.execute(text(tables)).all())
+            for table, described in schema.items():
+                if isinstance(described, dict):
+                    described["SQLite's indexes"] = sqlite_indexes(connection, table)
     return schema
+
+
+def sqlite_indexes(connection: Connection, table: str) -> list[str]:
+    """Each index of `table` as SQLite keeps it: unique, partial, and each key's column, order
+    and collation (what the inspector leaves out)."""
+    found = []
+    for _, name, unique, origin, partial in connection.exec_driver_sql(
+        f"PRAGMA index_list({table})"
+    ):
+        keys = connection.exec_driver_sql(f"PRAGMA index_xinfo({name})").all()
+        # (seqno, cid, column, desc, collation, key) less cid: the column's place in the table.
+        shown_keys = [
+            (seqno, column, desc, coll, key) for seqno, _, column, desc, coll, key in keys
+        ]
+        found.append(repr((name, unique, origin, partial, shown_keys)))
+    return sorted(found)
 
 
 def test_a_new_database_is_made_as_the_migrations_from_nothing_make_it(
