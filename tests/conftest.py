@@ -1,10 +1,10 @@
 """Shared fixtures: a migrated SQLite file per test, settings pointing into tmp_path, and a
 throwaway PostgreSQL cluster for the tests that need one.
 
-Each backend migrates once per run, as a daemon migrates at start (make_engine, then upgrade),
-into a template that each test's database copies: a file copy or CREATE DATABASE ... TEMPLATE
-takes milliseconds where migrating a fresh database takes a fifth of a second. The tests of the
-migrations themselves (tests/storage/test_migrations.py) migrate their own databases.
+Each backend makes a database at head once per run, as a daemon does at start (make_engine,
+then upgrade), into a template that each test's database copies: a file copy or CREATE
+DATABASE ... TEMPLATE, without even the models' tables to create. The tests of the migrations
+themselves (tests/storage/test_migrations.py) migrate their own databases with Alembic.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def settings(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Se
 
 @pytest.fixture(scope="session")
 def sqlite_migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An SQLite file migrated to head once per run, that each test's database copies."""
+    """An SQLite file at head, made once per run, that each test's database copies."""
     path = tmp_path_factory.mktemp("template") / "gpumux.db"
     engine = make_engine(f"sqlite:///{path}")
     upgrade(engine)
@@ -277,7 +277,7 @@ def pg_database(pg_cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def pg_migrated_template(pg_cluster: Cluster) -> str:
-    """A database migrated to head once per run, that each test's database copies."""
+    """A database at head, made once per run, that each test's database copies."""
     name = pg_cluster.create_database()
     engine = make_engine(pg_cluster.url(name))
     upgrade(engine)
