@@ -17,6 +17,7 @@ from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.grammar.command import render_command
 from gpumux.home import accounts
+from gpumux.processes import rundir
 from gpumux.processes.contract import LaunchSpec
 from gpumux.processes.spawner_client import Spawner
 from gpumux.processes.supervised import LaunchError, SupervisedTrial, SupervisorOptions
@@ -61,6 +62,9 @@ class Launcher:
         self.url = url
         # A scheduler that runs for no node (a tool, a test) holds no lease to watch.
         lease_file = None if self.here.identity is None else node_lease_file(settings, sessions)
+        self.lease_file = lease_file
+        # Whether the log said that claims wait for a renewal, since the lease last held.
+        self._lapse_said = False
         self.options = SupervisorOptions(
             kill_grace=settings.kill_grace,
             heartbeat_interval=settings.heartbeat_interval,
@@ -72,6 +76,8 @@ class Launcher:
     def launch(self, chosen: Placement, device: DeviceSnapshot) -> Running | None:
         """Start one placed trial: record it as starting in its slot, then spawn its supervisor.
         None when it did not start (gone, no longer queued, or failed with the reason)."""
+        if self.lease_file_lapsed():
+            return None
         token = secrets.token_urlsafe(32)
         # One transaction, one commit: a launch's every write waits for the disk.
         with self.sessions.write.begin() as session:
@@ -106,6 +112,25 @@ class Launcher:
             memory_limit_mb=chosen.memory_limit_mb,
             deadline=time.monotonic() + time_limit if time_limit else None,
         )
+
+    def lease_file_lapsed(self) -> bool:
+        """Whether the lease this host's supervisors obey (`node.lease`) has lapsed, though the
+        database's may hold: a renewal that waited (for the write lock, for the CPU) past it
+        writes a file counted from before the wait. A claim then starts a supervisor that
+        refuses to run the trial, and each refusal requeues it as its next attempt: claimed
+        again at once, it would use up its retries and end lost without having run. The next
+        renewal writes a lease that holds, and the claims go on."""
+        if self.lease_file is None or not rundir.lease_lapsed(self.lease_file):
+            self._lapse_said = False
+            return False
+        if not self._lapse_said:
+            log.warning(
+                "node %s: its lease file has lapsed (a renewal is late); claiming nothing "
+                "until the next one",
+                self.here.identity.name if self.here.identity is not None else "-",
+            )
+            self._lapse_said = True
+        return True
 
     def _claim(
         self,

@@ -16,6 +16,8 @@ import pytest
 from reliability.conftest import DaemonProcess
 from sqlalchemy import select
 
+from gpumux.home.layout import Layout
+from gpumux.processes import rundir
 from gpumux.status import NodeState, TrialStatus
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Node, Trial
@@ -23,7 +25,8 @@ from gpumux.storage.models import Node, Trial
 from .conftest import NodeFactory, wait_until
 
 RELEASE_THEN_EXIT = Path(__file__).parent.parent / "fixtures" / "release_then_exit.py"
-SHORT_LEASE = {"GPUMUX_NODE_LEASE": "3", "GPUMUX_NODE_HEARTBEAT": "1"}
+LEASE_S, HEARTBEAT_S = 3, 1
+SHORT_LEASE = {"GPUMUX_NODE_LEASE": str(LEASE_S), "GPUMUX_NODE_HEARTBEAT": str(HEARTBEAT_S)}
 
 
 def submit(node: DaemonProcess, folder: Path, params: list[str], command: list[str]) -> int:
@@ -181,6 +184,49 @@ def test_a_node_frozen_past_its_lease_kills_its_stale_trials_and_rejoins(
     ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), a, b)
     assert {t.status for t in ended} == {TrialStatus.succeeded}
     assert {t.id: t.attempt for t in ended if t.id in stale} == dict.fromkeys(stale, 2)
+
+
+def test_a_node_whose_renewal_waited_past_its_lease_file_launches_nothing_until_it_is_renewed(
+    make_node: NodeFactory, cluster_db: Sessions, tmp_path: Path
+) -> None:
+    # Another node frozen inside a write transaction holds the write lock until the server ends
+    # its session: b's renewal waits, and lands with a database lease that holds and a lease
+    # file (counted from before the wait) that has lapsed. Its supervisors refuse to start
+    # anything then: a claim made meanwhile would burn the trial's attempts to `lost`.
+    b = make_node("b", **SHORT_LEASE)
+    lease_file = Layout(b.home).node_lease
+    command = [sys.executable, str(RELEASE_THEN_EXIT), str(tmp_path)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with cluster_db.write.begin() as session:
+            session.execute(select(1))  # the write lock, taken at the first statement
+            # Queued while the lock is held: claimable once b's waiting writes go through.
+            submitted = pool.submit(submit, b, tmp_path, ["x=0", "y=1,2"], command)
+            # b's waiting renewal began before its lease file lapsed, so the file it writes
+            # once the lock is let go lapses at most a lease less a heartbeat after that: held
+            # past it, the renewal lands lapsed (the file read again: one renewal may land
+            # between our read and our lock).
+            wait_until(
+                "b's renewal to wait past its lease file",
+                lambda: rundir.boottime() > rundir.lease_until(lease_file) + LEASE_S - HEARTBEAT_S,
+                b,
+            )
+        sweep_id = submitted.result()
+    trials = wait_until(
+        "both trials running", lambda: all_running(cluster_db, sweep_id, count=2), b
+    )
+    assert {t.attempt for t in trials} == {1}, [t.error for t in trials]
+    (tmp_path / "release-0").touch()
+    ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), b)
+    assert {(t.status, t.attempt) for t in ended} == {(TrialStatus.succeeded, 1)}
+    assert "lease on the shared database lapsed before the start" not in b.log_tail(200)
+
+
+def all_running(db: Sessions, sweep_id: int, *, count: int) -> list[Trial] | None:
+    trials = trials_of(db, sweep_id)
+    running = [t for t in trials if t.status is TrialStatus.running]
+    ended = [t for t in trials if t.status.is_final]
+    assert not ended, [(t.id, t.status, t.attempt, t.error) for t in ended]
+    return trials if len(running) == count else None
 
 
 def rejoined(db: Sessions, node_id: int) -> bool:
