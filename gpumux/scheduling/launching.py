@@ -40,6 +40,10 @@ def node_lease_file(settings: Settings, sessions: Sessions) -> Path | None:
     return settings.layout.node_lease if sessions.dialect.shared else None
 
 
+class _LeaseLapsed(Exception):
+    """A claim found the lease file lapsed once it held the write lock: undone."""
+
+
 class Launcher:
     """Starts placed trials under their supervisors; fails those that cannot start."""
 
@@ -79,22 +83,30 @@ class Launcher:
         if self.lease_file_lapsed():
             return None
         token = secrets.token_urlsafe(32)
-        # One transaction, one commit: a launch's every write waits for the disk.
-        with self.sessions.write.begin() as session:
-            trial = trial_store.claim_trial(
-                session=session, trial_id=chosen.trial_id, node=self.here.identity
-            )
-            if trial is None:
-                return None
-            try:
-                user, user_env = run_as(trial.sweep)
-            except LaunchError as error:
-                log.warning("trial %s: %a", chosen.trial_id, str(error))
-                lifecycle.record_not_started(session=session, trial=trial, error=str(error))
-                return None
-            spec = self._claim(session, trial, chosen, device, token, user_env)
-            time_limit = trial.sweep.time_limit_s
-            directory = run_dir(self.settings, trial)
+        try:
+            # One transaction, one commit: a launch's every write waits for the disk.
+            with self.sessions.write.begin() as session:
+                trial = trial_store.claim_trial(
+                    session=session, trial_id=chosen.trial_id, node=self.here.identity
+                )
+                if trial is None:
+                    return None
+                # The claim may have waited for the write lock past the lease file; held now,
+                # it keeps the renewal out, so the file cannot hold again before the commit.
+                if self.lease_file_lapsed():
+                    raise _LeaseLapsed
+                try:
+                    user, user_env = run_as(trial.sweep)
+                except LaunchError as error:
+                    log.warning("trial %s: %a", chosen.trial_id, str(error))
+                    lifecycle.record_not_started(session=session, trial=trial, error=str(error))
+                    return None
+                spec = self._claim(session, trial, chosen, device, token, user_env)
+                time_limit = trial.sweep.time_limit_s
+                directory = run_dir(self.settings, trial)
+        except _LeaseLapsed:
+            # The claim rolled back: the trial stays queued, its attempts untouched.
+            return None
         spawner = self.spawner.serving(preload=spec.preload) if self.spawner is not None else None
         try:
             process = SupervisedTrial.spawn(
@@ -125,8 +137,8 @@ class Launcher:
             return False
         if not self._lapse_said:
             log.warning(
-                "node %s: its lease file has lapsed (a renewal is late); claiming nothing "
-                "until the next one",
+                "node %s: its lease file has lapsed (a renewal late, or unable to write it); "
+                "claiming nothing until one renews it",
                 self.here.identity.name if self.here.identity is not None else "-",
             )
             self._lapse_said = True

@@ -218,7 +218,6 @@ def test_a_node_whose_renewal_waited_past_its_lease_file_launches_nothing_until_
     (tmp_path / "release-0").touch()
     ended = wait_until("every trial to end", lambda: all_ended(cluster_db, sweep_id), b)
     assert {(t.status, t.attempt) for t in ended} == {(TrialStatus.succeeded, 1)}
-    assert "lease on the shared database lapsed before the start" not in b.log_tail(200)
 
 
 def all_running(db: Sessions, sweep_id: int, *, count: int) -> list[Trial] | None:
