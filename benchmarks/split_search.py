@@ -63,8 +63,12 @@ from sweep_makespan import daemon
 from gpumux.config import Settings
 from gpumux.devices.simulated.model import DeviceModel
 from gpumux.devices.simulated.state import load_model
+from gpumux.processes.procfs import kill_marked, start_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
+# The environment entry that marks what a run started (its pid); not GPUMUX_*, which the
+# daemon and the trials are not given.
+RUN_MARK = "SPLIT_SEARCH_BENCHMARK_RUN"
 console = Console(soft_wrap=True)
 
 
@@ -202,7 +206,17 @@ def main() -> None:
                 " s): a trial alone is its start-up and then its work"
             )
     console.print(f"$ python benchmarks/split_search.py {' '.join(sys.argv[1:])}".rstrip())
-    outcomes = [bench(name, args, drawn=args.model is None) for name in names]
+    # Carried by everything the run starts: its daemons, their supervisors (which outlive a
+    # stopped daemon on purpose, ignoring SIGTERM) and the trials (the sweeps' environment is
+    # this one), so that an interrupted run ends them all.
+    os.environ[RUN_MARK] = str(os.getpid())
+    try:
+        outcomes = [bench(name, args, drawn=args.model is None) for name in names]
+    except BaseException:
+        marker = f"{RUN_MARK}={os.getpid()}".encode()
+        ended = kill_marked(marker, since=start_ticks(os.getpid()) or 0)
+        console.print(f"stopped; ended {len(ended)} processes its sweeps left running")
+        raise
     if len(outcomes) > 1:
         met = sum(outcome.met for outcome in outcomes)
         console.print(f"goal met on {met} of {len(outcomes)} models:")
