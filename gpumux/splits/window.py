@@ -5,14 +5,16 @@ After N changes the device settles (`Timing.settle`), then a window opens over t
 the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`). It
 closes once each has reported twice in it, half a window apart, or ended (scripts that report
 too rarely or nothing: once every one has ended); one whose framework sees no GPU closes none
-(`NoGpu`). The device's throughput at N is N times the median trial's rate: samples/s,
-optimizer steps/s for PyTorch scripts that report no samples, completed trials/s for scripts that
-report neither (one unit per workload). Each point keeps the trials it was measured on and the
-spread of their rates: how sure it is.
+(`NoGpu`). The device's throughput at N is N times the median trial's rate over its life, all
+read at the age of the window's youngest trial (`trial_rates`): samples/s, optimizer steps/s
+for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
+(one unit per workload). Each point keeps the trials it was measured on and the spread of their
+rates: how sure it is.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -153,33 +155,64 @@ def trial_rates(
     unit: ThroughputUnit,
     timing: Timing,
 ) -> dict[int, float]:
-    """Each trial's samples/s over its life so far: what it reported in all over the time
-    from its start to its last report, where it reported twice or more in the window, half
-    a window apart at least (report lines read from a log in one tick arrive together:
-    their spacing is the reading's, not the work's); a rate out of range is left out.
+    """Each trial's samples/s over its life, at one age for all: what it reported from its start
+    to the least age any of the window's trials had at its last report (the youngest's), where
+    it reported twice or more in the window, half a window apart at least (report lines read
+    from a log in one tick arrive together: their spacing is the reading's, not the work's); a
+    rate out of range is left out.
 
     Its life, not the span between its reports: a short trial spends much of it starting
     (TensorFlow's import alone takes seconds), and N trials that start together crowd each
-    other's start-up as much as their training. N times a life rate counts both.
+    other's start-up as much as their training. N times a life rate counts both. At one age:
+    a window's trials need not have started together (one may have started beside the last N's
+    trials, seconds before the others), and an older trial's start-up weighs less in its longer
+    life, so its life rate reads higher. Trials that started together read their whole lives.
     """
     what = counted(unit)
+    half = timing.window.total_seconds() / 2
+    started = {t.id: t.started_at for t in trials if t.started_at is not None}
     times = report_store.report_times(
-        session=session, trial_ids=[t.id for t in trials], start=start, end=end, counted=what
+        session=session, trial_ids=list(started), start=start, end=end, counted=what
     )
-    totals = report_store.samples_of(session=session, trial_ids=list(times), counted=what)
-    started = {t.id: t.started_at for t in trials}
+    measured = [
+        trial_id
+        for trial_id, reports in times.items()
+        if len(reports) >= 2 and (reports[-1][0] - reports[0][0]).total_seconds() >= half
+    ]
+    if not measured:
+        return {}
+    lives = report_store.report_times(
+        session=session,
+        trial_ids=measured,
+        start=min(started[trial_id] for trial_id in measured),
+        end=end,
+        counted=what,
+    )
+    age = min((times[i][-1][0] - started[i]).total_seconds() for i in measured)
     rates = {}
-    for trial_id, reports in times.items():
-        began = started.get(trial_id)
-        if len(reports) < 2 or began is None:
-            continue
-        if (reports[-1][0] - reports[0][0]).total_seconds() < timing.window.total_seconds() / 2:
-            continue
-        seconds = (reports[-1][0] - began).total_seconds()
-        rate = totals.get(trial_id, 0.0) / seconds if seconds > 0 else math.inf
+    for trial_id in measured:
+        rate = (
+            samples_by(lives[trial_id], began=started[trial_id], age=age) / age
+            if age > 0
+            else math.inf
+        )
         if 0 <= rate <= report_store.MAX_RATE:
             rates[trial_id] = rate
     return rates
+
+
+def samples_by(reports: Sequence[tuple[datetime, float]], *, began: datetime, age: float) -> float:
+    """What a trial that started at `began` had reported `age` seconds later, from its reports
+    in order (when, how many): interpolated between the reports either side of that age (lines
+    read in one tick as one), from none at its start; all it reported if it is not that old."""
+    done, then = 0.0, 0.0
+    for at, read in itertools.groupby(reports, key=lambda report: report[0]):
+        samples = sum(count for _, count in read)
+        seconds = (at - began).total_seconds()
+        if seconds > age:
+            return done + samples * (age - then) / (seconds - then)
+        done, then = done + samples, seconds
+    return done
 
 
 def counted(unit: ThroughputUnit) -> report_store.Counted:
