@@ -19,7 +19,7 @@ from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
-from gpumux.splits.searches import SplitSearches
+from gpumux.splits.searches import SplitSearches, trial_memory
 from gpumux.storage import lifecycle, nodes
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -105,6 +105,7 @@ class SlotFiller:
             ]
             # Only a sweep with a trial waiting can use a credit: its N is in `tuned` already.
             grown = credits(active, tuned)
+            raised = {t.id: n for t in active if (n := grown_split(t, tuned)) is not None}
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
@@ -120,6 +121,8 @@ class SlotFiller:
                 memory_limit_mb=t.memory_limit_mb,
                 # Every launch records its N; one without (none should be) holds the device.
                 split=t.split or 1,
+                grown_split=raised.get(t.id),
+                seen_mb=seen_mb(t, devices, group_of) if t.id in raised else None,
             )
             for t in active
             if t.device is not None
@@ -277,13 +280,33 @@ def credits(
     anyway). On a device that caps memory, those trials' caps still hold what they got."""
     grown: dict[tuple[str, int], Fraction] = {}
     for trial in active:
-        now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
-        launched = trial.split or 1
-        if trial.device is None or trial.sweep.split is not None or not now or now <= launched:
+        now = grown_split(trial, tuned)
+        if trial.device is None or now is None:
             continue
         key = (trial.device, trial.sweep_id)
-        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, launched) - Fraction(1, now)
+        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, trial.split or 1) - Fraction(1, now)
     return grown
+
+
+def grown_split(trial: Trial, tuned: Mapping[int, Mapping[str, int]]) -> int | None:
+    """The N the split search of the trial's sweep has raised on its device above the one the
+    trial was launched under; None where it has not, or the sweep's N is fixed."""
+    now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
+    if trial.device is None or trial.sweep.split is not None or not now:
+        return None
+    return now if now > (trial.split or 1) else None
+
+
+def seen_mb(
+    trial: Trial, devices: Sequence[DeviceSnapshot], group_of: Mapping[int, int]
+) -> int | None:
+    """What the trial's processes hold on its device as last probed, as the split search reads
+    it (its leader's pid is its process group's id); None where the device does not tell."""
+    device = next((d for d in devices if d.key == trial.device), None)
+    if trial.pid is None:
+        return None
+    held = trial_memory(device, [trial.pid], group_of)
+    return held[0] if held else None
 
 
 def kept_turns(
