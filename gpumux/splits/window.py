@@ -94,6 +94,7 @@ def phase_window(
     return read_window(
         session=session,
         trials=trials,
+        phase_start=phase_start,
         start=start,
         now=now,
         unit=unit,
@@ -119,26 +120,36 @@ def read_window(
     *,
     session: Session,
     trials: Sequence[Trial],
+    phase_start: datetime,
     start: datetime,
     now: datetime,
     unit: ThroughputUnit,
     measured: bool,
     timing: Timing,
 ) -> tuple[Window | None, ThroughputUnit]:
-    """The window opened at `start` over the phase's `trials` (the workload's trials under N
-    since then) if it closes now (None: not yet), and the unit the workload is measured in
-    from now on. `measured`: the curve has points already (its unit is then the workload's)."""
+    """The window opened at `start` over the trials under N since then, in the phase that
+    began at `phase_start`, if it closes now (None: not yet), and the unit the workload is
+    measured in from now on. `measured`: the curve has points already (its unit is then the
+    workload's)."""
     ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
-    phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
+    phase = phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
     done = {t.id for t in ended}
-    rates = trial_rates(
-        session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
-    )
+
+    def rates_in(unit: ThroughputUnit) -> dict[int, float]:
+        return trial_rates(
+            session=session,
+            trials=trials,
+            phase_start=phase_start,
+            start=start,
+            end=now,
+            unit=unit,
+            timing=timing,
+        )
+
+    rates = rates_in(unit)
     if not rates and only_steps(session=session, trials=trials, unit=unit, measured=measured):
         unit = STEPS_PER_S
-        rates = trial_rates(
-            session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
-        )
+        rates = rates_in(unit)
     if unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase):
         return Window(rates=list(rates.values()), ended=ended), unit
     if ended and all(t.id in done for t in phase):
@@ -146,31 +157,68 @@ def read_window(
     return None, unit
 
 
+def phase_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials a window opened at `start` waits for: those that started in its phase
+    (`own_trials`); where none did, those that started before it, beside the last N's trials
+    (nothing refilled the phase)."""
+    own = own_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    return own or [t for t in trials if t.started_at is not None and t.started_at <= start]
+
+
+def own_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials that started in the phase that began at `phase_start`, by the window's
+    opening at `start`. A trial launched in the tick the phase began started a moment before
+    it: the settle time is the margin that keeps it in."""
+    since = phase_start - timing.settle
+    return [t for t in trials if t.started_at is not None and since <= t.started_at <= start]
+
+
 def trial_rates(
     *,
     session: Session,
     trials: Sequence[Trial],
+    phase_start: datetime,
     start: datetime,
     end: datetime,
     unit: ThroughputUnit,
     timing: Timing,
 ) -> dict[int, float]:
-    """Each trial's samples/s over its life, at one age for all: what it reported from its start
-    to the least age any of the window's trials had at its last report (the youngest's), where
-    it reported twice or more in the window, half a window apart at least (report lines read
-    from a log in one tick arrive together: their spacing is the reading's, not the work's); a
-    rate out of range is left out.
+    """Each trial's samples/s over its life, where it reported twice or more in the window
+    opened at `start`, half a window apart at least (report lines read from a log in one tick
+    arrive together: their spacing is the reading's, not the work's); a rate out of range is
+    left out. The phase's trials (`phase_trials`) are read at one age, the least any of them
+    had at its last report: what each reported from its start to then. A trial started since
+    the window opened (a refill) is read at its own age, never past theirs; one that started
+    before the phase, beside the last N's trials, is left out where the phase has trials of
+    its own.
 
     Its life, not the span between its reports: a short trial spends much of it starting
     (TensorFlow's import alone takes seconds), and N trials that start together crowd each
     other's start-up as much as their training. N times a life rate counts both. At one age:
-    a window's trials need not have started together (one may have started beside the last N's
-    trials, seconds before the others), and an older trial's start-up weighs less in its longer
-    life, so its life rate reads higher. Trials that started together read their whole lives.
+    the phase's trials need not have started together (one may have started in the settle
+    time, seconds after the others), and an older trial's start-up weighs less in its longer
+    life, so its life rate reads higher. Not at a refill's age: a refill is younger than the
+    window, and its age would read the phase's trials over their start-up alone. An older
+    trial is left out because at their age its reading would fall wholly or partly before
+    the phase, under the last N's load, and over its own life its start-up, crowded by fewer
+    trials, weighs less; where every trial of the phase is such a one (nothing refilled it),
+    each is read over its own life, as a trial that started with the phase would be.
     """
     what = counted(unit)
     half = timing.window.total_seconds() / 2
-    started = {t.id: t.started_at for t in trials if t.started_at is not None}
+    own = {t.id for t in own_trials(trials, phase_start=phase_start, start=start, timing=timing)}
+    phase = own or {
+        t.id for t in phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    }
+    started = {
+        t.id: t.started_at
+        for t in trials
+        if t.started_at is not None and (t.id in phase or t.started_at > start)
+    }
     times = report_store.report_times(
         session=session, trial_ids=list(started), start=start, end=end, counted=what
     )
@@ -188,9 +236,12 @@ def trial_rates(
         end=end,
         counted=what,
     )
-    age = min((times[i][-1][0] - started[i]).total_seconds() for i in measured)
+    own_age = {i: (times[i][-1][0] - started[i]).total_seconds() for i in measured}
+    # The phase's own trials read at one age; trials that all started before it, each at its own.
+    one_age = min((own_age[i] for i in measured if i in own), default=math.inf)
     rates = {}
     for trial_id in measured:
+        age = min(one_age, own_age[trial_id])
         rate = (
             samples_by(lives[trial_id], began=started[trial_id], age=age) / age
             if age > 0

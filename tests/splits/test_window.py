@@ -1,4 +1,5 @@
-"""A window's per-trial rates: life rates read at one age, whatever each trial's age."""
+"""A window's per-trial rates: the phase's trials' life rates read at one age, whatever each
+one's age; a refill at its own, a trial older than the phase left out."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 from builders import sweep_plan
 from sqlalchemy.orm import Session
 
-from gpumux.splits.window import Timing, trial_rates
+from gpumux.splits.window import Timing, Window, phase_window, sweep_fingerprint, trial_rates
 from gpumux.status import TrialStatus
 from gpumux.storage import owners as owner_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Trial, TrialReport, utcnow
+from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
 from gpumux.throughput import SAMPLES_PER_S
 
 TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
@@ -82,6 +83,8 @@ def rates_of(session: Session, trials: list[Trial], start: datetime) -> list[flo
     found = trial_rates(
         session=session,
         trials=trials,
+        # The phase began a settle time before the window opened.
+        phase_start=start - TIMING.settle,
         start=start,
         end=start + TIMING.window,
         unit=SAMPLES_PER_S,
@@ -90,7 +93,7 @@ def rates_of(session: Session, trials: list[Trial], start: datetime) -> list[flo
     return [found[trial.id] for trial in trials]
 
 
-@pytest.mark.parametrize("ages", [(30, 12, 2), (9, 7, 6)])
+@pytest.mark.parametrize("ages", [(8, 5, 2), (9, 7, 6)])
 def test_trials_of_different_ages_read_alike(
     sessions: Sessions, tmp_path: Path, ages: tuple[int, ...]
 ) -> None:
@@ -98,7 +101,7 @@ def test_trials_of_different_ages_read_alike(
     start = utcnow()
     end = start + TIMING.window
     with sessions.write.begin() as session:
-        # The oldest started beside the last N's trials, long before the others.
+        # The oldest started in the tick the phase began, the others in its settle time.
         began = [start - timedelta(seconds=age) for age in ages]
         trials = [add_trial(session, sweep_id, at, epochs(at, end)) for at in began]
         rates = rates_of(session, trials, start)
@@ -129,10 +132,116 @@ def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
     start = utcnow()
     end = start + TIMING.window
     with sessions.write.begin() as session:
-        old_began, young_began = start - timedelta(seconds=30), start - timedelta(seconds=3)
+        old_began, young_began = start - timedelta(seconds=9), start - timedelta(seconds=3)
         old = add_trial(session, sweep_id, old_began, epochs(old_began, end))
         # Its start-up took a second longer: it reports at 7, 9, 11 and 13 s of age.
         young = add_trial(session, sweep_id, young_began, epochs(young_began, end, 5.0))
         rates = rates_of(session, [old, young], start)
     # At 13 s of age the older one was half way from its 4th epoch (12 s) to its 5th (14 s).
     assert rates == [pytest.approx(4.5 * EPOCH_SAMPLES / 13), pytest.approx(4 * EPOCH_SAMPLES / 13)]
+
+
+def phase_rates(session: Session, sweep_id: int, phase_start: datetime) -> list[float] | None:
+    """The rates of the phase that began at `phase_start` on the CPU under N=3, in order, as
+    its window closes (None: it does not close then)."""
+    sweep = session.get(Sweep, sweep_id)
+    assert sweep is not None
+    start = phase_start + TIMING.settle
+    window, _ = phase_window(
+        session=session,
+        device="cpu",
+        split=3,
+        phase_start=phase_start,
+        now=start + TIMING.window,
+        node_id=None,
+        fingerprint=sweep_fingerprint(sweep),
+        auto={},
+        unit=SAMPLES_PER_S,
+        measured=False,
+        timing=TIMING,
+    )
+    if window is None:
+        return None
+    assert isinstance(window, Window)
+    return sorted(window.rates)
+
+
+def life_rate(began: datetime, reports: Sequence[datetime]) -> float:
+    """A trial's samples over its life to its last report, as main reads every trial."""
+    return len(reports) * EPOCH_SAMPLES / (reports[-1] - began).total_seconds()
+
+
+def test_a_refill_started_after_the_window_opened_does_not_set_the_age(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Two of the phase's trials started with it; the third ended as the window opened and
+        # its slot was refilled: the refill, with no start-up, reported twice in the window,
+        # half a window apart at least.
+        for _ in range(2):
+            add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        refill_began = start + timedelta(seconds=1)
+        add_trial(session, sweep_id, refill_began, epochs(refill_began, end, 0.0))
+        rates = phase_rates(session, sweep_id, phase_start)
+    # The phase's trials read at their own age (14 s: 5 epochs after 4 s of start-up), not
+    # the refill's (8 s, when they had 2); the refill over its own life.
+    assert rates == pytest.approx(
+        sorted(
+            [life_rate(phase_start, epochs(phase_start, end))] * 2
+            + [life_rate(refill_began, epochs(refill_began, end, 0.0))]
+        )
+    )
+
+
+def test_a_trial_that_started_before_its_phase_is_left_out(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Started beside the last N's wave, 30 s before the phase: read at the phase trials'
+        # age (14 s), its whole reading would fall before the phase began.
+        before = phase_start - timedelta(seconds=30)
+        add_trial(session, sweep_id, before, epochs(before, end))
+        for _ in range(2):
+            add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    # The phase's two alone, at their age (14 s).
+    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))] * 2
+
+
+def test_a_phase_whose_trials_all_started_before_it_reads_each_over_its_own_life(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Nothing refilled the phase (the sweep's queue was empty): its trials all started
+        # beside the last N's, and each is read as main read it, over its own life.
+        began = [phase_start - timedelta(seconds=age) for age in (30, 12)]
+        for at in began:
+            add_trial(session, sweep_id, at, epochs(at, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    assert rates == pytest.approx(sorted(life_rate(at, epochs(at, end)) for at in began))
+
+
+def test_a_phase_waits_for_its_own_trials_not_for_an_older_one(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        add_trial(session, sweep_id, before, epochs(before, end))
+        # The phase's own trial has not reported twice yet: the window stays open.
+        add_trial(session, sweep_id, phase_start, epochs(phase_start, end)[:1])
+        assert phase_rates(session, sweep_id, phase_start) is None
