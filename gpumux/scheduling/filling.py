@@ -113,20 +113,7 @@ class SlotFiller:
         if not pending:
             self.heads = []
             return
-        running = [
-            placement.RunningTrial(
-                trial_id=t.id,
-                device_key=t.device,
-                slot=t.slot or 0,
-                memory_limit_mb=t.memory_limit_mb,
-                # Every launch records its N; one without (none should be) holds the device.
-                split=t.split or 1,
-                grown_split=raised.get(t.id),
-                seen_mb=seen_mb(t, devices, group_of) if t.id in raised else None,
-            )
-            for t in active
-            if t.device is not None
-        ]
+        running = running_trials(active, raised=raised, devices=devices, group_of=group_of)
         if self.overheads.measurable(devices):
             self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
         plan = placement.plan(
@@ -286,6 +273,31 @@ def credits(
         key = (trial.device, trial.sweep_id)
         grown[key] = grown.get(key, Fraction(0)) + Fraction(1, trial.split or 1) - Fraction(1, now)
     return grown
+
+
+def running_trials(
+    active: Sequence[Trial],
+    *,
+    raised: Mapping[int, int],
+    devices: Sequence[DeviceSnapshot],
+    group_of: Mapping[int, int],
+) -> list[placement.RunningTrial]:
+    """The active trials as placement counts them: `raised` gives the N each one's search has
+    raised on its device since its launch (`grown_split`)."""
+    return [
+        placement.RunningTrial(
+            trial_id=t.id,
+            device_key=t.device,
+            slot=t.slot or 0,
+            memory_limit_mb=t.memory_limit_mb,
+            # Every launch records its N; one without (none should be) holds the device.
+            split=t.split or 1,
+            grown_split=raised.get(t.id),
+            seen_mb=seen_mb(t, devices, group_of) if t.id in raised else None,
+        )
+        for t in active
+        if t.device is not None
+    ]
 
 
 def grown_split(trial: Trial, tuned: Mapping[int, Mapping[str, int]]) -> int | None:
