@@ -106,6 +106,11 @@ class SlotFiller:
             # Only a sweep with a trial waiting can use a credit: its N is in `tuned` already.
             grown = credits(active, tuned)
             raised = {t.id: n for t in active if (n := grown_split(t, tuned)) is not None}
+            peaks = {
+                (t.device, t.sweep_id): self.searches.peak_mb(sweep=t.sweep, device_key=t.device)
+                for t in active
+                if t.id in raised and t.device is not None
+            }
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
@@ -113,7 +118,9 @@ class SlotFiller:
         if not pending:
             self.heads = []
             return
-        running = running_trials(active, raised=raised, devices=devices, group_of=group_of)
+        running = running_trials(
+            active, raised=raised, devices=devices, group_of=group_of, peaks=peaks
+        )
         if self.overheads.measurable(devices):
             self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
         plan = placement.plan(
@@ -281,9 +288,18 @@ def running_trials(
     raised: Mapping[int, int],
     devices: Sequence[DeviceSnapshot],
     group_of: Mapping[int, int],
+    peaks: Mapping[tuple[str, int], int | None] | None = None,
 ) -> list[placement.RunningTrial]:
     """The active trials as placement counts them: `raised` gives the N each one's search has
-    raised on its device since its launch (`grown_split`)."""
+    raised on its device since its launch (`grown_split`), `peaks` the most one trial of each
+    sweep's workload was seen holding on its device in its search's phases.
+
+    On a device where a raised trial may be budgeted below its cap, every trial there says
+    what it holds: placement counts free memory as NVML reports it, which holds that already,
+    and only the rest of each one's budget as growth. A raised trial's budget may drop only
+    to what it may grow to (`grows_mb`)."""
+    lowered = {t.device for t in active if t.id in raised}
+    seen = {t.id: seen_mb(t, devices, group_of) for t in active if t.device in lowered}
     return [
         placement.RunningTrial(
             trial_id=t.id,
@@ -293,11 +309,26 @@ def running_trials(
             # Every launch records its N; one without (none should be) holds the device.
             split=t.split or 1,
             grown_split=raised.get(t.id),
-            seen_mb=seen_mb(t, devices, group_of) if t.id in raised else None,
+            seen_mb=seen.get(t.id),
+            grows_mb=(
+                grows_mb(t, seen.get(t.id), (peaks or {}).get((t.device, t.sweep_id)))
+                if t.id in raised
+                else None
+            ),
         )
         for t in active
         if t.device is not None
     ]
+
+
+def grows_mb(trial: Trial, seen: int | None, peak: int | None) -> int | None:
+    """What a trial may grow to, as far as known: what it holds now or what a trial of its
+    workload was seen holding (`peak`), whichever is more; None before it reported (a young
+    trial may hold its CUDA context alone, and grow to its cap: TensorFlow takes its slice at
+    its first op, PyTorch allocates over its first steps)."""
+    if seen is None or trial.last_report_at is None:
+        return None
+    return max(seen, peak or 0)
 
 
 def grown_split(trial: Trial, tuned: Mapping[int, Mapping[str, int]]) -> int | None:

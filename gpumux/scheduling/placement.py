@@ -35,6 +35,10 @@ class RunningTrial:
     # or a fixed split), and what its processes were last seen holding there (None: unseen).
     grown_split: int | None = None
     seen_mb: int | None = None
+    # What a raised trial may grow to, as far as known: what it holds, or what a trial of its
+    # workload was seen holding in its search's phases if more (None: not known, as for a
+    # trial that has not reported yet: its cap).
+    grows_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -260,13 +264,14 @@ def _budget_mb(
     policy: PackingPolicy,
 ) -> int:
     """The memory a running trial is budgeted at: its cap and overhead, or, where its sweep's
-    search has raised N since it was launched and it was seen holding no more than a slice of
-    the new N, that slice and overhead. A trial that takes its whole slice (TensorFlow) shows
-    its cap and keeps it. One that grows past the slice later may run a trial out of memory: the
-    search backs off from that as from any."""
+    search has raised N since it was launched and what it may grow to (`grows_mb`: what it and
+    its workload's trials were seen holding, once it reported) fits a slice of the new N, that
+    slice and overhead. A trial that takes its whole slice (TensorFlow) shows its cap and keeps
+    it; one not known yet keeps it too. One that grows past what was seen may still run a trial
+    out of memory: the search backs off from that as from any."""
     overhead = policy.overhead_for(device.key)
     own = (trial.memory_limit_mb or 0) + overhead
-    if trial.memory_limit_mb is None or trial.grown_split is None or trial.seen_mb is None:
+    if trial.memory_limit_mb is None or trial.grown_split is None or trial.grows_mb is None:
         return own
     given = kind.cap(
         device,
@@ -276,7 +281,7 @@ def _budget_mb(
         overhead_mb=overhead,
         rules=policy,
     )
-    if given is None or given.memory_limit_mb is None or trial.seen_mb > given.memory_limit_mb:
+    if given is None or given.memory_limit_mb is None or trial.grows_mb > given.memory_limit_mb:
         return own
     return min(own, given.memory_limit_mb + overhead)
 

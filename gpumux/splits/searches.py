@@ -288,6 +288,17 @@ class SplitSearches:
         # Not searched on this model yet: its N is unknown, so it may fit in any share left.
         return Fraction(0) if search is None else Fraction(1, search.split)
 
+    def peak_mb(self, *, sweep: Sweep, device_key: str) -> int | None:
+        """The most one trial of the sweep's workload was seen holding on the device's model
+        while its search measured: its points' peaks and its last phase's; None where it was
+        not searched there or nothing was seen."""
+        model = self._model_of.get(device_key)
+        search = self._searches.get((model or "", sweep_fingerprint(sweep)))
+        if search is None:
+            return None
+        seen = [p.memory_per_trial_mb for p in search.curve if p.memory_per_trial_mb is not None]
+        return int(max([*seen, search.peak_mb or 0])) or None
+
     def out_of_memory(self, *, session: Session, trial: Trial) -> None:
         """A trial of an auto sweep ran out of device memory: lower its workload's N there."""
         model = self._model_of.get(trial.device or "")
