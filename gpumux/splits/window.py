@@ -2,11 +2,12 @@
 when the window closes, the per-trial rates in it, and the point it gives.
 
 After N changes the device settles (`Timing.settle`), then a window opens over the phase's trials:
-the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`). It
-closes once each has reported twice in it, half a window apart, or ended (scripts that report
-too rarely or nothing: once every one has ended); one whose framework sees no GPU closes none
-(`NoGpu`). The device's throughput at N is N times the median trial's rate over its life, all
-read at the age of the window's youngest trial (`trial_rates`): samples/s, optimizer steps/s
+the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`), that
+started in the phase (`phase_trials`). It closes once each has reported twice in it, half a
+window apart, or ended (scripts that report too rarely or nothing: once every one has ended);
+one whose framework sees no GPU closes none (`NoGpu`). The device's throughput at N is N times
+the median trial's rate over its life, the phase's trials all read at the age of its youngest
+(`trial_rates`): samples/s, optimizer steps/s
 for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
 (one unit per workload). Each point keeps the trials it was measured on and the spread of their
 rates: how sure it is.
