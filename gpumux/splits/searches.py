@@ -65,6 +65,7 @@ class SplitSearches:
             settle=timedelta(seconds=settings.split_settle),
             window=timedelta(seconds=settings.split_window),
             threshold=settings.split_threshold,
+            poll=timedelta(seconds=settings.poll_interval),
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}

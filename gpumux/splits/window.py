@@ -43,6 +43,15 @@ class Timing:
     settle: timedelta
     window: timedelta
     threshold: float = split_curve.DEFAULT_THRESHOLD
+    # Seconds between the scheduler's ticks: a trial launched in the tick a phase began
+    # started up to a tick before the phase's stamp (`own_trials`).
+    poll: timedelta = timedelta(seconds=1)
+
+    @property
+    def margin(self) -> timedelta:
+        """How long before a phase's stamp a trial of its own may have started: the settle
+        time, and never less than a tick (the settle time may be 0)."""
+        return max(self.settle, self.poll)
 
 
 @dataclass(frozen=True)
@@ -132,8 +141,12 @@ def read_window(
     began at `phase_start`, if it closes now (None: not yet), and the unit the workload is
     measured in from now on. `measured`: the curve has points already (its unit is then the
     workload's)."""
-    ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
     phase = phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    ended = [
+        t
+        for t in counted_trials(trials, phase_start=phase_start, start=start, timing=timing)
+        if t.ended_at is not None and t.ended_at <= now
+    ]
     done = {t.id for t in ended}
 
     def rates_in(unit: ThroughputUnit) -> dict[int, float]:
@@ -168,13 +181,27 @@ def phase_trials(
     return own or [t for t in trials if t.started_at is not None and t.started_at <= start]
 
 
+def counted_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials a window reads, the ended ones included: the phase's (`phase_trials`) and
+    those started since the window opened (refills), but none that started before the phase
+    where it has trials of its own, as `trial_rates` reads them."""
+    own = own_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    if not own:
+        return list(trials)
+    ids = {t.id for t in own}
+    return [t for t in trials if t.id in ids or (t.started_at is not None and t.started_at > start)]
+
+
 def own_trials(
     trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
 ) -> list[Trial]:
     """The trials that started in the phase that began at `phase_start`, by the window's
     opening at `start`. A trial launched in the tick the phase began started a moment before
-    it: the settle time is the margin that keeps it in."""
-    since = phase_start - timing.settle
+    it (the filler launches it, then the search stamps the phase): `Timing.margin`, the settle
+    time and never less than a tick, keeps it in."""
+    since = phase_start - timing.margin
     return [t for t in trials if t.started_at is not None and since <= t.started_at <= start]
 
 

@@ -12,13 +12,20 @@ import pytest
 from builders import sweep_plan
 from sqlalchemy.orm import Session
 
-from gpumux.splits.window import Timing, Window, phase_window, sweep_fingerprint, trial_rates
+from gpumux.splits.window import (
+    Timing,
+    Window,
+    measure,
+    phase_window,
+    sweep_fingerprint,
+    trial_rates,
+)
 from gpumux.status import TrialStatus
 from gpumux.storage import owners as owner_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
-from gpumux.throughput import SAMPLES_PER_S
+from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
 
 TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
 NUMBERS = itertools.count(100)
@@ -245,3 +252,81 @@ def test_a_phase_waits_for_its_own_trials_not_for_an_older_one(
         # The phase's own trial has not reported twice yet: the window stays open.
         add_trial(session, sweep_id, phase_start, epochs(phase_start, end)[:1])
         assert phase_rates(session, sweep_id, phase_start) is None
+
+
+def test_a_phase_closes_on_its_own_trials_whatever_an_older_one_reported(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        # The older trial has not reported twice in the window; the phase's own trial has.
+        add_trial(session, sweep_id, before, epochs(before, end)[:-6])
+        add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))]
+
+
+def test_trials_that_started_before_their_phase_leave_its_durations_and_life_rates_out(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # Scripts that report nothing: N=3 over the median duration of the trials that ended.
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    with sessions.write.begin() as session:
+        # Two started beside the last N's wave, 30 s and 28 s before the phase; one its own.
+        for age in (30, 28, 0):
+            trial = add_trial(session, sweep_id, phase_start - timedelta(seconds=age), [])
+            trial.ended_at = start + timedelta(seconds=3)
+            trial.status = TrialStatus.succeeded
+        session.flush()
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        window, unit = phase_window(
+            session=session,
+            device="cpu",
+            split=3,
+            phase_start=phase_start,
+            now=start + TIMING.window,
+            node_id=None,
+            fingerprint=sweep_fingerprint(sweep),
+            auto={},
+            unit=TRIALS_PER_S,
+            measured=True,
+            timing=TIMING,
+        )
+        assert isinstance(window, Window)
+        point, _ = measure(
+            session=session, window=window, unit=unit, split=3, measured=True, peak_mb=None
+        )
+    # The phase's own trial alone: 8 s, not the median of 38, 36 and 8.
+    assert point is not None
+    assert point.throughput == pytest.approx(3 / 8)
+
+
+def test_a_trial_launched_in_the_tick_its_phase_began_is_its_own_with_no_settle_time(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    timing = Timing(settle=timedelta(0), window=timedelta(seconds=10), poll=timedelta(seconds=1))
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + timing.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        old = add_trial(session, sweep_id, before, epochs(before, end))
+        # The filler launched it, then the search stamped the phase, 50 ms later.
+        tick = phase_start - timedelta(milliseconds=50)
+        own = add_trial(session, sweep_id, tick, epochs(tick, end, 0.0))
+        rates = trial_rates(
+            session=session,
+            trials=[old, own],
+            phase_start=phase_start,
+            start=phase_start,
+            end=end,
+            unit=SAMPLES_PER_S,
+            timing=timing,
+        )
+    assert rates == {own.id: pytest.approx(life_rate(tick, epochs(tick, end, 0.0)))}
