@@ -292,7 +292,8 @@ def running_trials(
 ) -> list[placement.RunningTrial]:
     """The active trials as placement counts them: `raised` gives the N each one's search has
     raised on its device since its launch (`grown_split`), `peaks` the most one trial of each
-    sweep's workload was seen holding on its device in its search's phases.
+    sweep's workload held on its device in the phases its search measured (none: its cap
+    stands).
 
     On a device where a raised trial may be budgeted below its cap, every trial there says
     what it holds: placement counts free memory as NVML reports it, which holds that already,
@@ -322,13 +323,17 @@ def running_trials(
 
 
 def grows_mb(trial: Trial, seen: int | None, peak: int | None) -> int | None:
-    """What a trial may grow to, as far as known: what it holds now or what a trial of its
-    workload was seen holding (`peak`), whichever is more; None before it reported (a young
-    trial may hold its CUDA context alone, and grow to its cap: TensorFlow takes its slice at
-    its first op, PyTorch allocates over its first steps)."""
-    if seen is None or trial.last_report_at is None:
+    """What a trial may grow to, as far as known: what it holds now or the peak of its
+    workload in a phase its search measured on the device's model (`peak`, a curve point's
+    memory), whichever is more. None (its cap stands) before it reported (a young trial may
+    hold its CUDA context alone, and grow to its cap: TensorFlow takes its slice at its first
+    op, PyTorch allocates over its first steps) and where no measured phase gives a peak: a
+    reading of a trial still allocating, or of a phase not measured yet, is no bound (two
+    wave trials seen at 4,000 MiB that grow to 20 GB within their caps would run the card
+    out of memory beside the new N's trials placed by that reading)."""
+    if seen is None or peak is None or trial.last_report_at is None:
         return None
-    return max(seen, peak or 0)
+    return max(seen, peak)
 
 
 def grown_split(trial: Trial, tuned: Mapping[int, Mapping[str, int]]) -> int | None:

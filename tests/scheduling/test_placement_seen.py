@@ -122,6 +122,10 @@ def test_a_fixed_split_sweep_is_never_raised() -> None:
 # to, as the filler gives them to placement.
 
 
+# What a trial of SWEEP held at the most in a phase its search measured (a curve point's memory).
+MEASURED_MB = 4000
+
+
 def gpu(held: dict[int, int]) -> DeviceSnapshot:
     """The H100 with our trials' processes (pid: MiB held) listed and nothing else used."""
     used = sum(held.values())
@@ -162,10 +166,16 @@ def fill(
     queue: int,
     tuned: int,
     credit: Fraction,
+    peak: int | None = MEASURED_MB,
 ) -> list[int]:
-    """The caps of what plan() places from a queue of the sweep SWEEP at N=`tuned`."""
+    """The caps of what plan() places from a queue of the sweep SWEEP at N=`tuned`, its
+    search's measured peak on the device `peak` (None: no point measured memory)."""
     running = running_trials(
-        trials, raised=raised, devices=[snapshot], group_of={t.pid: t.pid for t in trials}
+        trials,
+        raised=raised,
+        devices=[snapshot],
+        group_of={t.pid: t.pid for t in trials},
+        peaks={("GPU-0", SWEEP): peak},
     )
     pending = [
         PendingTrial(trial_id=i, split=None, tuned={"GPU-0": tuned}, sweep_id=SWEEP)
@@ -234,7 +244,7 @@ def test_a_trial_that_has_not_reported_keeps_its_cap() -> None:
     assert placed_caps == []
 
 
-def test_a_reported_trial_is_budgeted_at_its_slice() -> None:
+def test_a_reported_trial_is_budgeted_at_its_slice_once_a_measured_phase_bounds_it() -> None:
     trials = [active(5001, sweep_id=SWEEP, split=2), active(5002, sweep_id=SWEEP, split=2)]
     placed_caps = fill(
         trials,
@@ -245,6 +255,25 @@ def test_a_reported_trial_is_budgeted_at_its_slice() -> None:
         credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
     )
     assert placed_caps == [NEW_CAP] * 3
+
+
+def test_a_reported_trial_keeps_its_cap_where_no_measured_phase_bounds_it() -> None:
+    # The review's worked example: the first wave's 2 trials raised from N=2 to 5, each seen
+    # at 4,000 MiB, no point measured (the probe wave, or a restart with no profile). Placed by
+    # that reading, 3 new trials of 15,185 MiB: if the wave's grow to 20,000 MiB within their
+    # caps, the card needs 88,627 MiB of its 81,559.
+    assert 2 * 20000 + 3 * (NEW_CAP + POLICY.overhead_mb) > H100_MB
+    trials = [active(5001, sweep_id=SWEEP, split=2), active(5002, sweep_id=SWEEP, split=2)]
+    placed_caps = fill(
+        trials,
+        {5001: 5, 5002: 5},
+        gpu({5001: 4000, 5002: 4000}),
+        queue=5,
+        tuned=5,
+        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
+        peak=None,
+    )
+    assert placed_caps == []
 
 
 def test_a_trial_whose_workload_was_seen_holding_more_keeps_its_cap() -> None:

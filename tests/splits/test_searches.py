@@ -537,7 +537,7 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
     assert search.decision.settled and search.split == 2
 
 
-def test_a_workloads_peak_is_the_most_its_points_and_its_last_phase_saw(
+def test_a_workloads_peak_is_the_most_its_measured_points_saw_not_a_phase_still_open(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
     auto_id, searches, search = following(sessions, settings, tmp_path)
@@ -547,10 +547,11 @@ def test_a_workloads_peak_is_the_most_its_points_and_its_last_phase_saw(
         # Nothing seen yet, or not searched on that device: nothing to go by.
         assert searches.peak_mb(sweep=sweep, device_key="cpu") is None
         assert searches.peak_mb(sweep=sweep, device_key="GPU-9") is None
+        # A phase not measured yet: its readings so far are no peak.
+        search.peak_mb = 3500
+        assert searches.peak_mb(sweep=sweep, device_key="cpu") is None
         search.curve = [
             CurvePoint(split=2, throughput=1.0, memory_per_trial_mb=3000),
             CurvePoint(split=4, throughput=1.5, memory_per_trial_mb=None),
         ]
         assert searches.peak_mb(sweep=sweep, device_key="cpu") == 3000
-        search.peak_mb = 3500
-        assert searches.peak_mb(sweep=sweep, device_key="cpu") == 3500
