@@ -19,7 +19,7 @@ from gpumux.scheduling.launching import Launcher
 from gpumux.scheduling.next_trials import NextTrial, next_trials
 from gpumux.scheduling.watched import Watched
 from gpumux.search.studies import SamplerFailed, Studies
-from gpumux.splits.searches import SplitSearches
+from gpumux.splits.searches import SplitSearches, trial_memory
 from gpumux.storage import lifecycle, nodes
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -105,6 +105,12 @@ class SlotFiller:
             ]
             # Only a sweep with a trial waiting can use a credit: its N is in `tuned` already.
             grown = credits(active, tuned)
+            raised = {t.id: n for t in active if (n := grown_split(t, tuned)) is not None}
+            peaks = {
+                (t.device, t.sweep_id): self.searches.peak_mb(sweep=t.sweep, device_key=t.device)
+                for t in active
+                if t.id in raised and t.device is not None
+            }
             policy = self.policy()
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
@@ -112,18 +118,9 @@ class SlotFiller:
         if not pending:
             self.heads = []
             return
-        running = [
-            placement.RunningTrial(
-                trial_id=t.id,
-                device_key=t.device,
-                slot=t.slot or 0,
-                memory_limit_mb=t.memory_limit_mb,
-                # Every launch records its N; one without (none should be) holds the device.
-                split=t.split or 1,
-            )
-            for t in active
-            if t.device is not None
-        ]
+        running = running_trials(
+            active, raised=raised, devices=devices, group_of=group_of, peaks=peaks
+        )
         if self.overheads.measurable(devices):
             self.overheads.observe(devices, group_of=group_of, caps=self.watched.caps_by_group())
         plan = placement.plan(
@@ -277,13 +274,87 @@ def credits(
     anyway). On a device that caps memory, those trials' caps still hold what they got."""
     grown: dict[tuple[str, int], Fraction] = {}
     for trial in active:
-        now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
-        launched = trial.split or 1
-        if trial.device is None or trial.sweep.split is not None or not now or now <= launched:
+        now = grown_split(trial, tuned)
+        if trial.device is None or now is None:
             continue
         key = (trial.device, trial.sweep_id)
-        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, launched) - Fraction(1, now)
+        grown[key] = grown.get(key, Fraction(0)) + Fraction(1, trial.split or 1) - Fraction(1, now)
     return grown
+
+
+def running_trials(
+    active: Sequence[Trial],
+    *,
+    raised: Mapping[int, int],
+    devices: Sequence[DeviceSnapshot],
+    group_of: Mapping[int, int],
+    peaks: Mapping[tuple[str, int], int | None] | None = None,
+) -> list[placement.RunningTrial]:
+    """The active trials as placement counts them: `raised` gives the N each one's search has
+    raised on its device since its launch (`grown_split`), `peaks` the most one trial of each
+    sweep's workload held on its device in the phases its search measured (none: its cap
+    stands).
+
+    On a device where a raised trial may be budgeted below its cap, every trial there says
+    what it holds: placement counts free memory as NVML reports it, which holds that already,
+    and only the rest of each one's budget as growth. A raised trial's budget may drop only
+    to what it may grow to (`grows_mb`)."""
+    lowered = {t.device for t in active if t.id in raised}
+    seen = {t.id: seen_mb(t, devices, group_of) for t in active if t.device in lowered}
+    return [
+        placement.RunningTrial(
+            trial_id=t.id,
+            device_key=t.device,
+            slot=t.slot or 0,
+            memory_limit_mb=t.memory_limit_mb,
+            # Every launch records its N; one without (none should be) holds the device.
+            split=t.split or 1,
+            grown_split=raised.get(t.id),
+            seen_mb=seen.get(t.id),
+            grows_mb=(
+                grows_mb(t, seen.get(t.id), (peaks or {}).get((t.device, t.sweep_id)))
+                if t.id in raised
+                else None
+            ),
+        )
+        for t in active
+        if t.device is not None
+    ]
+
+
+def grows_mb(trial: Trial, seen: int | None, peak: int | None) -> int | None:
+    """What a trial may grow to, as far as known: what it holds now or the peak of its
+    workload in a phase its search measured on the device's model (`peak`, a curve point's
+    memory), whichever is more. None (its cap stands) before it reported (a young trial may
+    hold its CUDA context alone, and grow to its cap: TensorFlow takes its slice at its first
+    op, PyTorch allocates over its first steps) and where no measured phase gives a peak: a
+    reading of a trial still allocating, or of a phase not measured yet, is no bound (two
+    wave trials seen at 4,000 MiB that grow to 20 GB within their caps would run the card
+    out of memory beside the new N's trials placed by that reading)."""
+    if seen is None or peak is None or trial.last_report_at is None:
+        return None
+    return max(seen, peak)
+
+
+def grown_split(trial: Trial, tuned: Mapping[int, Mapping[str, int]]) -> int | None:
+    """The N the split search of the trial's sweep has raised on its device above the one the
+    trial was launched under; None where it has not, or the sweep's N is fixed."""
+    now = tuned.get(trial.sweep_id, {}).get(trial.device or "")
+    if trial.device is None or trial.sweep.split is not None or not now:
+        return None
+    return now if now > (trial.split or 1) else None
+
+
+def seen_mb(
+    trial: Trial, devices: Sequence[DeviceSnapshot], group_of: Mapping[int, int]
+) -> int | None:
+    """What the trial's processes hold on its device as last probed, as the split search reads
+    it (its leader's pid is its process group's id); None where the device does not tell."""
+    device = next((d for d in devices if d.key == trial.device), None)
+    if trial.pid is None:
+        return None
+    held = trial_memory(device, [trial.pid], group_of)
+    return held[0] if held else None
 
 
 def kept_turns(

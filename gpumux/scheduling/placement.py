@@ -4,7 +4,9 @@ A trial launched under split N holds 1/N of its device, whatever its workload: a
 when its trials' shares add up to 1, so several workloads pack one device by their own N. Once
 the split search raises a sweep's N on a device, the share its trials of the lower N hold beyond
 1/(new N) is the sweep's credit there: its next trials may use it at once (a slot N opened),
-no other sweep's may.
+no other sweep's may. On a device that caps memory, such a trial seen holding no more than a
+slice of the new N is budgeted at that slice rather than its own cap, so the new N's trials fit
+beside it at once too, within what the device's free memory allows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ class RunningTrial:
     memory_limit_mb: int | None
     # The N it was launched under: it holds 1/split of the device.
     split: int
+    # The higher N its sweep's split search has since chosen on the device (None: not raised,
+    # or a fixed split), and what its processes were last seen holding there (None: unseen).
+    grown_split: int | None = None
+    seen_mb: int | None = None
+    # What a raised trial may grow to, as far as known: what it holds, or what a trial of its
+    # workload was seen holding in its search's phases if more (None: not known, as for a
+    # trial that has not reported yet: its cap).
+    grows_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,9 @@ class _Device:
     slots: set[int]
     # Per sweep, the share its trials of a lower N hold beyond the N its search has now chosen.
     credits: Mapping[int, Fraction] = field(default_factory=dict)
+    # Where a running trial is budgeted below its cap: the free memory NVML reports, less the
+    # reserve and what our trials may still grow into within their budgets; None elsewhere.
+    spare_mb: int | None = None
 
     def split_for(self, trial: PendingTrial, policy: PackingPolicy) -> int:
         """The N the trial would run under here: its sweep's, the tuned one, or the default."""
@@ -169,6 +182,9 @@ class _Device:
         )
         if cap is None:
             return None
+        spare = self.spare_mb
+        if spare is not None and (cap.memory_limit_mb or 0) + self.overhead_mb > spare:
+            return None
         return Placement(
             trial_id=trial.trial_id,
             device_key=self.snapshot.key,
@@ -184,6 +200,8 @@ class _Device:
         self.slots.add(placement.slot)
         if placement.memory_limit_mb is not None:
             self.held_mb += placement.memory_limit_mb + self.overhead_mb
+            if self.spare_mb is not None:
+                self.spare_mb -= placement.memory_limit_mb + self.overhead_mb
 
     def free_slots(self, split: int) -> Fraction:
         """How many more trials of this split the free share holds: the device's rank."""
@@ -211,13 +229,20 @@ def _usable_devices(
             our_caps=[t.memory_limit_mb for t in on_device],
             overhead_mb=overhead,
         )
+        budgets = {t.trial_id: _budget_mb(t, device, kind, room, policy) for t in on_device}
+        spare = None
+        caps = sum((t.memory_limit_mb or 0) + overhead for t in on_device)
+        if device.memory_free_mb is not None and sum(budgets.values()) < caps:
+            # What they hold is in NVML's used memory already; what they may still take is not.
+            growth = sum(max(0, budgets[t.trial_id] - (t.seen_mb or 0)) for t in on_device)
+            spare = device.memory_free_mb - policy.reserve_mb - growth
         usable.append(
             _Device(
                 snapshot=device,
                 kind=kind,
                 overhead_mb=overhead,
                 usable_mb=room,
-                held_mb=sum((t.memory_limit_mb or 0) + overhead for t in on_device),
+                held_mb=sum(budgets.values()),
                 shares=sum((Fraction(1, t.split) for t in on_device), Fraction(0)),
                 slots={t.slot for t in on_device},
                 credits={
@@ -225,9 +250,40 @@ def _usable_devices(
                     for (key, sweep_id), credit in credits.items()
                     if key == device.key
                 },
+                spare_mb=spare,
             )
         )
     return usable
+
+
+def _budget_mb(
+    trial: RunningTrial,
+    device: DeviceSnapshot,
+    kind: DeviceKind,
+    room_mb: int,
+    policy: PackingPolicy,
+) -> int:
+    """The memory a running trial is budgeted at: its cap and overhead, or, where its sweep's
+    search has raised N since it was launched and what it may grow to (`grows_mb`: what it and
+    its workload's trials were seen holding, once it reported) fits a slice of the new N, that
+    slice and overhead. A trial that takes its whole slice (TensorFlow) shows its cap and keeps
+    it; one not known yet keeps it too. One that grows past what was seen may still run a trial
+    out of memory: the search backs off from that as from any."""
+    overhead = policy.overhead_for(device.key)
+    own = (trial.memory_limit_mb or 0) + overhead
+    if trial.memory_limit_mb is None or trial.grown_split is None or trial.grows_mb is None:
+        return own
+    given = kind.cap(
+        device,
+        split=trial.grown_split,
+        room_mb=room_mb,
+        held_mb=0,
+        overhead_mb=overhead,
+        rules=policy,
+    )
+    if given is None or given.memory_limit_mb is None or trial.grows_mb > given.memory_limit_mb:
+        return own
+    return min(own, given.memory_limit_mb + overhead)
 
 
 @dataclass(frozen=True)

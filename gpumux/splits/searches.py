@@ -65,6 +65,7 @@ class SplitSearches:
             settle=timedelta(seconds=settings.split_settle),
             window=timedelta(seconds=settings.split_window),
             threshold=settings.split_threshold,
+            poll=timedelta(seconds=settings.poll_interval),
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
@@ -287,6 +288,19 @@ class SplitSearches:
         search = self._searches.get((model, sweep_fingerprint(sweep)))
         # Not searched on this model yet: its N is unknown, so it may fit in any share left.
         return Fraction(0) if search is None else Fraction(1, search.split)
+
+    def peak_mb(self, *, sweep: Sweep, device_key: str) -> int | None:
+        """The most one trial of the sweep's workload held on the device's model in a phase
+        its search measured: its points' peaks; None where it was not searched there or no
+        point has one. A phase not measured yet does not count: in the first wave the search
+        learns from a trial's first reading above a CUDA context, and that phase's peak holds
+        only the readings so far (placement would budget a trial by a figure it may outgrow)."""
+        model = self._model_of.get(device_key)
+        search = self._searches.get((model or "", sweep_fingerprint(sweep)))
+        if search is None:
+            return None
+        seen = [p.memory_per_trial_mb for p in search.curve if p.memory_per_trial_mb is not None]
+        return int(max(seen, default=0)) or None
 
     def out_of_memory(self, *, session: Session, trial: Trial) -> None:
         """A trial of an auto sweep ran out of device memory: lower its workload's N there."""

@@ -2,17 +2,20 @@
 when the window closes, the per-trial rates in it, and the point it gives.
 
 After N changes the device settles (`Timing.settle`), then a window opens over the phase's trials:
-the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`). It
-closes once each has reported twice in it, half a window apart, or ended (scripts that report
-too rarely or nothing: once every one has ended); one whose framework sees no GPU closes none
-(`NoGpu`). The device's throughput at N is N times the median trial's rate: samples/s,
-optimizer steps/s for PyTorch scripts that report no samples, completed trials/s for scripts that
-report neither (one unit per workload). Each point keeps the trials it was measured on and the
-spread of their rates: how sure it is.
+the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`), that
+started in the phase (`phase_trials`). It closes once each has reported twice in it, half a
+window apart, or ended (scripts that report too rarely or nothing: once every one has ended);
+one whose framework sees no GPU closes none (`NoGpu`). The device's throughput at N is N times
+the median trial's rate over its life, the phase's trials all read at the age of its youngest
+(`trial_rates`): samples/s, optimizer steps/s
+for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
+(one unit per workload). Each point keeps the trials it was measured on and the spread of their
+rates: how sure it is.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -40,6 +43,15 @@ class Timing:
     settle: timedelta
     window: timedelta
     threshold: float = split_curve.DEFAULT_THRESHOLD
+    # Seconds between the scheduler's ticks: a trial launched in the tick a phase began
+    # started up to a tick before the phase's stamp (`own_trials`).
+    poll: timedelta = timedelta(seconds=1)
+
+    @property
+    def margin(self) -> timedelta:
+        """How long before a phase's stamp a trial of its own may have started: the settle
+        time, and never less than a tick (the settle time may be 0)."""
+        return max(self.settle, self.poll)
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ def phase_window(
     return read_window(
         session=session,
         trials=trials,
+        phase_start=phase_start,
         start=start,
         now=now,
         unit=unit,
@@ -117,26 +130,40 @@ def read_window(
     *,
     session: Session,
     trials: Sequence[Trial],
+    phase_start: datetime,
     start: datetime,
     now: datetime,
     unit: ThroughputUnit,
     measured: bool,
     timing: Timing,
 ) -> tuple[Window | None, ThroughputUnit]:
-    """The window opened at `start` over the phase's `trials` (the workload's trials under N
-    since then) if it closes now (None: not yet), and the unit the workload is measured in
-    from now on. `measured`: the curve has points already (its unit is then the workload's)."""
-    ended = [t for t in trials if t.ended_at is not None and t.ended_at <= now]
-    phase = [t for t in trials if t.started_at is not None and t.started_at <= start]
+    """The window opened at `start` over the trials under N since then, in the phase that
+    began at `phase_start`, if it closes now (None: not yet), and the unit the workload is
+    measured in from now on. `measured`: the curve has points already (its unit is then the
+    workload's)."""
+    phase = phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    ended = [
+        t
+        for t in counted_trials(trials, phase_start=phase_start, start=start, timing=timing)
+        if t.ended_at is not None and t.ended_at <= now
+    ]
     done = {t.id for t in ended}
-    rates = trial_rates(
-        session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
-    )
+
+    def rates_in(unit: ThroughputUnit) -> dict[int, float]:
+        return trial_rates(
+            session=session,
+            trials=trials,
+            phase_start=phase_start,
+            start=start,
+            end=now,
+            unit=unit,
+            timing=timing,
+        )
+
+    rates = rates_in(unit)
     if not rates and only_steps(session=session, trials=trials, unit=unit, measured=measured):
         unit = STEPS_PER_S
-        rates = trial_rates(
-            session=session, trials=trials, start=start, end=now, unit=unit, timing=timing
-        )
+        rates = rates_in(unit)
     if unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase):
         return Window(rates=list(rates.values()), ended=ended), unit
     if ended and all(t.id in done for t in phase):
@@ -144,42 +171,127 @@ def read_window(
     return None, unit
 
 
+def phase_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials a window opened at `start` waits for: those that started in its phase
+    (`own_trials`); where none did, those that started before it, beside the last N's trials
+    (nothing refilled the phase)."""
+    own = own_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    return own or [t for t in trials if t.started_at is not None and t.started_at <= start]
+
+
+def counted_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials a window reads, the ended ones included: the phase's (`phase_trials`) and
+    those started since the window opened (refills), but none that started before the phase
+    where it has trials of its own, as `trial_rates` reads them."""
+    own = own_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    if not own:
+        return list(trials)
+    ids = {t.id for t in own}
+    return [t for t in trials if t.id in ids or (t.started_at is not None and t.started_at > start)]
+
+
+def own_trials(
+    trials: Sequence[Trial], *, phase_start: datetime, start: datetime, timing: Timing
+) -> list[Trial]:
+    """The trials that started in the phase that began at `phase_start`, by the window's
+    opening at `start`. A trial launched in the tick the phase began started a moment before
+    it (the filler launches it, then the search stamps the phase): `Timing.margin`, the settle
+    time and never less than a tick, keeps it in."""
+    since = phase_start - timing.margin
+    return [t for t in trials if t.started_at is not None and since <= t.started_at <= start]
+
+
 def trial_rates(
     *,
     session: Session,
     trials: Sequence[Trial],
+    phase_start: datetime,
     start: datetime,
     end: datetime,
     unit: ThroughputUnit,
     timing: Timing,
 ) -> dict[int, float]:
-    """Each trial's samples/s over its life so far: what it reported in all over the time
-    from its start to its last report, where it reported twice or more in the window, half
-    a window apart at least (report lines read from a log in one tick arrive together:
-    their spacing is the reading's, not the work's); a rate out of range is left out.
+    """Each trial's samples/s over its life, where it reported twice or more in the window
+    opened at `start`, half a window apart at least (report lines read from a log in one tick
+    arrive together: their spacing is the reading's, not the work's); a rate out of range is
+    left out. The phase's trials (`phase_trials`) are read at one age, the least any of them
+    had at its last report: what each reported from its start to then. A trial started since
+    the window opened (a refill) is read at its own age, never past theirs; one that started
+    before the phase, beside the last N's trials, is left out where the phase has trials of
+    its own.
 
     Its life, not the span between its reports: a short trial spends much of it starting
     (TensorFlow's import alone takes seconds), and N trials that start together crowd each
-    other's start-up as much as their training. N times a life rate counts both.
+    other's start-up as much as their training. N times a life rate counts both. At one age:
+    the phase's trials need not have started together (one may have started in the settle
+    time, seconds after the others), and an older trial's start-up weighs less in its longer
+    life, so its life rate reads higher. Not at a refill's age: a refill is younger than the
+    window, and its age would read the phase's trials over their start-up alone. An older
+    trial is left out because at their age its reading would fall wholly or partly before
+    the phase, under the last N's load, and over its own life its start-up, crowded by fewer
+    trials, weighs less; where every trial of the phase is such a one (nothing refilled it),
+    each is read over its own life, as a trial that started with the phase would be.
     """
     what = counted(unit)
+    half = timing.window.total_seconds() / 2
+    own = {t.id for t in own_trials(trials, phase_start=phase_start, start=start, timing=timing)}
+    phase = own or {
+        t.id for t in phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    }
+    started = {
+        t.id: t.started_at
+        for t in trials
+        if t.started_at is not None and (t.id in phase or t.started_at > start)
+    }
     times = report_store.report_times(
-        session=session, trial_ids=[t.id for t in trials], start=start, end=end, counted=what
+        session=session, trial_ids=list(started), start=start, end=end, counted=what
     )
-    totals = report_store.samples_of(session=session, trial_ids=list(times), counted=what)
-    started = {t.id: t.started_at for t in trials}
+    measured = [
+        trial_id
+        for trial_id, reports in times.items()
+        if len(reports) >= 2 and (reports[-1][0] - reports[0][0]).total_seconds() >= half
+    ]
+    if not measured:
+        return {}
+    lives = report_store.report_times(
+        session=session,
+        trial_ids=measured,
+        start=min(started[trial_id] for trial_id in measured),
+        end=end,
+        counted=what,
+    )
+    own_age = {i: (times[i][-1][0] - started[i]).total_seconds() for i in measured}
+    # The phase's own trials read at one age; trials that all started before it, each at its own.
+    one_age = min((own_age[i] for i in measured if i in own), default=math.inf)
     rates = {}
-    for trial_id, reports in times.items():
-        began = started.get(trial_id)
-        if len(reports) < 2 or began is None:
-            continue
-        if (reports[-1][0] - reports[0][0]).total_seconds() < timing.window.total_seconds() / 2:
-            continue
-        seconds = (reports[-1][0] - began).total_seconds()
-        rate = totals.get(trial_id, 0.0) / seconds if seconds > 0 else math.inf
+    for trial_id in measured:
+        age = min(one_age, own_age[trial_id])
+        rate = (
+            samples_by(lives[trial_id], began=started[trial_id], age=age) / age
+            if age > 0
+            else math.inf
+        )
         if 0 <= rate <= report_store.MAX_RATE:
             rates[trial_id] = rate
     return rates
+
+
+def samples_by(reports: Sequence[tuple[datetime, float]], *, began: datetime, age: float) -> float:
+    """What a trial that started at `began` had reported `age` seconds later, from its reports
+    in order (when, how many): interpolated between the reports either side of that age (lines
+    read in one tick as one), from none at its start; all it reported if it is not that old."""
+    done, then = 0.0, 0.0
+    for at, read in itertools.groupby(reports, key=lambda report: report[0]):
+        samples = sum(count for _, count in read)
+        seconds = (at - began).total_seconds()
+        if seconds > age:
+            return done + samples * (age - then) / (seconds - then)
+        done, then = done + samples, seconds
+    return done
 
 
 def counted(unit: ThroughputUnit) -> report_store.Counted:

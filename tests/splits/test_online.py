@@ -97,11 +97,12 @@ def report(trial: Trial, at: datetime, samples: float) -> TrialReport:
 def run_phase(
     sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
 ) -> datetime:
-    """N trials run for settle + window, reporting `rate` samples/s in all; returns the end."""
+    """N trials run for settle + window, reporting `rate` samples/s in all from their start
+    (no start-up); returns the end."""
     split = search.split
     with sessions.write.begin() as session:
         search.observe(session=session, now=start, running=split, queued=9, sweep_id=1)
-        trials = [running_trial(start - timedelta(seconds=1), split) for _ in range(split)]
+        trials = [running_trial(start, split) for _ in range(split)]
         session.add_all(trials)
         session.flush()
         for second in range(1, 17):
@@ -628,8 +629,8 @@ def test_points_measured_before_their_trials_ended_take_their_times_when_the_swe
         assert search.sweep_ended(session=session)
         search.save(session=session)
 
-    # run_phase's trials start a second before their phase and end as it closes.
-    took = (TIMING.settle + TIMING.window + timedelta(seconds=1)).total_seconds()
+    # run_phase's trials start with their phase and end as it closes.
+    took = (TIMING.settle + TIMING.window).total_seconds()
     assert [p.seconds_per_trial for p in search.curve] == [took, took]
     with sessions.read() as session:
         (profile,), _ = profile_store.list_profiles(session=session)

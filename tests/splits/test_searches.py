@@ -535,3 +535,23 @@ def test_a_settled_search_times_its_points_by_the_trials_that_ended_once_its_swe
     # The median of the trials that ran to their end under each N (the failed one left out).
     assert [p.seconds_per_trial for p in search.curve] == [85.0, 70.0]
     assert search.decision.settled and search.split == 2
+
+
+def test_a_workloads_peak_is_the_most_its_measured_points_saw_not_a_phase_still_open(
+    sessions: Sessions, settings: Settings, tmp_path: Path
+) -> None:
+    auto_id, searches, search = following(sessions, settings, tmp_path)
+    with sessions.read() as session:
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        # Nothing seen yet, or not searched on that device: nothing to go by.
+        assert searches.peak_mb(sweep=sweep, device_key="cpu") is None
+        assert searches.peak_mb(sweep=sweep, device_key="GPU-9") is None
+        # A phase not measured yet: its readings so far are no peak.
+        search.peak_mb = 3500
+        assert searches.peak_mb(sweep=sweep, device_key="cpu") is None
+        search.curve = [
+            CurvePoint(split=2, throughput=1.0, memory_per_trial_mb=3000),
+            CurvePoint(split=4, throughput=1.5, memory_per_trial_mb=None),
+        ]
+        assert searches.peak_mb(sweep=sweep, device_key="cpu") == 3000

@@ -1,8 +1,8 @@
 """The split search through a real daemon on a simulated GPU: where memory, not the rate, bounds
 N it climbs to the N that fits and never into one that runs out; a guess from memory learns
-what a trial holds from a smaller first wave before its own runs out; a first wave that runs
-out of memory backs off and every trial still succeeds; two workloads at auto share one
-device, each measured."""
+what a trial holds from a smaller first wave before its own runs out, and the N that fits starts
+beside that wave; a first wave that runs out of memory backs off and every trial still
+succeeds; two workloads at auto share one device, each measured."""
 
 from __future__ import annotations
 
@@ -166,6 +166,12 @@ def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
     # Seen failing before: the guess's wave of 5 ran out of memory.
     assert ran_out(trials) == [], "no wave ran out of memory"
     assert sum(t.split == 2 for t in trials) == 2, "only the first wave ran at half the guess"
+    # Seen holding less than a slice of 4, the wave still keeps its caps: no phase measured
+    # what its workload holds at the most (its trials may still be allocating), so the 2
+    # trials the fit adds start once it ends, not beside it (review of h-rate2, finding 2).
+    wave_ends = min(t.ended_at for t in trials if t.split == 2 and t.ended_at)
+    beside = [t for t in trials if t.split == top and t.started_at and t.started_at < wave_ends]
+    assert beside == [], f"{len(beside)} trials at N={top} started beside the first wave"
     # The first wave is no point: the only one measured is at the fit.
     assert [point.split for point in profile.curve] == [top], profile.reason
     assert profile.settled and profile.best_split == top, profile.reason

@@ -1,0 +1,332 @@
+"""A window's per-trial rates: the phase's trials' life rates read at one age, whatever each
+one's age; a refill at its own, a trial older than the phase left out."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from builders import sweep_plan
+from sqlalchemy.orm import Session
+
+from gpumux.splits.window import (
+    Timing,
+    Window,
+    measure,
+    phase_window,
+    sweep_fingerprint,
+    trial_rates,
+)
+from gpumux.status import TrialStatus
+from gpumux.storage import owners as owner_store
+from gpumux.storage import sweeps as sweep_store
+from gpumux.storage.engine import Sessions
+from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
+from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
+
+TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
+NUMBERS = itertools.count(100)
+# The workload: 4 s of start-up, then 20 samples every 2 s.
+STARTUP_S = 4.0
+EPOCH_S = 2.0
+EPOCH_SAMPLES = 20.0
+
+
+def a_sweep(sessions: Sessions, tmp_path: Path) -> int:
+    with sessions.write.begin() as session:
+        sweep = sweep_store.create_sweep(
+            session=session,
+            plan=sweep_plan(tmp_path, "x=1..9", command=["python", "train.py"], seed=1),
+            owner=owner_store.get_or_create_owner(session=session, name="alice"),
+        )
+        return sweep.id
+
+
+def epochs(began: datetime, until: datetime, startup_s: float = STARTUP_S) -> list[datetime]:
+    """When a trial that started at `began` reports an epoch: every `EPOCH_S` after its
+    start-up, up to `until`."""
+    first = began + timedelta(seconds=startup_s + EPOCH_S)
+    count = int((until - first) / timedelta(seconds=EPOCH_S)) + 1
+    return [first + timedelta(seconds=EPOCH_S * n) for n in range(count)]
+
+
+def add_trial(
+    session: Session, sweep_id: int, began: datetime, reports: Sequence[datetime]
+) -> Trial:
+    """A trial of the sweep under N=3 since `began`, an epoch's samples reported at each of
+    `reports`."""
+    trial = Trial(
+        sweep_id=sweep_id,
+        number=next(NUMBERS),
+        params={},
+        status=TrialStatus.running,
+        device="cpu",
+        split=3,
+        started_at=began,
+    )
+    session.add(trial)
+    session.flush()
+    session.add_all(
+        TrialReport(
+            trial_id=trial.id,
+            attempt=1,
+            kind="line",
+            at=at,
+            samples=EPOCH_SAMPLES,
+            seconds=EPOCH_S,
+            metrics={},
+        )
+        for at in reports
+    )
+    session.flush()
+    return trial
+
+
+def rates_of(session: Session, trials: list[Trial], start: datetime) -> list[float]:
+    """The rates of the window opened at `start`, read as it closes."""
+    found = trial_rates(
+        session=session,
+        trials=trials,
+        # The phase began a settle time before the window opened.
+        phase_start=start - TIMING.settle,
+        start=start,
+        end=start + TIMING.window,
+        unit=SAMPLES_PER_S,
+        timing=TIMING,
+    )
+    return [found[trial.id] for trial in trials]
+
+
+@pytest.mark.parametrize("ages", [(8, 5, 2), (9, 7, 6)])
+def test_trials_of_different_ages_read_alike(
+    sessions: Sessions, tmp_path: Path, ages: tuple[int, ...]
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    start = utcnow()
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # The oldest started in the tick the phase began, the others in its settle time.
+        began = [start - timedelta(seconds=age) for age in ages]
+        trials = [add_trial(session, sweep_id, at, epochs(at, end)) for at in began]
+        rates = rates_of(session, trials, start)
+    # Each over the youngest's life at its last report: its start-up, then its epochs.
+    youngest = (end - began[-1]).total_seconds() // EPOCH_S * EPOCH_S
+    epochs_then = (youngest - STARTUP_S) // EPOCH_S
+    assert rates == [pytest.approx(epochs_then * EPOCH_SAMPLES / youngest)] * len(ages)
+
+
+def test_a_crowded_start_up_still_counts(sessions: Sessions, tmp_path: Path) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    start = utcnow()
+    end = start + TIMING.window
+    began = start - timedelta(seconds=6)
+    with sessions.write.begin() as session:
+        # Started together, one slowed down by the other trials' start-up.
+        quick = add_trial(session, sweep_id, began, epochs(began, end))
+        crowded = add_trial(session, sweep_id, began, epochs(began, end, 8.0))
+        rates = rates_of(session, [quick, crowded], start)
+    # Both over 16 s of their lives: 6 epochs after 4 s of start-up, 4 after 8 s.
+    assert rates == [pytest.approx(6 * EPOCH_SAMPLES / 16), pytest.approx(4 * EPOCH_SAMPLES / 16)]
+
+
+def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    start = utcnow()
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        old_began, young_began = start - timedelta(seconds=9), start - timedelta(seconds=3)
+        old = add_trial(session, sweep_id, old_began, epochs(old_began, end))
+        # Its start-up took a second longer: it reports at 7, 9, 11 and 13 s of age.
+        young = add_trial(session, sweep_id, young_began, epochs(young_began, end, 5.0))
+        rates = rates_of(session, [old, young], start)
+    # At 13 s of age the older one was half way from its 4th epoch (12 s) to its 5th (14 s).
+    assert rates == [pytest.approx(4.5 * EPOCH_SAMPLES / 13), pytest.approx(4 * EPOCH_SAMPLES / 13)]
+
+
+def phase_rates(session: Session, sweep_id: int, phase_start: datetime) -> list[float] | None:
+    """The rates of the phase that began at `phase_start` on the CPU under N=3, in order, as
+    its window closes (None: it does not close then)."""
+    sweep = session.get(Sweep, sweep_id)
+    assert sweep is not None
+    start = phase_start + TIMING.settle
+    window, _ = phase_window(
+        session=session,
+        device="cpu",
+        split=3,
+        phase_start=phase_start,
+        now=start + TIMING.window,
+        node_id=None,
+        fingerprint=sweep_fingerprint(sweep),
+        auto={},
+        unit=SAMPLES_PER_S,
+        measured=False,
+        timing=TIMING,
+    )
+    if window is None:
+        return None
+    assert isinstance(window, Window)
+    return sorted(window.rates)
+
+
+def life_rate(began: datetime, reports: Sequence[datetime]) -> float:
+    """A trial's samples over its life to its last report, as main reads every trial."""
+    return len(reports) * EPOCH_SAMPLES / (reports[-1] - began).total_seconds()
+
+
+def test_a_refill_started_after_the_window_opened_does_not_set_the_age(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Two of the phase's trials started with it; the third ended as the window opened and
+        # its slot was refilled: the refill, with no start-up, reported twice in the window,
+        # half a window apart at least.
+        for _ in range(2):
+            add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        refill_began = start + timedelta(seconds=1)
+        add_trial(session, sweep_id, refill_began, epochs(refill_began, end, 0.0))
+        rates = phase_rates(session, sweep_id, phase_start)
+    # The phase's trials read at their own age (14 s: 5 epochs after 4 s of start-up), not
+    # the refill's (8 s, when they had 2); the refill over its own life.
+    assert rates == pytest.approx(
+        sorted(
+            [life_rate(phase_start, epochs(phase_start, end))] * 2
+            + [life_rate(refill_began, epochs(refill_began, end, 0.0))]
+        )
+    )
+
+
+def test_a_trial_that_started_before_its_phase_is_left_out(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Started beside the last N's wave, 30 s before the phase: read at the phase trials'
+        # age (14 s), its whole reading would fall before the phase began.
+        before = phase_start - timedelta(seconds=30)
+        add_trial(session, sweep_id, before, epochs(before, end))
+        for _ in range(2):
+            add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    # The phase's two alone, at their age (14 s).
+    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))] * 2
+
+
+def test_a_phase_whose_trials_all_started_before_it_reads_each_over_its_own_life(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        # Nothing refilled the phase (the sweep's queue was empty): its trials all started
+        # beside the last N's, and each is read as main read it, over its own life.
+        began = [phase_start - timedelta(seconds=age) for age in (30, 12)]
+        for at in began:
+            add_trial(session, sweep_id, at, epochs(at, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    assert rates == pytest.approx(sorted(life_rate(at, epochs(at, end)) for at in began))
+
+
+def test_a_phase_waits_for_its_own_trials_not_for_an_older_one(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        add_trial(session, sweep_id, before, epochs(before, end))
+        # The phase's own trial has not reported twice yet: the window stays open.
+        add_trial(session, sweep_id, phase_start, epochs(phase_start, end)[:1])
+        assert phase_rates(session, sweep_id, phase_start) is None
+
+
+def test_a_phase_closes_on_its_own_trials_whatever_an_older_one_reported(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        # The older trial has not reported twice in the window; the phase's own trial has.
+        add_trial(session, sweep_id, before, epochs(before, end)[:-6])
+        add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        rates = phase_rates(session, sweep_id, phase_start)
+    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))]
+
+
+def test_trials_that_started_before_their_phase_leave_its_durations_and_life_rates_out(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    # Scripts that report nothing: N=3 over the median duration of the trials that ended.
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    with sessions.write.begin() as session:
+        # Two started beside the last N's wave, 30 s and 28 s before the phase; one its own.
+        for age in (30, 28, 0):
+            trial = add_trial(session, sweep_id, phase_start - timedelta(seconds=age), [])
+            trial.ended_at = start + timedelta(seconds=3)
+            trial.status = TrialStatus.succeeded
+        session.flush()
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        window, unit = phase_window(
+            session=session,
+            device="cpu",
+            split=3,
+            phase_start=phase_start,
+            now=start + TIMING.window,
+            node_id=None,
+            fingerprint=sweep_fingerprint(sweep),
+            auto={},
+            unit=TRIALS_PER_S,
+            measured=True,
+            timing=TIMING,
+        )
+        assert isinstance(window, Window)
+        point, _ = measure(
+            session=session, window=window, unit=unit, split=3, measured=True, peak_mb=None
+        )
+    # The phase's own trial alone: 8 s, not the median of 38, 36 and 8.
+    assert point is not None
+    assert point.throughput == pytest.approx(3 / 8)
+
+
+def test_a_trial_launched_in_the_tick_its_phase_began_is_its_own_with_no_settle_time(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    timing = Timing(settle=timedelta(0), window=timedelta(seconds=10), poll=timedelta(seconds=1))
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    end = phase_start + timing.window
+    with sessions.write.begin() as session:
+        before = phase_start - timedelta(seconds=30)
+        old = add_trial(session, sweep_id, before, epochs(before, end))
+        # The filler launched it, then the search stamped the phase, 50 ms later.
+        tick = phase_start - timedelta(milliseconds=50)
+        own = add_trial(session, sweep_id, tick, epochs(tick, end, 0.0))
+        rates = trial_rates(
+            session=session,
+            trials=[old, own],
+            phase_start=phase_start,
+            start=phase_start,
+            end=end,
+            unit=SAMPLES_PER_S,
+            timing=timing,
+        )
+    assert rates == {own.id: pytest.approx(life_rate(tick, epochs(tick, end, 0.0)))}
