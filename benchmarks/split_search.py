@@ -45,6 +45,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -69,6 +70,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The environment entry that marks what a run started (its pid); not GPUMUX_*, which the
 # daemon and the trials are not given.
 RUN_MARK = "SPLIT_SEARCH_BENCHMARK_RUN"
+# Each sweep's data directory; its supervisors' command lines (their spawner's) name it.
+HOME_PREFIX = "gpumux-split-search-"
 console = Console(soft_wrap=True)
 
 
@@ -206,15 +209,16 @@ def main() -> None:
                 " s): a trial alone is its start-up and then its work"
             )
     console.print(f"$ python benchmarks/split_search.py {' '.join(sys.argv[1:])}".rstrip())
-    # Carried by everything the run starts: its daemons, their supervisors (which outlive a
-    # stopped daemon on purpose, ignoring SIGTERM) and the trials (the sweeps' environment is
-    # this one), so that an interrupted run ends them all.
+    # Carried by its daemons and the trials (the sweeps' environment is this one), so that an
+    # interrupted run ends them, and their supervisors (which outlive a stopped daemon on
+    # purpose, ignoring SIGTERM), found by their command line.
     os.environ[RUN_MARK] = str(os.getpid())
     try:
         outcomes = [bench(name, args, drawn=args.model is None) for name in names]
     except BaseException:
-        marker = f"{RUN_MARK}={os.getpid()}".encode()
-        ended = kill_marked(marker, since=start_ticks(os.getpid()) or 0)
+        since = start_ticks(os.getpid()) or 0
+        ended = kill_marked(f"{RUN_MARK}={os.getpid()}".encode(), since=since)
+        ended += kill_supervisors(since)
         console.print(f"stopped; ended {len(ended)} processes its sweeps left running")
         raise
     if len(outcomes) > 1:
@@ -222,6 +226,28 @@ def main() -> None:
         console.print(f"goal met on {met} of {len(outcomes)} models:")
         for name, outcome in zip(names, outcomes, strict=True):
             console.print(f"  {'met   ' if outcome.met else 'MISSED'} {name}: {outcome.line}")
+
+
+def kill_supervisors(since: int) -> list[int]:
+    """SIGKILL the supervisors of this run's sweeps, started no earlier than `since` (start
+    ticks); the pids killed. Forked by their daemon's spawner, whose environment is its own,
+    they do not carry RUN_MARK; their command line, the spawner's, names the sweep's data
+    directory. Their trials gone, they would retry for good to record an end in a directory the
+    run removed."""
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                ours = f"/{HOME_PREFIX}".encode() in cmdline.read()
+            if ours and (start_ticks(pid) or 0) >= since:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
 
 
 def check_against(parser: argparse.ArgumentParser, against: Path) -> None:
@@ -272,7 +298,7 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
         for variant, split in order:
-            home = Path(tempfile.mkdtemp(prefix="gpumux-split-search-"))
+            home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
             try:
                 chosen = other if variant.startswith("auto@") else settings
                 run = run_sweep(home, chosen, split, args)
