@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from gpumux.processes import logfiles
 from gpumux.processes.logfiles import RotatingLog, piece_path, read_log, tail_lines
 
 
@@ -104,3 +107,47 @@ def test_a_rotation_that_cannot_open_a_new_piece_keeps_writing_to_the_old_one(
     log.close()
     assert (tmp_path / "trial.log").read_bytes() == b"0123456789abcdef\nmore\n"
     assert not (tmp_path / "trial.log.1").exists()
+
+
+def test_a_follower_caught_in_a_rotation_neither_rereads_nor_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A follower, as `gpumux logs -f` follows (from where each answer says it ends), reads all
+    # there is after each line; at each rotation it also asks at two of its steps: once the
+    # current piece is linked as .1, and once the new piece has taken its name but the count of
+    # what came before it is not yet written.
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=120, keep=1)
+    offset, followed = 0, b""
+    rotation_steps = 0
+    real_link, real_record = os.link, logfiles.write_json_atomically
+
+    def ask() -> bytes:
+        nonlocal offset, followed
+        data, start, _, _ = read_log(path, offset, 1000)
+        followed += data
+        offset = start + len(data)
+        return data
+
+    def link(source: str, target: str) -> None:
+        nonlocal rotation_steps
+        real_link(source, target)
+        rotation_steps += 1
+        ask()
+
+    def record(where: str, content: dict[str, int]) -> None:
+        nonlocal rotation_steps
+        rotation_steps += 1
+        ask()
+        real_record(where, content)
+
+    monkeypatch.setattr(logfiles.os, "link", link)
+    monkeypatch.setattr(logfiles, "write_json_atomically", record)
+    for number in range(40):
+        log.write(f"line {number:04d}\n".encode())
+        while ask():
+            pass
+    monkeypatch.undo()
+    log.close()
+    assert rotation_steps >= 4, "two rotations at least, the first and one after it"
+    assert numbers(followed) == list(range(40)), "every line once, in order"
