@@ -2,9 +2,8 @@
 
 The log is a current piece (`trial.log`) and up to `log_keep` rotated ones (`trial.log.1`,
 the newest, to `trial.log.<keep>`). Offsets count the whole output: `trial.log.base` records
-how many bytes came before the current piece, and which piece that is (its inode), so a reader
-following by offset notices a rotation instead of rereading or skipping, and waits out one
-caught halfway. The supervisor imports this module: standard
+how many bytes came before the current piece, so a reader following by offset notices a
+rotation instead of rereading or skipping. The supervisor imports this module: standard
 library only, and little of it.
 """
 
@@ -33,18 +32,15 @@ def base_path(log_path: Pathish) -> str:
     return os.fspath(log_path) + ".base"
 
 
-def read_base(log_path: Pathish) -> tuple[int, int | None]:
-    """How many bytes of output came before the current piece (0 before any rotation), and the
-    inode of the piece that count is for (None before any rotation, or from an older gpumux)."""
+def read_base(log_path: Pathish) -> int:
+    """How many bytes of output came before the current piece (0 before any rotation)."""
     try:
         with open(base_path(log_path)) as base_file:
             record = json.load(base_file)
     except (OSError, ValueError):
-        return 0, None
-    if not isinstance(record, dict):
-        return 0, None
-    base, inode = record.get("base"), record.get("inode")
-    return (base if isinstance(base, int) else 0), (inode if isinstance(inode, int) else None)
+        return 0
+    base = record.get("base") if isinstance(record, dict) else None
+    return base if isinstance(base, int) else 0
 
 
 class RotatingLog:
@@ -117,11 +113,8 @@ class RotatingLog:
         os.close(self.fd)
         self.fd = fresh
         self.base += self.size
-        # Named with the piece it counts for: until it is written, a reader finds the new piece
-        # under the old count, and must not take the one for the other.
-        record = {"base": self.base, "inode": os.fstat(fresh).st_ino}
         with contextlib.suppress(OSError):
-            write_json_atomically(base_path(self.path), record)
+            write_json_atomically(base_path(self.path), {"base": self.base})
         self.size = 0
         self._write(ROTATED_NOTICE)
 
@@ -129,41 +122,35 @@ class RotatingLog:
         os.close(self.fd)
 
 
-def _pieces(log_path: Pathish) -> list[os.stat_result]:
-    """What the pieces that exist are, the current first, up to the first one missing."""
-    found: list[os.stat_result] = []
+def _piece_sizes(log_path: Pathish) -> list[int]:
+    """The sizes of the pieces that exist, the current first, up to the first one missing."""
+    sizes: list[int] = []
     while True:
         try:
-            found.append(os.stat(piece_path(log_path, len(found))))
+            sizes.append(os.stat(piece_path(log_path, len(sizes))).st_size)
         except FileNotFoundError:
-            return found
+            return sizes
 
 
 def read_log(log_path: Pathish, offset: int | None, limit: int) -> tuple[bytes, int, int, int]:
     """Up to `limit` bytes of a log from `offset` (None: its tail), reading the rotated
     pieces where the offset falls in one: (data, where it starts, the log's size, bytes
     after `offset` that rotation dropped). Offsets count the whole output."""
-    pieces = _pieces(log_path)
-    base, counted = read_base(log_path)
-    inodes = [piece.st_ino for piece in pieces]
-    uncounted = len(pieces) > 1 and not os.path.exists(base_path(log_path))
-    if (
-        not pieces
-        or len(set(inodes)) < len(inodes)
-        or counted not in (None, inodes[0])
-        or uncounted
-    ):
-        # Caught in a rotation (or no log yet): its renames, the current piece linked as .1
-        # before the new one takes its name, or the new one there before the count for it (the
-        # first rotation's: none yet).
-        # Nothing now, nothing lost: a follower asks again from where it is, where the mixed
-        # view would have moved it back to reread (or on to skip) a piece's worth.
+    sizes = _piece_sizes(log_path)
+    if not sizes:
+        # Caught in a rotation's renames (or no log yet): nothing now, nothing lost; a
+        # follower asks again from where it is.
         return b"", offset or 0, offset or 0, 0
-    sizes = [piece.st_size for piece in pieces]
-    starts = [base]
+    starts = [read_base(log_path)]
     for piece_size in sizes[1:]:
         starts.append(starts[-1] - piece_size)
     size = starts[0] + sizes[0]
+    if offset is not None and offset > size:
+        # The log only grows: a view shorter than what a follower read is one caught in a
+        # rotation, the new piece in place before the count of what came before it. Nothing
+        # now: the follower asks again from where it is, where the view would have moved it
+        # back to reread a piece's worth.
+        return b"", offset, offset, 0
     if offset is None:
         offset = max(starts[0], size - TAIL_BYTES)
     skipped = max(0, starts[-1] - offset)
