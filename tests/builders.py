@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from gpumux.client import Client
 from gpumux.devices.kinds.base import TrialCap
 from gpumux.devices.kinds.cpu import CpuKind
-from gpumux.devices.snapshot import DeviceSnapshot
+from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
 from gpumux.fields import MAX_COUNT
 from gpumux.grammar.sweepplan import SweepPlan, parse_objective
 from gpumux.home import tokenfile
@@ -116,6 +116,29 @@ CPU = DeviceSnapshot(
 def cpu_snapshot(**fields: Any) -> DeviceSnapshot:
     """A CPU device as the probe reports it: 8 cores, 12 GB of 16 free; `fields` override."""
     return replace(CPU, **fields)
+
+
+# An H100's memory as NVML reports it, in MiB.
+H100_MB = 81559
+
+
+def h100_snapshot(held: Mapping[int, int | None], *, unlisted_mb: int = 0) -> DeviceSnapshot:
+    """An H100 listing the processes of `held` (pid: MiB it holds; None: listed without its
+    memory), and `unlisted_mb` used that no process accounts for."""
+    used = sum(mb or 0 for mb in held.values()) + unlisted_mb
+    return DeviceSnapshot(
+        key="GPU-0",
+        kind="gpu",
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        uuid="GPU-0",
+        memory_total_mb=H100_MB,
+        memory_used_mb=used,
+        memory_free_mb=H100_MB - used,
+        utilization_pct=0,
+        processes=tuple(GpuProcess(pid=pid, used_memory_mb=mb) for pid, mb in held.items()),
+        cpu_count=None,
+    )
 
 
 def cpu_trial_env(threads: int) -> dict[str, str]:

@@ -8,11 +8,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from builders import stored_sweep
+from builders import H100_MB, h100_snapshot, stored_sweep
 
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
-from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.scheduling.filling import SlotFiller
 from gpumux.scheduling.placement import Placement
 from gpumux.search.studies import Studies
@@ -21,7 +21,6 @@ from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, utcnow
 
-H100_MB = 81559
 PIDS = (5001, 5002)
 SEEN_MB = 4000
 
@@ -64,20 +63,7 @@ class Watched:
 
 
 def h100() -> DeviceSnapshot:
-    used = SEEN_MB * len(PIDS)
-    return DeviceSnapshot(
-        key="GPU-0",
-        kind="gpu",
-        index=0,
-        name="NVIDIA H100 80GB HBM3",
-        uuid="GPU-0",
-        memory_total_mb=H100_MB,
-        memory_used_mb=used,
-        memory_free_mb=H100_MB - used,
-        utilization_pct=0,
-        processes=tuple(GpuProcess(pid=pid, used_memory_mb=SEEN_MB) for pid in PIDS),
-        cpu_count=None,
-    )
+    return h100_snapshot(dict.fromkeys(PIDS, SEEN_MB))
 
 
 def launched(sessions: Sessions, settings: Settings, tmp_path: Path, peak: int | None) -> int:

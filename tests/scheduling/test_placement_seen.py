@@ -8,12 +8,13 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
-from gpumux.devices.snapshot import DeviceSnapshot, GpuProcess
+from builders import H100_MB, h100_snapshot
+
+from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.scheduling.filling import grown_split, running_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, RunningTrial, plan
 from gpumux.splits.searches import CONTEXT_MB
 
-H100_MB = 81559
 POLICY = PackingPolicy()
 USABLE = H100_MB - POLICY.reserve_mb
 SWEEP = 7
@@ -27,20 +28,7 @@ PIDS = (5001, 5002)
 def device(held_mb: int | None, *, unlisted_mb: int = 0) -> DeviceSnapshot:
     """The H100 with the wave's processes listed, each holding `held_mb` (None: NVML lists
     them without their memory), and `unlisted_mb` used that no process accounts for."""
-    used = (held_mb or 0) * len(PIDS) + unlisted_mb
-    return DeviceSnapshot(
-        key="GPU-0",
-        kind="gpu",
-        index=0,
-        name="NVIDIA H100 80GB HBM3",
-        uuid="GPU-0",
-        memory_total_mb=H100_MB,
-        memory_used_mb=used,
-        memory_free_mb=H100_MB - used,
-        utilization_pct=0,
-        processes=tuple(GpuProcess(pid=pid, used_memory_mb=held_mb) for pid in PIDS),
-        cpu_count=None,
-    )
+    return h100_snapshot(dict.fromkeys(PIDS, held_mb), unlisted_mb=unlisted_mb)
 
 
 def wave(seen_mb: int | None, *, grown: int | None = 5) -> list[RunningTrial]:
@@ -126,24 +114,6 @@ def test_a_fixed_split_sweep_is_never_raised() -> None:
 MEASURED_MB = 4000
 
 
-def gpu(held: dict[int, int]) -> DeviceSnapshot:
-    """The H100 with our trials' processes (pid: MiB held) listed and nothing else used."""
-    used = sum(held.values())
-    return DeviceSnapshot(
-        key="GPU-0",
-        kind="gpu",
-        index=0,
-        name="NVIDIA H100 80GB HBM3",
-        uuid="GPU-0",
-        memory_total_mb=H100_MB,
-        memory_used_mb=used,
-        memory_free_mb=H100_MB - used,
-        utilization_pct=0,
-        processes=tuple(GpuProcess(pid=pid, used_memory_mb=mb) for pid, mb in held.items()),
-        cpu_count=None,
-    )
-
-
 def active(pid: int, *, sweep_id: int, split: int, reported: bool = True) -> Any:
     """An active trial on the H100 under `split`, its cap that N's slice, its leader `pid`."""
     return SimpleNamespace(
@@ -202,7 +172,7 @@ def test_a_neighbour_not_raised_counts_what_it_holds_once() -> None:
     placed_caps = fill(
         trials,
         {5001: 5, 5002: 5},
-        gpu({5001: 4000, 5002: 4000, 5003: 4000}),
+        h100_snapshot({5001: 4000, 5002: 4000, 5003: 4000}),
         queue=5,
         tuned=5,
         credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
@@ -218,7 +188,7 @@ def test_two_sweeps_on_one_device_each_count_what_they_hold_once() -> None:
     placed_caps = fill(
         trials,
         {5001: 8, 5002: 8},
-        gpu({5001: 4000, 5002: 4000, 5003: 4000, 5004: 4000}),
+        h100_snapshot({5001: 4000, 5002: 4000, 5003: 4000, 5004: 4000}),
         queue=4,
         tuned=8,
         credit=2 * (Fraction(1, 4) - Fraction(1, 8)),
@@ -236,7 +206,7 @@ def test_a_trial_that_has_not_reported_keeps_its_cap() -> None:
     placed_caps = fill(
         trials,
         {5001: 5, 5002: 5},
-        gpu({5001: CONTEXT_MB, 5002: CONTEXT_MB}),
+        h100_snapshot({5001: CONTEXT_MB, 5002: CONTEXT_MB}),
         queue=5,
         tuned=5,
         credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
@@ -249,7 +219,7 @@ def test_a_reported_trial_is_budgeted_at_its_slice_once_a_measured_phase_bounds_
     placed_caps = fill(
         trials,
         {5001: 5, 5002: 5},
-        gpu({5001: 4000, 5002: 4000}),
+        h100_snapshot({5001: 4000, 5002: 4000}),
         queue=5,
         tuned=5,
         credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
@@ -267,7 +237,7 @@ def test_a_reported_trial_keeps_its_cap_where_no_measured_phase_bounds_it() -> N
     placed_caps = fill(
         trials,
         {5001: 5, 5002: 5},
-        gpu({5001: 4000, 5002: 4000}),
+        h100_snapshot({5001: 4000, 5002: 4000}),
         queue=5,
         tuned=5,
         credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
@@ -283,7 +253,7 @@ def test_a_trial_whose_workload_was_seen_holding_more_keeps_its_cap() -> None:
     running = running_trials(
         trials,
         raised={5001: 5, 5002: 5},
-        devices=[gpu({5001: 4000, 5002: 4000})],
+        devices=[h100_snapshot({5001: 4000, 5002: 4000})],
         group_of={5001: 5001, 5002: 5002},
         peaks={("GPU-0", SWEEP): NEW_CAP + 1},
     )
@@ -293,7 +263,7 @@ def test_a_trial_whose_workload_was_seen_holding_more_keeps_its_cap() -> None:
     running = running_trials(
         trials,
         raised={5001: 5, 5002: 5},
-        devices=[gpu({5001: 4000, 5002: 4000})],
+        devices=[h100_snapshot({5001: 4000, 5002: 4000})],
         group_of={5001: 5001, 5002: 5002},
         peaks={("GPU-0", SWEEP): 3000},
     )

@@ -25,7 +25,7 @@ from gpumux.storage import owners as owner_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
-from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S
+from gpumux.throughput import SAMPLES_PER_S, TRIALS_PER_S, ThroughputUnit
 
 TIMING = Timing(settle=timedelta(seconds=5), window=timedelta(seconds=10))
 NUMBERS = itertools.count(100)
@@ -148,29 +148,34 @@ def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
     assert rates == [pytest.approx(4.5 * EPOCH_SAMPLES / 13), pytest.approx(4 * EPOCH_SAMPLES / 13)]
 
 
-def phase_rates(session: Session, sweep_id: int, phase_start: datetime) -> list[float] | None:
-    """The rates of the phase that began at `phase_start` on the CPU under N=3, in order, as
-    its window closes (None: it does not close then)."""
+def closing_window(
+    session: Session, sweep_id: int, phase_start: datetime, *, unit: ThroughputUnit, measured: bool
+) -> tuple[Window | None, ThroughputUnit]:
+    """The window of the phase that began at `phase_start` on the CPU under N=3, read as it
+    would close (None: it does not close then), and the unit it is read in."""
     sweep = session.get(Sweep, sweep_id)
     assert sweep is not None
-    start = phase_start + TIMING.settle
-    window, _ = phase_window(
+    window, read_in = phase_window(
         session=session,
         device="cpu",
         split=3,
         phase_start=phase_start,
-        now=start + TIMING.window,
+        now=phase_start + TIMING.settle + TIMING.window,
         node_id=None,
         fingerprint=sweep_fingerprint(sweep),
         auto={},
-        unit=SAMPLES_PER_S,
-        measured=False,
+        unit=unit,
+        measured=measured,
         timing=TIMING,
     )
-    if window is None:
-        return None
-    assert isinstance(window, Window)
-    return sorted(window.rates)
+    assert window is None or isinstance(window, Window)
+    return window, read_in
+
+
+def phase_rates(session: Session, sweep_id: int, phase_start: datetime) -> list[float] | None:
+    """The rates of that phase's window, in order (None: it does not close then)."""
+    window, _ = closing_window(session, sweep_id, phase_start, unit=SAMPLES_PER_S, measured=False)
+    return None if window is None else sorted(window.rates)
 
 
 def life_rate(began: datetime, reports: Sequence[datetime]) -> float:
@@ -283,22 +288,10 @@ def test_trials_that_started_before_their_phase_leave_its_durations_and_life_rat
             trial.ended_at = start + timedelta(seconds=3)
             trial.status = TrialStatus.succeeded
         session.flush()
-        sweep = session.get(Sweep, sweep_id)
-        assert sweep is not None
-        window, unit = phase_window(
-            session=session,
-            device="cpu",
-            split=3,
-            phase_start=phase_start,
-            now=start + TIMING.window,
-            node_id=None,
-            fingerprint=sweep_fingerprint(sweep),
-            auto={},
-            unit=TRIALS_PER_S,
-            measured=True,
-            timing=TIMING,
+        window, unit = closing_window(
+            session, sweep_id, phase_start, unit=TRIALS_PER_S, measured=True
         )
-        assert isinstance(window, Window)
+        assert window is not None
         point, _ = measure(
             session=session, window=window, unit=unit, split=3, measured=True, peak_mb=None
         )
