@@ -2,9 +2,12 @@
 
 The log is a current piece (`trial.log`) and up to `log_keep` rotated ones (`trial.log.1`,
 the newest, to `trial.log.<keep>`). Offsets count the whole output: `trial.log.base` records
-how many bytes came before the current piece, so a reader following by offset notices a
-rotation instead of rereading or skipping. The supervisor imports this module: standard
-library only, and little of it.
+how many bytes came before the current piece, and which piece that is (its inode), so a reader
+following by offset notices a rotation instead of rereading or skipping. A reader may look at
+the pieces halfway through a rotation: the count read first, and found to belong to a piece
+rotated since, is moved on by that piece's size; a piece linked under two names is counted
+once; a name that is another piece's by the time it is opened is looked at again. The
+supervisor imports this module: standard library only, and little of it.
 """
 
 from __future__ import annotations
@@ -32,15 +35,18 @@ def base_path(log_path: Pathish) -> str:
     return os.fspath(log_path) + ".base"
 
 
-def read_base(log_path: Pathish) -> int:
-    """How many bytes of output came before the current piece (0 before any rotation)."""
+def read_base(log_path: Pathish) -> tuple[int, int | None]:
+    """How many bytes of output came before the current piece (0 before any rotation), and
+    the inode of the piece the count was written for (None where the record names none)."""
     try:
         with open(base_path(log_path)) as base_file:
             record = json.load(base_file)
     except (OSError, ValueError):
-        return 0
-    base = record.get("base") if isinstance(record, dict) else None
-    return base if isinstance(base, int) else 0
+        return 0, None
+    if not isinstance(record, dict):
+        return 0, None
+    base, inode = record.get("base"), record.get("inode")
+    return (base if isinstance(base, int) else 0), (inode if isinstance(inode, int) else None)
 
 
 class RotatingLog:
@@ -114,7 +120,8 @@ class RotatingLog:
         self.fd = fresh
         self.base += self.size
         with contextlib.suppress(OSError):
-            write_json_atomically(base_path(self.path), {"base": self.base})
+            record = {"base": self.base, "inode": os.fstat(fresh).st_ino}
+            write_json_atomically(base_path(self.path), record)
         self.size = 0
         self._write(ROTATED_NOTICE)
 
@@ -122,47 +129,74 @@ class RotatingLog:
         os.close(self.fd)
 
 
-def _piece_sizes(log_path: Pathish) -> list[int]:
-    """The sizes of the pieces that exist, the current first, up to the first one missing."""
-    sizes: list[int] = []
+def _look(log_path: Pathish) -> list[tuple[int, int, os.stat_result]]:
+    """The pieces that exist, the current first, as (number, where it starts in the output,
+    its stat), up to the first two names missing.
+
+    The count is read before the pieces, so that it is never newer than they are: where it was
+    written for a piece rotated since, the pieces after that one follow it.
+    """
+    base, counted = read_base(log_path)
+    found: list[tuple[int, os.stat_result]] = []
+    number = 0
     while True:
         try:
-            sizes.append(os.stat(piece_path(log_path, len(sizes))).st_size)
+            found.append((number, os.stat(piece_path(log_path, number))))
         except FileNotFoundError:
-            return sizes
+            # A rotation renames the pieces one at a time: one name may be missing between two.
+            if not found or found[-1][0] != number - 1:
+                break
+        number += 1
+    if len(found) > 1 and found[1][1].st_ino == found[0][1].st_ino:
+        # Linked as .1, not yet replaced by the new piece: one piece under two names.
+        del found[1]
+    inodes = [stat.st_ino for _, stat in found]
+    if counted in inodes[1:]:
+        base += sum(stat.st_size for _, stat in found[1 : inodes.index(counted) + 1])
+    elif counted is None and base == 0:
+        # No count yet (the first rotation's, or none could be written): the oldest piece
+        # holds the output's start.
+        base = sum(stat.st_size for _, stat in found[1:])
+    pieces: list[tuple[int, int, os.stat_result]] = []
+    start = base
+    for number, stat in found:
+        if pieces:
+            start -= stat.st_size
+        pieces.append((number, start, stat))
+    return pieces
 
 
 def read_log(log_path: Pathish, offset: int | None, limit: int) -> tuple[bytes, int, int, int]:
     """Up to `limit` bytes of a log from `offset` (None: its tail), reading the rotated
     pieces where the offset falls in one: (data, where it starts, the log's size, bytes
     after `offset` that rotation dropped). Offsets count the whole output."""
-    sizes = _piece_sizes(log_path)
-    if not sizes:
+    pieces = _look(log_path)
+    if not pieces:
         # Caught in a rotation's renames (or no log yet): nothing now, nothing lost; a
         # follower asks again from where it is.
         return b"", offset or 0, offset or 0, 0
-    starts = [read_base(log_path)]
-    for piece_size in sizes[1:]:
-        starts.append(starts[-1] - piece_size)
-    size = starts[0] + sizes[0]
+    _, current_start, current = pieces[0]
+    size = current_start + current.st_size
     if offset is not None and offset > size:
-        # The log only grows: a view shorter than what a follower read is one caught in a
-        # rotation, the new piece in place before the count of what came before it. Nothing
-        # now: the follower asks again from where it is, where the view would have moved it
-        # back to reread a piece's worth.
+        # The log only grows: a view shorter than what a follower read is a count that could
+        # not be written with no rotated piece left to move it on (keep 0), or a truncated log.
+        # Nothing now: the follower asks again from where it is, not moved back to reread.
         return b"", offset, offset, 0
-    if offset is None:
-        offset = max(starts[0], size - TAIL_BYTES)
-    skipped = max(0, starts[-1] - offset)
-    offset = min(max(offset, starts[-1]), size)
-    piece = next(n for n, piece_start in enumerate(starts) if piece_start <= offset)
+    asked = max(current_start, size - TAIL_BYTES) if offset is None else offset
+    oldest_start = pieces[-1][1]
+    skipped = max(0, oldest_start - asked)
+    offset = min(max(asked, oldest_start), size)
+    number, start, stat = next(piece for piece in pieces if piece[1] <= offset)
     try:
-        with open(piece_path(log_path, piece), "rb") as log_file:
-            log_file.seek(offset - starts[piece])
-            return log_file.read(limit), offset, size, skipped
+        with open(piece_path(log_path, number), "rb") as log_file:
+            if os.fstat(log_file.fileno()).st_ino == stat.st_ino:
+                log_file.seek(offset - start)
+                return log_file.read(limit), offset, size, skipped
     except FileNotFoundError:
-        # Rotated between the look and the read: nothing this time, the next ask finds it.
-        return b"", offset, size, skipped
+        pass
+    # Rotated between the look and the read (the name gone, or another piece's now, whose
+    # bytes at this offset are not these): nothing this time, the next ask looks again.
+    return b"", asked, size, 0
 
 
 def tail_lines(log_path: Pathish | None, lines: int) -> str:

@@ -151,3 +151,92 @@ def test_a_follower_caught_in_a_rotation_neither_rereads_nor_skips(
     log.close()
     assert rotation_steps >= 4, "two rotations at least, the first and one after it"
     assert numbers(followed) == list(range(40)), "every line once, in order"
+
+
+@pytest.mark.parametrize("after", ["read_base", "_look"])
+def test_a_rotation_between_the_look_and_the_read_hands_no_other_pieces_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: str
+) -> None:
+    # After each line a follower asks once with a whole rotation after the reader has read the
+    # count of what came before the current piece (`read_base`), or after it has looked at every
+    # piece (`_look`), so that the piece its offset falls in has been renamed by the open; then
+    # it asks on until it has all there is. Nothing is dropped (keep is large), so what it read
+    # must be the whole output, byte for byte.
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=10**6, keep=100)
+    offset, followed = 0, b""
+    real = getattr(logfiles, after)
+    rotate_now = False
+
+    def then_rotate(log_path: str) -> object:
+        nonlocal rotate_now
+        found = real(log_path)
+        if rotate_now:
+            rotate_now = False
+            log.rotate()
+        return found
+
+    def ask() -> bytes:
+        nonlocal offset, followed
+        data, start, _, _ = read_log(path, offset, 1000)
+        followed += data
+        offset = start + len(data)
+        return data
+
+    monkeypatch.setattr(logfiles, after, then_rotate)
+    for number in range(20):
+        log.write(f"line {number:04d}\n".encode())
+        rotate_now = True
+        ask()
+        while ask():
+            pass
+    log.close()
+    assert numbers(followed) == list(range(20))
+    assert followed == pieces_oldest_first(path)
+
+
+def test_a_follower_behind_reads_each_byte_once_at_every_step_of_a_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A follower reading 7 bytes an ask, asked after each line and at each step of each
+    # rotation (each rotated piece renamed to the next number; the current piece linked as
+    # .1; the new piece in its place, its count not yet written), so that it is behind, in an
+    # older piece, when a rotation is halfway.
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=120, keep=100)
+    offset, followed = 0, b""
+    real_replace, real_link = os.replace, os.link
+    real_record = logfiles.write_json_atomically
+
+    def ask() -> None:
+        nonlocal offset, followed
+        data, start, _, skipped = read_log(path, offset, 7)
+        assert skipped == 0, "nothing was dropped"
+        followed += data
+        offset = start + len(data)
+
+    def rename(source: str, target: str) -> None:
+        real_replace(source, target)
+        ask()
+
+    def link(source: str, target: str) -> None:
+        real_link(source, target)
+        ask()
+
+    def record(where: str, content: dict[str, int]) -> None:
+        ask()
+        real_record(where, content)
+
+    monkeypatch.setattr(logfiles.os, "replace", rename)
+    monkeypatch.setattr(logfiles.os, "link", link)
+    monkeypatch.setattr(logfiles, "write_json_atomically", record)
+    for number in range(60):
+        log.write(f"line {number:04d}\n".encode())
+        ask()
+    monkeypatch.undo()
+    log.close()
+    while data := read_log(path, offset, 7)[0]:
+        followed += data
+        offset += len(data)
+    assert (path.parent / "trial.log.4").exists(), "four rotations at least"
+    assert followed == pieces_oldest_first(path)
