@@ -128,7 +128,6 @@ class SplitSearch:
             self.curve,
             split=self.split,
             left=running + mix.stale + queued,
-            ceiling=split_curve.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at),
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
             start=self.start,

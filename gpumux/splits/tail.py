@@ -3,10 +3,7 @@ fill the N it would measure next.
 
 On a big GPU a first sweep has a few waves: the N above the last is rarely reachable, nor,
 after a few waves, an N below the start. Rather than end unsettled, the search settles on what
-it measured, saying so; except where its climb still gained at the largest N measured and the
-trials left are more: it then measures them all at once, the largest N the sweep can still
-fill (a sweep whose best N is above its last reachable step would otherwise run its tail in
-two waves at an N it knows is too small).
+it measured, saying so.
 """
 
 from __future__ import annotations
@@ -23,17 +20,14 @@ def settle_short(
     *,
     split: int,
     left: int,
-    ceiling: int,
     threshold: float,
     oom_at: int | None,
     start: int,
     origin: str,
 ) -> split_curve.Decision | None:
-    """The decision where the `left` trials (running and queued) cannot fill `split`, the N
-    the search measures next: settled on what was measured, or, where the climb still gained
-    at its largest N and `split` is its next step under `ceiling`, the trials left measured
-    at once; None: they can fill it, or nothing was measured, or a climb capped at the
-    measured N would not settle."""
+    """The settled decision where the `left` trials (running and queued) cannot fill `split`,
+    the N the search measures next; None: they can, or nothing was measured, or a climb
+    capped at the measured N would not settle."""
     if left >= split or not curve:
         return None
     measured = max(point.split for point in curve)
@@ -45,18 +39,6 @@ def settle_short(
         # capped there settles; else the search goes on as it decided.
         if not decision.settled:
             return None
-        # Once, from the climb's own next step: the trials left, measured at once, are not
-        # measured again at one fewer each time one ends.
-        climb = split_curve.next_split(
-            curve, ceiling=ceiling, threshold=threshold, oom_at=oom_at, start=start
-        )
-        if decision.split == measured and left > measured and split == climb.split:
-            return split_curve.Decision(
-                split=left,
-                settled=False,
-                reason=f"{left} trial(s) of the sweep left cannot fill N={split}: measuring "
-                f"N={left}, all it can fill, as N={measured} still gained",
-            )
         using = f"N={decision.split}, the best of {len(curve)} point(s) measured"
     else:
         # A descent or a bisection below the largest N measured: the smallest N measured

@@ -664,38 +664,6 @@ def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
     )
 
 
-def test_a_climb_that_still_gained_measures_all_the_trials_left_where_they_cannot_fill_its_next_n(
-    sessions: Sessions, trial_id: int
-) -> None:
-    # N=5 gained 61% on N=3: the climb goes on to 8, but 7 trials are left: they are measured
-    # at once, not run at 5 in two waves.
-    search = search_of(sessions)
-    measured = ((1, 100.0), (2, 190.0), (3, 280.0), (5, 450.0))
-    search.curve = [CurvePoint(split=n, throughput=t) for n, t in measured]
-    search.decision = search.decide()
-    assert (search.split, search.decision.settled) == (8, False)
-
-    with sessions.write.begin() as session:
-        search.observe(session=session, now=utcnow(), running=5, queued=2, sweep_id=1)
-    assert search.decision == Decision(
-        split=7,
-        settled=False,
-        reason="7 trial(s) of the sweep left cannot fill N=8: measuring N=7, all it can fill, "
-        "as N=5 still gained",
-    )
-
-    with sessions.write.begin() as session:
-        # A trial ended before N=7 was measured: not N lowered by one each time one ends, but
-        # what was measured.
-        search.observe(session=session, now=utcnow(), running=6, queued=0, sweep_id=1)
-    assert search.decision == Decision(
-        split=5,
-        settled=True,
-        reason="6 trial(s) of the sweep left cannot fill N=7: using N=5, the best of 4 point(s) "
-        "measured",
-    )
-
-
 def test_a_descent_the_trials_left_cannot_fill_settles_on_the_smallest_n_that_does_as_well(
     sessions: Sessions, trial_id: int
 ) -> None:
