@@ -3,11 +3,14 @@
 The log is a current piece (`trial.log`) and up to `log_keep` rotated ones (`trial.log.1`,
 the newest, to `trial.log.<keep>`). Offsets count the whole output: `trial.log.base` records
 how many bytes came before the current piece, and which piece that is (its inode), so a reader
-following by offset notices a rotation instead of rereading or skipping. A reader may look at
-the pieces halfway through a rotation: the count read first, and found to belong to a piece
-rotated since, is moved on by that piece's size; a piece linked under two names is counted
-once; a name that is another piece's by the time it is opened is looked at again. The
-supervisor imports this module: standard library only, and little of it.
+following by offset notices a rotation instead of rereading or skipping; a count that could not
+be written (a full disk) is written again with the next output and at the end. A reader may
+look halfway through a rotation: it reads the count before the pieces, and again after them
+with the current piece, looking again where either changed; a count written for a piece
+rotated since is moved on by the pieces after it; a piece seen under two names (renamed up
+between two looks, or linked as .1 and still current) counts once; a name that is another
+piece's by the time it is opened reads nothing this time. The supervisor imports this module:
+standard library only, and little of it.
 """
 
 from __future__ import annotations
@@ -62,8 +65,13 @@ class RotatingLog:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = os.fstat(self.fd).st_size
         self.at_line_start = True
+        # A count of what came before the current piece that could not be written (a full
+        # disk): written again before the next output and at the end, so that readers heal.
+        self.count_pending = False
 
     def write(self, data: bytes) -> None:
+        if self.count_pending:
+            self._write_count()
         if self.lost:
             newline = b"" if self.at_line_start else b"\n"
             notice = f"[gpumux: {self.lost} bytes of output lost: {self._why_lost}]\n".encode()
@@ -119,37 +127,78 @@ class RotatingLog:
         os.close(self.fd)
         self.fd = fresh
         self.base += self.size
-        with contextlib.suppress(OSError):
-            record = {"base": self.base, "inode": os.fstat(fresh).st_ino}
-            write_json_atomically(base_path(self.path), record)
+        self._write_count()
         self.size = 0
         self._write(ROTATED_NOTICE)
 
+    def _write_count(self) -> None:
+        """Record how many bytes came before the current piece, and which piece that is."""
+        try:
+            record = {"base": self.base, "inode": os.fstat(self.fd).st_ino}
+            write_json_atomically(base_path(self.path), record)
+        except OSError:
+            self.count_pending = True
+            return
+        self.count_pending = False
+
     def close(self) -> None:
+        if self.count_pending:
+            self._write_count()
         os.close(self.fd)
+
+
+# Looks at a log's pieces, each checked against the count and the current piece read again
+# after it: a rotation seen in between is looked at again; one on every look answers nothing.
+LOOKS = 5
+
+
+def _scan(log_path: Pathish) -> list[tuple[int, os.stat_result]]:
+    """The pieces that exist, the current first, as (number, stat), up to two names missing.
+
+    A rotation renames the pieces one at a time, oldest first: one name may be missing between
+    two, and a piece renamed up between the stats of its old and its new name (or linked as .1
+    and still current) is seen twice: it counts once, under the first.
+    """
+    found: list[tuple[int, os.stat_result]] = []
+    seen: set[int] = set()
+    number = missing = 0
+    while number == 0 or missing < 2:
+        try:
+            stat = os.stat(piece_path(log_path, number))
+        except FileNotFoundError:
+            if number == 0:
+                break
+            missing += 1
+        else:
+            missing = 0
+            if stat.st_ino not in seen:
+                seen.add(stat.st_ino)
+                found.append((number, stat))
+        number += 1
+    return found
 
 
 def _look(log_path: Pathish) -> list[tuple[int, int, os.stat_result]]:
     """The pieces that exist, the current first, as (number, where it starts in the output,
-    its stat), up to the first two names missing.
+    its stat); none where there is no log, or it rotated on every look.
 
     The count is read before the pieces, so that it is never newer than they are: where it was
-    written for a piece rotated since, the pieces after that one follow it.
+    written for a piece rotated since, the pieces after that one follow it. A look is kept only
+    where the count and the current piece are the same after it as before.
     """
-    base, counted = read_base(log_path)
-    found: list[tuple[int, os.stat_result]] = []
-    number = 0
-    while True:
+    for _ in range(LOOKS):
+        base, counted = read_base(log_path)
+        found = _scan(log_path)
+        if not found:
+            return []
         try:
-            found.append((number, os.stat(piece_path(log_path, number))))
+            current = os.stat(piece_path(log_path, 0)).st_ino
         except FileNotFoundError:
-            # A rotation renames the pieces one at a time: one name may be missing between two.
-            if not found or found[-1][0] != number - 1:
-                break
-        number += 1
-    if len(found) > 1 and found[1][1].st_ino == found[0][1].st_ino:
-        # Linked as .1, not yet replaced by the new piece: one piece under two names.
-        del found[1]
+            continue
+        if current == found[0][1].st_ino and read_base(log_path) == (base, counted):
+            break
+    else:
+        return []
     inodes = [stat.st_ino for _, stat in found]
     if counted in inodes[1:]:
         base += sum(stat.st_size for _, stat in found[1 : inodes.index(counted) + 1])
@@ -178,9 +227,9 @@ def read_log(log_path: Pathish, offset: int | None, limit: int) -> tuple[bytes, 
     _, current_start, current = pieces[0]
     size = current_start + current.st_size
     if offset is not None and offset > size:
-        # The log only grows: a view shorter than what a follower read is a count that could
-        # not be written with no rotated piece left to move it on (keep 0), or a truncated log.
-        # Nothing now: the follower asks again from where it is, not moved back to reread.
+        # The log only grows: a view shorter than what a follower read is a count not written
+        # yet (a full disk) for a piece no longer kept, or a log truncated by hand. Nothing
+        # now: the follower asks again from where it is, not moved back to reread.
         return b"", offset, offset, 0
     asked = max(current_start, size - TAIL_BYTES) if offset is None else offset
     oldest_start = pieces[-1][1]

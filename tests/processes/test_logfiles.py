@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,16 @@ def pieces_oldest_first(path: Path) -> bytes:
         pieces.append(Path(piece_path(path, piece)).read_bytes())
         piece += 1
     return b"".join(reversed(pieces))
+
+
+def assert_read_whole(path: Path, followed: bytes, offset: int) -> None:
+    """A follower 7 bytes an ask, with `followed` read up to `offset`, reads the rest: in all
+    the whole output of four rotations at least, byte for byte."""
+    while data := read_log(path, offset, 7)[0]:
+        followed += data
+        offset += len(data)
+    assert (path.parent / "trial.log.4").exists(), "four rotations at least"
+    assert followed == pieces_oldest_first(path)
 
 
 def numbers(text: bytes | str) -> list[int]:
@@ -235,8 +248,166 @@ def test_a_follower_behind_reads_each_byte_once_at_every_step_of_a_rotation(
         ask()
     monkeypatch.undo()
     log.close()
-    while data := read_log(path, offset, 7)[0]:
-        followed += data
-        offset += len(data)
-    assert (path.parent / "trial.log.4").exists(), "four rotations at least"
-    assert followed == pieces_oldest_first(path)
+    assert_read_whole(path, followed, offset)
+
+
+def test_a_count_that_could_not_be_written_is_written_again_with_the_next_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk is full for the counts of two rotations in a row, so that the count on disk
+    # names a piece keep=1 has dropped since, and then has room again. A follower reading
+    # after each line reads every line once, in order, and the log's size (what the daemon
+    # takes as an ended attempt's end) is what was written.
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=120, keep=1)
+    real_record = logfiles.write_json_atomically
+    full = False
+    failed = 0
+    offset, followed = 0, b""
+
+    def record(where: str, content: dict[str, int]) -> None:
+        nonlocal failed
+        if full:
+            failed += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_record(where, content)
+
+    monkeypatch.setattr(logfiles, "write_json_atomically", record)
+    for number in range(40):
+        full = 20 <= number < 34
+        log.write(f"line {number:04d}\n".encode())
+        while data := read_log(path, offset, 1000)[0]:
+            followed += data
+            offset += len(data)
+    assert failed >= 2, "two counts at least could not be written"
+    assert numbers(followed) == list(range(40))
+    assert read_log(path, None, 0)[2] == log.base + log.size
+    log.close()
+
+
+class HeldSteps:
+    """`os` as logfiles sees it: while `holding`, a rotation's renames, link and unlink are held,
+    and one held step (or the count's write) is done before each look at a piece's name."""
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], None]] = []
+        self.holding = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def hold(self, step: Callable[..., None], *args: object) -> None:
+        def done_later() -> None:
+            # As the writer does them: a piece not there is not renamed.
+            with contextlib.suppress(FileNotFoundError):
+                step(*args)
+
+        if self.holding:
+            self.steps.append(done_later)
+        else:
+            step(*args)
+
+    def replace(self, source: str, target: str) -> None:
+        self.hold(os.replace, source, target)
+
+    def link(self, source: str, target: str) -> None:
+        self.hold(os.link, source, target)
+
+    def unlink(self, name: str) -> None:
+        self.hold(os.unlink, name)
+
+    def stat(self, name: str) -> os.stat_result:
+        if self.steps:
+            self.steps.pop(0)()
+        return os.stat(name)
+
+
+def test_a_rename_between_two_looks_at_the_pieces_reads_each_byte_at_its_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each step of each rotation (each rename, the unlink and link of .1, the swap, the count)
+    # is done while a reader is halfway through a look: one step before each of its looks at a
+    # name. The reader falls behind, into the older pieces (7 bytes an ask, one ask a line and
+    # one a step at most). What it read must be the whole output, byte for byte.
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=120, keep=10)
+    held = HeldSteps()
+    real_record = logfiles.write_json_atomically
+    offset, followed = 0, b""
+    monkeypatch.setattr(logfiles, "os", held)
+    monkeypatch.setattr(logfiles, "write_json_atomically", lambda *a: held.hold(real_record, *a))
+    for number in range(40):
+        held.holding = True
+        log.write(f"line {number:04d}\n".encode())
+        held.holding = False
+        while True:
+            data, start, _, skipped = read_log(path, offset, 7)
+            assert skipped == 0, "nothing was dropped"
+            followed += data
+            offset = start + len(data)
+            if not held.steps:
+                break
+    monkeypatch.undo()
+    log.close()
+    assert_read_whole(path, followed, offset)
+
+
+def test_a_piece_renamed_up_between_two_looks_at_names_counts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep=3: .1, .2 and .3 are pieces A, B and C. A rotation has renamed .2 to .3 (C is
+    # dropped) and renames .1 to .2 between the reader's look at .1 and its look at .2, so it
+    # finds A under both names: B's bytes must still be read at B's offsets.
+    path = tmp_path / "trial.log"
+    write_lines(path, 40, max_bytes=120, keep=3)
+    a, b = (Path(piece_path(path, n)).read_bytes() for n in (1, 2))
+    b_start = logfiles.read_base(path)[0] - len(a) - len(b)
+    os.replace(piece_path(path, 2), piece_path(path, 3))
+    held = HeldSteps()
+    real_stat = held.stat
+
+    def stat(name: str) -> os.stat_result:
+        found = real_stat(name)
+        if name == piece_path(path, 1):
+            os.replace(piece_path(path, 1), piece_path(path, 2))
+        return found
+
+    held.stat = stat  # type: ignore[method-assign]
+    monkeypatch.setattr(logfiles, "os", held)
+    data, start, _, skipped = read_log(path, b_start + 5, 1000)
+    assert (start, skipped) == (b_start + 5, 0)
+    assert data == b[5:]
+
+
+def test_a_rotation_after_the_count_is_read_with_no_piece_kept_is_looked_at_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep=0: a rotation drops the current piece whole. A follower at the log's end reads the
+    # count; then the log rotates and 8 more lines come, longer than the piece it replaced.
+    # What the follower gets must be the new piece's bytes from its start (or nothing yet).
+    path = tmp_path / "trial.log"
+    log = RotatingLog(str(path), max_bytes=120, keep=0)
+    for number in range(14):
+        log.write(f"line {number:04d}\n".encode())
+    end = read_log(path, None, 0)[2]
+    assert end == log.base + log.size > log.base > 0, "rotated once at least, with a count"
+    real_read_base = logfiles.read_base
+    rotated = False
+
+    def read_base_then_rotate(log_path: str) -> tuple[int, int | None]:
+        nonlocal rotated
+        found = real_read_base(log_path)
+        if not rotated:
+            rotated = True
+            log.max_bytes = 10**6  # one rotation only
+            log.rotate()
+            for number in range(14, 22):
+                log.write(f"line {number:04d}\n".encode())
+        return found
+
+    monkeypatch.setattr(logfiles, "read_base", read_base_then_rotate)
+    data, start, _, skipped = read_log(path, end, 1000)
+    log.close()
+    assert (start, skipped) == (end, 0)
+    assert data == path.read_bytes()[: len(data)]
+    assert numbers(data) == list(range(14, 22))
