@@ -148,7 +148,7 @@ class RotatingLog:
 
 
 # Looks at a log's pieces, each checked against the count and the current piece read again
-# after it: a rotation seen in between is looked at again; one on every look answers nothing.
+# after it: a rotation seen in between is looked at again; one on every look reads nothing.
 LOOKS = 5
 
 
@@ -215,15 +215,25 @@ def _look(log_path: Pathish) -> list[tuple[int, int, os.stat_result]]:
     return pieces
 
 
+def _at_least(log_path: Pathish) -> int:
+    """How long the log is at least: the count, read first, and the current piece's size."""
+    base, _ = read_base(log_path)
+    try:
+        return base + os.stat(piece_path(log_path, 0)).st_size
+    except FileNotFoundError:
+        return base
+
+
 def read_log(log_path: Pathish, offset: int | None, limit: int) -> tuple[bytes, int, int, int]:
     """Up to `limit` bytes of a log from `offset` (None: its tail), reading the rotated
     pieces where the offset falls in one: (data, where it starts, the log's size, bytes
     after `offset` that rotation dropped). Offsets count the whole output."""
     pieces = _look(log_path)
     if not pieces:
-        # Caught in a rotation's renames (or no log yet): nothing now, nothing lost; a
-        # follower asks again from where it is.
-        return b"", offset or 0, offset or 0, 0
+        # No log yet, or one rotated on every look: nothing now, nothing lost; a follower
+        # asks again from where it is, a tail request from where the log is at least.
+        at = _at_least(log_path) if offset is None else offset
+        return b"", at, at, 0
     _, current_start, current = pieces[0]
     size = current_start + current.st_size
     if offset is not None and offset > size:

@@ -22,6 +22,14 @@ def write_lines(path: Path, count: int, *, max_bytes: int, keep: int) -> None:
     log.close()
 
 
+def open_log(path: Path, count: int, *, keep: int) -> RotatingLog:
+    """A RotatingLog of 120-byte pieces, still open, with `count` numbered lines written."""
+    log = RotatingLog(str(path), max_bytes=120, keep=keep)
+    for number in range(count):
+        log.write(f"line {number:04d}\n".encode())
+    return log
+
+
 def pieces_oldest_first(path: Path) -> bytes:
     """What the pieces on disk hold, in the order it was written."""
     pieces = []
@@ -386,9 +394,7 @@ def test_a_rotation_after_the_count_is_read_with_no_piece_kept_is_looked_at_agai
     # count; then the log rotates and 8 more lines come, longer than the piece it replaced.
     # What the follower gets must be the new piece's bytes from its start (or nothing yet).
     path = tmp_path / "trial.log"
-    log = RotatingLog(str(path), max_bytes=120, keep=0)
-    for number in range(14):
-        log.write(f"line {number:04d}\n".encode())
+    log = open_log(path, 14, keep=0)
     end = read_log(path, None, 0)[2]
     assert end == log.base + log.size > log.base > 0, "rotated once at least, with a count"
     real_read_base = logfiles.read_base
@@ -411,3 +417,43 @@ def test_a_rotation_after_the_count_is_read_with_no_piece_kept_is_looked_at_agai
     assert (start, skipped) == (end, 0)
     assert data == path.read_bytes()[: len(data)]
     assert numbers(data) == list(range(14, 22))
+
+
+def test_a_tail_request_caught_in_a_rotation_on_every_look_answers_where_the_log_is_at_least(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "trial.log"
+    log = open_log(path, 20, keep=2)
+    real_read_base = logfiles.read_base
+
+    def read_base_then_rotate(log_path: str) -> tuple[int, int | None]:
+        found = real_read_base(log_path)
+        log.write(b"more\n")
+        log.rotate()
+        return found
+
+    monkeypatch.setattr(logfiles, "read_base", read_base_then_rotate)
+    data, start, size, skipped = read_log(path, None, 1000)
+    monkeypatch.undo()
+    log.close()
+    # Not 0 (the web page would then follow from the oldest piece): a place to follow from.
+    assert data == b"" and skipped == 0
+    assert 0 < start == size <= log.base + log.size
+
+
+def test_a_count_that_could_not_be_written_at_the_last_rotation_is_written_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep=0: with no piece kept, only the count can say where the current piece starts.
+    path = tmp_path / "trial.log"
+    log = open_log(path, 10, keep=0)
+    real_record = logfiles.write_json_atomically
+
+    def full(where: str, content: dict[str, int]) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(logfiles, "write_json_atomically", full)
+    log.rotate()
+    monkeypatch.setattr(logfiles, "write_json_atomically", real_record)
+    log.close()
+    assert read_log(path, None, 0)[2] == log.base + log.size
