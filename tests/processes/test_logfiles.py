@@ -40,14 +40,36 @@ def pieces_oldest_first(path: Path) -> bytes:
     return b"".join(reversed(pieces))
 
 
-def assert_read_whole(path: Path, followed: bytes, offset: int) -> None:
-    """A follower 7 bytes an ask, with `followed` read up to `offset`, reads the rest: in all
-    the whole output of four rotations at least, byte for byte."""
-    while data := read_log(path, offset, 7)[0]:
-        followed += data
-        offset += len(data)
-    assert (path.parent / "trial.log.4").exists(), "four rotations at least"
-    assert followed == pieces_oldest_first(path)
+class Follower:
+    """Follows a log by offset as `gpumux logs -f` does: each ask from where the last ended."""
+
+    def __init__(self, path: Path, *, limit: int) -> None:
+        self.path, self.limit = path, limit
+        self.offset, self.read, self.skipped = 0, b"", 0
+
+    def ask(self) -> bytes:
+        """Up to `limit` bytes more; what it read (the bytes it was told were dropped add up
+        in `skipped`)."""
+        data, start, _, skipped = read_log(self.path, self.offset, self.limit)
+        self.read += data
+        self.offset = start + len(data)
+        self.skipped += skipped
+        return data
+
+    def read_all(self) -> bytes:
+        """Asks until there is nothing more; all it read."""
+        while self.ask():
+            pass
+        return self.read
+
+
+def assert_read_whole(follower: Follower) -> None:
+    """The follower reads the rest: in all the whole output of four rotations at least, byte
+    for byte, told of nothing dropped."""
+    follower.read_all()
+    assert (follower.path.parent / "trial.log.4").exists(), "four rotations at least"
+    assert follower.skipped == 0, "nothing was dropped"
+    assert follower.read == pieces_oldest_first(follower.path)
 
 
 def numbers(text: bytes | str) -> list[int]:
@@ -139,39 +161,31 @@ def test_a_follower_caught_in_a_rotation_neither_rereads_nor_skips(
     # what came before it is not yet written.
     path = tmp_path / "trial.log"
     log = RotatingLog(str(path), max_bytes=120, keep=1)
-    offset, followed = 0, b""
+    follower = Follower(path, limit=1000)
     rotation_steps = 0
     real_link, real_record = os.link, logfiles.write_json_atomically
-
-    def ask() -> bytes:
-        nonlocal offset, followed
-        data, start, _, _ = read_log(path, offset, 1000)
-        followed += data
-        offset = start + len(data)
-        return data
 
     def link(source: str, target: str) -> None:
         nonlocal rotation_steps
         real_link(source, target)
         rotation_steps += 1
-        ask()
+        follower.ask()
 
     def record(where: str, content: dict[str, int]) -> None:
         nonlocal rotation_steps
         rotation_steps += 1
-        ask()
+        follower.ask()
         real_record(where, content)
 
     monkeypatch.setattr(logfiles.os, "link", link)
     monkeypatch.setattr(logfiles, "write_json_atomically", record)
     for number in range(40):
         log.write(f"line {number:04d}\n".encode())
-        while ask():
-            pass
+        follower.read_all()
     monkeypatch.undo()
     log.close()
     assert rotation_steps >= 4, "two rotations at least, the first and one after it"
-    assert numbers(followed) == list(range(40)), "every line once, in order"
+    assert numbers(follower.read) == list(range(40)), "every line once, in order"
 
 
 @pytest.mark.parametrize("after", ["read_base", "_look"])
@@ -185,7 +199,7 @@ def test_a_rotation_between_the_look_and_the_read_hands_no_other_pieces_bytes(
     # must be the whole output, byte for byte.
     path = tmp_path / "trial.log"
     log = RotatingLog(str(path), max_bytes=10**6, keep=100)
-    offset, followed = 0, b""
+    follower = Follower(path, limit=1000)
     real = getattr(logfiles, after)
     rotate_now = False
 
@@ -197,23 +211,15 @@ def test_a_rotation_between_the_look_and_the_read_hands_no_other_pieces_bytes(
             log.rotate()
         return found
 
-    def ask() -> bytes:
-        nonlocal offset, followed
-        data, start, _, _ = read_log(path, offset, 1000)
-        followed += data
-        offset = start + len(data)
-        return data
-
     monkeypatch.setattr(logfiles, after, then_rotate)
     for number in range(20):
         log.write(f"line {number:04d}\n".encode())
         rotate_now = True
-        ask()
-        while ask():
-            pass
+        follower.ask()
+        follower.read_all()
     log.close()
-    assert numbers(followed) == list(range(20))
-    assert followed == pieces_oldest_first(path)
+    assert numbers(follower.read) == list(range(20))
+    assert follower.read == pieces_oldest_first(path)
 
 
 def test_a_follower_behind_reads_each_byte_once_at_every_step_of_a_rotation(
@@ -225,27 +231,20 @@ def test_a_follower_behind_reads_each_byte_once_at_every_step_of_a_rotation(
     # older piece, when a rotation is halfway.
     path = tmp_path / "trial.log"
     log = RotatingLog(str(path), max_bytes=120, keep=100)
-    offset, followed = 0, b""
+    follower = Follower(path, limit=7)
     real_replace, real_link = os.replace, os.link
     real_record = logfiles.write_json_atomically
 
-    def ask() -> None:
-        nonlocal offset, followed
-        data, start, _, skipped = read_log(path, offset, 7)
-        assert skipped == 0, "nothing was dropped"
-        followed += data
-        offset = start + len(data)
-
     def rename(source: str, target: str) -> None:
         real_replace(source, target)
-        ask()
+        follower.ask()
 
     def link(source: str, target: str) -> None:
         real_link(source, target)
-        ask()
+        follower.ask()
 
     def record(where: str, content: dict[str, int]) -> None:
-        ask()
+        follower.ask()
         real_record(where, content)
 
     monkeypatch.setattr(logfiles.os, "replace", rename)
@@ -253,10 +252,10 @@ def test_a_follower_behind_reads_each_byte_once_at_every_step_of_a_rotation(
     monkeypatch.setattr(logfiles, "write_json_atomically", record)
     for number in range(60):
         log.write(f"line {number:04d}\n".encode())
-        ask()
+        follower.ask()
     monkeypatch.undo()
     log.close()
-    assert_read_whole(path, followed, offset)
+    assert_read_whole(follower)
 
 
 def test_a_count_that_could_not_be_written_is_written_again_with_the_next_output(
@@ -271,7 +270,7 @@ def test_a_count_that_could_not_be_written_is_written_again_with_the_next_output
     real_record = logfiles.write_json_atomically
     full = False
     failed = 0
-    offset, followed = 0, b""
+    follower = Follower(path, limit=1000)
 
     def record(where: str, content: dict[str, int]) -> None:
         nonlocal failed
@@ -284,11 +283,9 @@ def test_a_count_that_could_not_be_written_is_written_again_with_the_next_output
     for number in range(40):
         full = 20 <= number < 34
         log.write(f"line {number:04d}\n".encode())
-        while data := read_log(path, offset, 1000)[0]:
-            followed += data
-            offset += len(data)
+        follower.read_all()
     assert failed >= 2, "two counts at least could not be written"
-    assert numbers(followed) == list(range(40))
+    assert numbers(follower.read) == list(range(40))
     assert read_log(path, None, 0)[2] == log.base + log.size
     log.close()
 
@@ -341,23 +338,19 @@ def test_a_rename_between_two_looks_at_the_pieces_reads_each_byte_at_its_offset(
     log = RotatingLog(str(path), max_bytes=120, keep=10)
     held = HeldSteps()
     real_record = logfiles.write_json_atomically
-    offset, followed = 0, b""
+    follower = Follower(path, limit=7)
     monkeypatch.setattr(logfiles, "os", held)
     monkeypatch.setattr(logfiles, "write_json_atomically", lambda *a: held.hold(real_record, *a))
     for number in range(40):
         held.holding = True
         log.write(f"line {number:04d}\n".encode())
         held.holding = False
-        while True:
-            data, start, _, skipped = read_log(path, offset, 7)
-            assert skipped == 0, "nothing was dropped"
-            followed += data
-            offset = start + len(data)
-            if not held.steps:
-                break
+        follower.ask()
+        while held.steps:
+            follower.ask()
     monkeypatch.undo()
     log.close()
-    assert_read_whole(path, followed, offset)
+    assert_read_whole(follower)
 
 
 def test_a_piece_renamed_up_between_two_looks_at_names_counts_once(
