@@ -162,6 +162,22 @@ def fill(
     return [p.memory_limit_mb or 0 for p in result.placements]
 
 
+def fill_raised_to_5(
+    trials: list[Any], seen_mb: dict[int, int], *, peak: int | None = MEASURED_MB
+) -> list[int]:
+    """fill() where the search of the wave's two trials (5001, 5002, launched at N=2) raised N
+    to 5: a queue of 5, the credit that raise left, NVML seeing what `seen_mb` holds."""
+    return fill(
+        trials,
+        {5001: 5, 5002: 5},
+        h100_snapshot(seen_mb),
+        queue=5,
+        tuned=5,
+        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
+        peak=peak,
+    )
+
+
 def test_a_neighbour_not_raised_counts_what_it_holds_once() -> None:
     # The wave's 2 trials raised from N=2 to 5, and one trial of N=5 beside them, each seen
     # holding 4,000 MiB: free memory holds that already, so only the rest of each one's
@@ -169,14 +185,7 @@ def test_a_neighbour_not_raised_counts_what_it_holds_once() -> None:
     # N=5 trial's whole cap counted as growth again, and 1 was placed.)
     trials = [active(5001, sweep_id=SWEEP, split=2), active(5002, sweep_id=SWEEP, split=2)]
     trials.append(active(5003, sweep_id=SWEEP, split=5))
-    placed_caps = fill(
-        trials,
-        {5001: 5, 5002: 5},
-        h100_snapshot({5001: 4000, 5002: 4000, 5003: 4000}),
-        queue=5,
-        tuned=5,
-        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
-    )
+    placed_caps = fill_raised_to_5(trials, {5001: 4000, 5002: 4000, 5003: 4000})
     assert placed_caps == [NEW_CAP] * 2
 
 
@@ -203,27 +212,13 @@ def test_a_trial_that_has_not_reported_keeps_its_cap() -> None:
         active(5001, sweep_id=SWEEP, split=2, reported=False),
         active(5002, sweep_id=SWEEP, split=2, reported=False),
     ]
-    placed_caps = fill(
-        trials,
-        {5001: 5, 5002: 5},
-        h100_snapshot({5001: CONTEXT_MB, 5002: CONTEXT_MB}),
-        queue=5,
-        tuned=5,
-        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
-    )
+    placed_caps = fill_raised_to_5(trials, {5001: CONTEXT_MB, 5002: CONTEXT_MB})
     assert placed_caps == []
 
 
 def test_a_reported_trial_is_budgeted_at_its_slice_once_a_measured_phase_bounds_it() -> None:
     trials = [active(5001, sweep_id=SWEEP, split=2), active(5002, sweep_id=SWEEP, split=2)]
-    placed_caps = fill(
-        trials,
-        {5001: 5, 5002: 5},
-        h100_snapshot({5001: 4000, 5002: 4000}),
-        queue=5,
-        tuned=5,
-        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
-    )
+    placed_caps = fill_raised_to_5(trials, {5001: 4000, 5002: 4000})
     assert placed_caps == [NEW_CAP] * 3
 
 
@@ -234,15 +229,7 @@ def test_a_reported_trial_keeps_its_cap_where_no_measured_phase_bounds_it() -> N
     # caps, the card needs 88,627 MiB of its 81,559.
     assert 2 * 20000 + 3 * (NEW_CAP + POLICY.overhead_mb) > H100_MB
     trials = [active(5001, sweep_id=SWEEP, split=2), active(5002, sweep_id=SWEEP, split=2)]
-    placed_caps = fill(
-        trials,
-        {5001: 5, 5002: 5},
-        h100_snapshot({5001: 4000, 5002: 4000}),
-        queue=5,
-        tuned=5,
-        credit=2 * (Fraction(1, 2) - Fraction(1, 5)),
-        peak=None,
-    )
+    placed_caps = fill_raised_to_5(trials, {5001: 4000, 5002: 4000}, peak=None)
     assert placed_caps == []
 
 

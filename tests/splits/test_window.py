@@ -178,6 +178,13 @@ def phase_rates(session: Session, sweep_id: int, phase_start: datetime) -> list[
     return None if window is None else sorted(window.rates)
 
 
+def phase_times() -> tuple[datetime, datetime, datetime]:
+    """A phase begun now: its start, its window's opening (after the settle time), its end."""
+    phase_start = utcnow()
+    start = phase_start + TIMING.settle
+    return phase_start, start, start + TIMING.window
+
+
 def life_rate(began: datetime, reports: Sequence[datetime]) -> float:
     """A trial's samples over its life to its last report, as main reads every trial."""
     return len(reports) * EPOCH_SAMPLES / (reports[-1] - began).total_seconds()
@@ -187,9 +194,7 @@ def test_a_refill_started_after_the_window_opened_does_not_set_the_age(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     sweep_id = a_sweep(sessions, tmp_path)
-    phase_start = utcnow()
-    start = phase_start + TIMING.settle
-    end = start + TIMING.window
+    phase_start, start, end = phase_times()
     with sessions.write.begin() as session:
         # Two of the phase's trials started with it; the third ended as the window opened and
         # its slot was refilled: the refill, with no start-up, reported twice in the window,
@@ -213,9 +218,7 @@ def test_a_trial_that_started_before_its_phase_is_left_out(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     sweep_id = a_sweep(sessions, tmp_path)
-    phase_start = utcnow()
-    start = phase_start + TIMING.settle
-    end = start + TIMING.window
+    phase_start, start, end = phase_times()
     with sessions.write.begin() as session:
         # Started beside the last N's wave, 30 s before the phase: read at the phase trials'
         # age (14 s), its whole reading would fall before the phase began.
@@ -232,9 +235,7 @@ def test_a_phase_whose_trials_all_started_before_it_reads_each_over_its_own_life
     sessions: Sessions, tmp_path: Path
 ) -> None:
     sweep_id = a_sweep(sessions, tmp_path)
-    phase_start = utcnow()
-    start = phase_start + TIMING.settle
-    end = start + TIMING.window
+    phase_start, start, end = phase_times()
     with sessions.write.begin() as session:
         # Nothing refilled the phase (the sweep's queue was empty): its trials all started
         # beside the last N's, and each is read as main read it, over its own life.
