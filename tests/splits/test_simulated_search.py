@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from datetime import datetime
 from fractions import Fraction
 from pathlib import Path
 
@@ -191,16 +192,28 @@ def test_two_workloads_at_auto_share_the_device_and_each_is_measured(daemon_of: 
     starts = [min(t.started_at for t in trials if t.started_at) for trials in (ones, twos)]
     ends = [max(t.ended_at for t in trials if t.ended_at) for trials in (ones, twos)]
     assert max(starts) < min(ends), "the two sweeps ran at the same time"
-    # Each trial holds 1/N of the device, N its own workload's: as each one started, the trials
-    # of both that had started and not ended held no more than the whole device. Placement's
-    # share and the memory cap (1/N of the memory each) both keep it: it fails with both
-    # broken (17/16 held), not with one.
+    # Each trial holds 1/N of the device, N its own workload's, and once its workload's search
+    # has raised N (its newest trial launched under a larger one), 1/(new N): the share beyond
+    # is the credit its next trials may use at once. As each one started, the trials of both
+    # that had started and not ended held no more than the whole device. Placement's share and
+    # the memory cap (1/N of the memory each) both keep it: it fails with both broken (17/16
+    # held), not with one.
     both = ones + twos
+
+    def share(other: TrialPublic, at: datetime) -> Fraction:
+        launched = [
+            (t.started_at, t.split or 1)
+            for t in both
+            if t.sweep_id == other.sweep_id and t.started_at and t.started_at <= at
+        ]
+        return Fraction(1, max(other.split or 1, max(launched)[1]))
+
     for trial in both:
+        assert trial.started_at is not None
         held = sum(
-            Fraction(1, other.split or 1)
+            share(other, trial.started_at)
             for other in both
-            if other.started_at and other.ended_at and trial.started_at
+            if other.started_at and other.ended_at
             if other.started_at <= trial.started_at < other.ended_at
         )
         assert held <= 1, f"{held} of the device held as trial {trial.id} started"
