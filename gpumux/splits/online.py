@@ -8,7 +8,9 @@ several workloads mix). While the device is full, a phase runs: after it settles
 point goes to the pure split search (curve) for the next N, and the curve is stored as the
 workload's profile so that the workload's next sweep starts settled. A new search starts from
 the best prior there is (splits.priors); from a guess of memory's, its first wave is smaller
-(`probe`), and grows to the start, or what the trials' memory fits, once they show it.
+(`probe`): its trials show what one holds, which bounds the climb, and the wave is the first
+point, whose peak lets placement budget its trials at the next N's slices so that the next N's
+trials start beside them (scheduling.placement), rather than once the wave ends.
 
 A workload whose framework sees no GPU on a GPU (a CPU-only build) is not measured: the search
 stops for its sweep, saying why. A point that cannot be beside the others (curve.implausible:
@@ -77,10 +79,11 @@ class SplitSearch:
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
     # A first wave smaller than the start, whose trials show what one holds before the start's
-    # wave is launched (a guess from memory); never a point: the start's trials follow it.
+    # wave is launched (a guess from memory); its phase is the first point.
     probe: int | None = None
     # That wave's N once it told: until a point is measured, what its trials hold may lower the
-    # ceiling further (a framework allocates over its first steps; the first reading is low).
+    # ceiling further (a framework allocates over its first steps; the first reading is low),
+    # and the wave is the N measured.
     probed: int | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -130,6 +133,7 @@ class SplitSearch:
             left=running + mix.stale + queued,
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
+            ceiling=self.ceiling,
             start=self.start,
             origin=self.origin,
         )
@@ -201,15 +205,16 @@ class SplitSearch:
             return
         if self.probe is not None:
             # Its trials compute, yet none showed its memory (a device that does not list it):
-            # the start's N is all there is to go by.
+            # the start's N is all there is to go by; the wave's point stands all the same.
             self.learned(why=f"no trial at N={self.probe} showed what it holds")
-            return
         found = None if self.mixed else split_curve.implausible(self.curve, point, cores=self.cores)
         if found is not None:
             self._reject(*found)
             return
         self.ended = False
         self.curve = [p for p in self.curve if p.split != point.split] + [point]
+        # Measured, the first wave is a point like any other: the search climbs from its start.
+        self.probed = None
         self.decision = self.decide()
         self.phase_start = None
         log.info(
@@ -328,11 +333,10 @@ class SplitSearch:
         self.save(session=session)
 
     def learned(self, *, why: str) -> None:
-        """The first wave told what a trial holds (`why`), or never will: the search goes on at
-        its start, within the ceiling memory now sets (its trials fill the wave's slices as
-        they free: placement budgets the wave's caps)."""
+        """The first wave told what a trial holds (`why`), or never will: its phase goes on to
+        its point, after which the search goes on at its start, within the ceiling memory now
+        sets."""
         self.probe, self.probed = None, self.probe
-        self.phase_start = None
         self.decision = self.decide()
         log.info("device %s: %s; %s", self.device_key, why, self.decision.reason)
 
@@ -363,13 +367,18 @@ class SplitSearch:
             return split_curve.Decision(
                 split=1, settled=True, reason="out of memory even alone: N=1"
             )
-        if self.probe is not None:
-            why = f"learning what a trial holds at N={self.probe}"
+        if self.first_wave is not None:
+            wave = min(
+                self.first_wave,
+                split_curve.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at),
+            )
+            why = (
+                f"learning what a trial holds at N={wave}"
+                if self.probe is not None
+                else f"measuring N={wave}, the first wave"
+            )
             return split_curve.Decision(
-                split=min(
-                    self.probe,
-                    split_curve.effective_ceiling(ceiling=self.ceiling, oom_at=self.oom_at),
-                ),
+                split=wave,
                 settled=False,
                 reason=f"{why}; started at N={self.start}: {self.origin}",
             )
@@ -385,6 +394,16 @@ class SplitSearch:
         return replace(
             decision, reason=f"{decision.reason}; started at N={self.start}: {self.origin}"
         )
+
+    @property
+    def first_wave(self) -> int | None:
+        """The first wave's N while it is the N measured: until its point, unless it ran out of
+        memory (None: no first wave, or it was measured)."""
+        if self.probe is not None:
+            return self.probe
+        if self.probed is not None and self.oom_at is None:
+            return self.probed
+        return None
 
     def lower_ceiling(self, ceiling: int, *, why: str, keep: bool = True) -> None:
         """No N above `ceiling` will be tried (or kept): memory allows no more; `keep`: the

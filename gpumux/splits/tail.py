@@ -22,13 +22,16 @@ def settle_short(
     left: int,
     threshold: float,
     oom_at: int | None,
+    ceiling: int,
     start: int,
     origin: str,
 ) -> split_curve.Decision | None:
     """The settled decision where the `left` trials (running and queued) cannot fill `split`,
-    the N the search measures next; None: they can, or nothing was measured, or a climb
-    capped at the measured N would not settle."""
-    if left >= split or not curve:
+    the N the search measures next; None: they can, or nothing of the climb was measured (a
+    first wave's point lies below the N the climb starts at: a cautious guess's half, not a
+    measure of the start), or a climb capped at the measured N would not settle."""
+    first = split_curve.first_split(ceiling=ceiling, oom_at=oom_at, start=start)
+    if left >= split or not any(point.split >= first for point in curve):
         return None
     measured = max(point.split for point in curve)
     decision = split_curve.next_split(

@@ -431,7 +431,7 @@ def test_a_new_workload_starts_at_the_device_kinds_guess(sessions: Sessions) -> 
     assert guessed(sessions, FirstSplit(split=20, why="many cores")).split == 8, "the ceiling"
 
 
-def test_a_first_wave_whose_trials_show_no_memory_is_no_point_and_the_start_follows(
+def test_a_first_wave_whose_trials_show_no_memory_is_a_point_and_the_start_follows(
     sessions: Sessions, trial_id: int
 ) -> None:
     search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
@@ -440,12 +440,76 @@ def test_a_first_wave_whose_trials_show_no_memory_is_no_point_and_the_start_foll
         "learning what a trial holds at N=3; started at N=6: memory's guess"
     )
 
-    # The first wave computes, yet the device never showed what a trial holds: its window
-    # is no point, and the guess's N follows.
+    # The first wave computes, yet the device never showed what a trial holds: its window is
+    # the first point all the same, and the guess's N follows.
     run_phase(sessions, search, trial_id, utcnow(), 300.0)
 
-    assert search.probe is None and search.curve == []
+    assert search.probe is None and [p.split for p in search.curve] == [3]
     assert search.split == 6 and not search.decision.settled, search.decision.reason
+
+
+def test_a_first_wave_that_showed_what_a_trial_holds_is_measured_before_the_start(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=3, queued=9, sweep_id=1)
+    # Its trials showed what one holds, mid-phase: memory fits 5 of them.
+    search.lower_ceiling(5, why="memory fits 5")
+    search.learned(why="a trial at N=3 holds 9000 MiB")
+
+    # The wave goes on being measured: the phase it began is not thrown away.
+    assert search.probe is None and search.phase_start == start
+    assert search.split == 3, search.decision.reason
+    assert search.decision.reason == "measuring N=3, the first wave; started at N=6: memory's guess"
+    run_phase(sessions, search, trial_id, start, 300.0)
+
+    # Its point is the first; the guess's N follows within what memory fits.
+    assert [p.split for p in search.curve] == [3]
+    assert search.split == 5 and not search.decision.settled, search.decision.reason
+
+
+def test_a_sweep_too_short_for_the_start_after_its_first_wave_leaves_the_search_open(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    now = run_phase(sessions, search, trial_id, utcnow(), 300.0)
+    assert search.split == 6
+
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=0, queued=5, sweep_id=1)
+
+    # The first wave's point is half a cautious guess, nothing of the climb: settling there
+    # would hold every later sweep of the workload at it.
+    assert not search.decision.settled and search.split == 6, search.decision.reason
+
+
+def test_a_first_wave_once_measured_is_never_measured_again(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    now = run_phase(sessions, search, trial_id, utcnow(), 300.0)
+    # The start's point cannot be beside the wave's (6 trials at 4x 3's): both are dropped.
+    run_phase(sessions, search, trial_id, now, 1200.0)
+
+    assert search.curve == [] and search.rejected == 1
+    assert search.split == 6 and search.first_wave is None, search.decision.reason
+
+
+def test_a_first_wave_under_a_lowered_ceiling_says_the_n_it_measures(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    search.learned(why="a trial at N=3 holds 9000 MiB")
+
+    search.lower_ceiling(2, why="only 2 trial(s) fit at once", keep=False)
+
+    assert search.decision == Decision(
+        split=2,
+        settled=False,
+        reason="measuring N=2, the first wave; started at N=6: memory's guess",
+    )
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_below_it(
