@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -22,6 +23,10 @@ class Mix:
     reserved: bool = False
     # Whether `queued` counts every trial of the workload that waits (the line was read whole).
     counted: bool = True
+    # Whether the workload, alone on the device, runs N trials there counting those left from a
+    # lower N (`stale`): its credit let the new N's start beside them (scheduling.placement),
+    # so N trials share the device, and a phase may measure the new N's trials among them.
+    raised: bool = False
 
     @property
     def full(self) -> bool:
@@ -37,3 +42,16 @@ class Mix:
             waiting=queued > 0,
             fitting=queued > 0,
         )
+
+
+def raised(splits: Mapping[int, int], *, split: int, shares: Fraction) -> bool:
+    """Whether a workload's trials on a device, counted by the N each was launched under
+    (`splits`), are `split` of them, some left from a lower N and none from a higher, with
+    nothing else there (`shares`: the sum of 1/N over every trial on the device)."""
+    lower = sum(n for launched, n in splits.items() if launched < split)
+    return (
+        lower > 0
+        and all(launched <= split for launched, n in splits.items() if n)
+        and sum(splits.values()) >= split
+        and shares == sum(Fraction(n, launched) for launched, n in splits.items())
+    )

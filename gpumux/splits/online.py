@@ -152,12 +152,13 @@ class SplitSearch:
             if self.phase_start is not None:
                 self._close(session=session, now=now)
             return
-        if running == 0 or mix.stale or not mix.full:
-            # Trials of the last N still run, or the device has room it could fill (or the
-            # sweep's tail leaves it): per-trial rates would not be those of a full device.
+        if running == 0 or (mix.stale and not mix.raised) or not mix.full:
+            # Trials of the last N still run beside others than the new N's (or of a higher N),
+            # or the device has room it could fill (or the sweep's tail leaves it): per-trial
+            # rates would not be those of N trials sharing the device.
             self.phase_start = None
             return
-        alone = mix.shares == Fraction(running, self.split)
+        alone = mix.raised or mix.shares == Fraction(running, self.split)
         if self.phase_start is None:
             self.phase_start = now
             self.peak_mb = max(held, default=None)

@@ -21,7 +21,7 @@ from gpumux.devices.resident import resident_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 from gpumux.fields import MAX_SPLIT
 from gpumux.splits.curve import SEQUENCE
-from gpumux.splits.mix import Mix
+from gpumux.splits.mix import Mix, raised
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.priors import resume_search
 from gpumux.splits.window import Timing, sweep_fingerprint
@@ -141,10 +141,12 @@ class SplitSearches:
                 continue
             device, here = search.device_key, (search.device_key, fingerprint)
             free = 1 - on.shares[device]
+            splits, snapshot = on.splits[here], by_key.get(device)
+            stale = sum(n for split, n in splits.items() if split != search.split)
             # Other workloads share the device: the search goes on, by per-trial rates.
             mix = Mix(
                 shares=on.shares[device],
-                stale=sum(n for split, n in on.splits[here].items() if split != search.split),
+                stale=stale,
                 waiting=bool(waiting),
                 fitting=any(self.share(model, sweep) <= free for sweep in waiting),
                 reserved=any(
@@ -153,6 +155,9 @@ class SplitSearches:
                     if workload[sweep.id] != fingerprint
                 ),
                 counted=len(waiting) < MAX_SPLIT,
+                raised=snapshot is not None
+                and kind_of(snapshot).raised_beside
+                and raised(splits, split=search.split, shares=on.shares[device]),
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
@@ -164,8 +169,10 @@ class SplitSearches:
                     queued=queued[fingerprint],
                     mix=mix,
                     sweep_id=on.sweep_of.get(here, search.sweep_id or 0),
-                    held=trial_memory(by_key.get(device), on.groups[here], group_of),
-                    snapshot=by_key.get(device),
+                    # What the trials under N hold: a lower N's, beside them in a raised
+                    # phase, may hold more in their larger slices.
+                    held=trial_memory(snapshot, on.groups[(*here, search.split)], group_of),
+                    snapshot=snapshot,
                 )
             except SQLAlchemyError:
                 # The database failed, not the search: the session is spent, and the tick
@@ -331,9 +338,10 @@ class ActiveTrials:
     )
     # The share of each device its trials hold: 1/N each.
     shares: defaultdict[str, Fraction] = field(default_factory=lambda: defaultdict(Fraction))
-    # A sweep of each workload running there, and the process groups of its trials.
+    # A sweep of each workload running there, and the process groups of its trials by the N
+    # they were launched under.
     sweep_of: dict[tuple[str, str | None], int] = field(default_factory=dict)
-    groups: defaultdict[tuple[str, str | None], list[int]] = field(
+    groups: defaultdict[tuple[str, str | None, int], list[int]] = field(
         default_factory=lambda: defaultdict(list)
     )
 
@@ -356,7 +364,7 @@ class ActiveTrials:
                 on.sweep_of[key] = trial.sweep_id
                 if trial.pid is not None:
                     # The trial's leader started its process group: its pid is the group's id.
-                    on.groups[key].append(trial.pid)
+                    on.groups[(*key, split)].append(trial.pid)
         return on
 
 

@@ -24,7 +24,7 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.server.daemon import embedded
 from gpumux.splits.curve import Decision
-from gpumux.splits.mix import Mix
+from gpumux.splits.mix import Mix, raised
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.priors import resume_search
 from gpumux.splits.searches import SplitSearches
@@ -409,3 +409,20 @@ def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
                 return seen
         assert time.monotonic() < deadline, f"the sweeps did not finish: {seen}"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("splits", "shares", "expected", "why"),
+    [
+        ({2: 2, 5: 3}, Fraction(2, 2) + Fraction(3, 5), True, "2 of N=2 and 3 of N=5, alone"),
+        ({2: 2, 5: 2}, Fraction(2, 2) + Fraction(2, 5), False, "4 trials: not 5 of them yet"),
+        ({5: 5}, Fraction(5, 5), False, "nothing left from a lower N: an ordinary phase"),
+        ({8: 2, 5: 3}, Fraction(2, 8) + Fraction(3, 5), False, "left from a higher N"),
+        ({2: 2, 5: 3}, Fraction(2, 2) + Fraction(3, 5) + Fraction(1, 4), False, "not alone"),
+        ({2: 2, 5: 3, 8: 0}, Fraction(2, 2) + Fraction(3, 5), True, "a count of none is none"),
+    ],
+)
+def test_a_raised_n_runs_its_n_trials_beside_a_lower_ns_alone(
+    splits: dict[int, int], shares: Fraction, expected: bool, why: str
+) -> None:
+    assert raised(splits, split=5, shares=shares) is expected, why

@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 import math
 from datetime import datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from builders import sweep_plan
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
+from gpumux.splits.mix import Mix
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.out_of_memory import is_out_of_memory
 from gpumux.splits.priors import resume_search
@@ -704,6 +706,35 @@ def test_points_measured_before_their_trials_ended_take_their_times_when_the_swe
     again = search_of(sessions)
     assert not again.decision.settled and again.split == 3
     assert [p.seconds_per_trial for p in again.curve] == [took, took]
+
+
+@pytest.mark.parametrize("raised", [True, False])
+def test_a_raised_n_is_measured_beside_the_trials_left_from_the_lower_n(
+    sessions: Sessions, trial_id: int, raised: bool
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    assert search.split == 2
+    # The trial of N=1 runs on; its credit let one of N=2 start beside it. Raised (the
+    # workload alone there, 2 trials): N=2 is measured now. Not (another workload's trial
+    # beside them, or not 2 of them yet): once the trial of N=1 has ended.
+    mix = Mix(shares=Fraction(3, 2), stale=1, raised=raised)
+    end = now + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=1, queued=9, sweep_id=1, mix=mix)
+        trial = running_trial(now, 2)
+        session.add(trial)
+        session.flush()
+        session.add_all(report(trial, now + timedelta(seconds=s), 95.0) for s in range(1, 17))
+        session.flush()
+        search.observe(session=session, now=end, running=1, queued=9, sweep_id=1, mix=mix)
+
+    if raised:
+        assert [p.split for p in search.curve] == [1, 2]
+        assert search.curve[-1].throughput == pytest.approx(2 * 95.0)
+        assert search.split == 3, search.decision.reason
+    else:
+        assert [p.split for p in search.curve] == [1] and search.phase_start is None
 
 
 def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(

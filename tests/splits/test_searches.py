@@ -143,11 +143,14 @@ def sweep_over(
         return over, observe(searches, session, now=utcnow(), devices=[on], group_of={})
 
 
-def run_first_trial(sessions: Sessions, sweep_id: int, *, device: str, pgid: int) -> None:
-    """The sweep's first trial runs on `device` as the process group `pgid`."""
+def run_first_trial(
+    sessions: Sessions, sweep_id: int, *, device: str, pgid: int, split: int = 1
+) -> None:
+    """The sweep's first trial runs on `device` as the process group `pgid`, launched under
+    `split`."""
     with sessions.write.begin() as session:
         trial = trial_store.list_trials(session=session, sweep_id=sweep_id)[0][0]
-        launched(session, trial, running=True, device=device, pid=pgid)
+        launched(session, trial, running=True, device=device, pid=pgid, split=split)
 
 
 @pytest.fixture
@@ -349,7 +352,7 @@ def first_wave(
     # More host cores than a quarter of the memory's ceiling: the guess is memory's.
     searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
     search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
-    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid)
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid, split=search.split)
     return FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
 
 
@@ -556,3 +559,35 @@ def test_a_workloads_peak_is_the_most_its_measured_points_saw_not_a_phase_still_
             CurvePoint(split=4, throughput=1.5, memory_per_trial_mb=None),
         ]
         assert searches.peak_mb(sweep=sweep, device_key="cpu") == 3000
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_a_raised_n_is_measured_beside_a_lower_ns_trials_on_a_gpu_by_its_own_memory(
+    sessions: Sessions, settings: Settings, tmp_path: Path, kind: str
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    searches = SplitSearches(settings)
+    # Pids that need not exist: NVML's listing is all a GPU trial's memory is read from.
+    pids = {2: (9001, 9002), 3: (9003,)}
+    held = {9001: 6000, 9002: 6000, 9003: 2500}
+    listed = tuple(GpuProcess(pid=pid, used_memory_mb=mb) for pid, mb in held.items())
+    on = device("GPU-a", "NVIDIA H100", "gpu", listed) if kind == "gpu" else device()
+    search = search_for(searches, sessions, auto_id, on)
+    search.probe = None
+    search.decision = Decision(split=3, settled=False, reason="measuring N=3")
+    with sessions.write.begin() as session:
+        trials, _ = trial_store.list_trials(session=session, sweep_id=auto_id)
+        # Two trials left from N=2, and the one N=3's credit let start beside them.
+        launches = [(split, pid) for split in pids for pid in pids[split]]
+        for trial, (split, pid) in zip(trials[: len(launches)], launches, strict=True):
+            launched(session, trial, running=True, device=on.key, split=split, pid=pid, slot=pid)
+
+    with sessions.read() as session:
+        observe(searches, session, now=utcnow(), devices=[on], group_of={p: p for p in held})
+
+    if kind == "gpu":
+        # 3 trials share the card: N=3's phase begins, what its own trial holds its peak.
+        assert search.phase_start is not None and search.peak_mb == 2500
+    else:
+        # The CPU's trials of N=2 hold twice the threads of N=3's: N=3 waits for them to end.
+        assert search.phase_start is None

@@ -1,8 +1,9 @@
 """The split search through a real daemon on a simulated GPU: where memory, not the rate, bounds
-N it climbs to the N that fits and never into one that runs out; a guess from memory learns
-what a trial holds from a smaller first wave before its own runs out, and the N that fits starts
-beside that wave; a first wave that runs out of memory backs off and every trial still
-succeeds; two workloads at auto share one device, each measured."""
+N it climbs to the N that fits and never into one that runs out, each N it raises measured
+beside the last N's trials; a guess from memory learns what a trial holds from a smaller first
+wave before its own runs out, and the N that fits starts beside that wave; a first wave that
+runs out of memory backs off and every trial still succeeds; two workloads at auto share one
+device, each measured."""
 
 from __future__ import annotations
 
@@ -135,6 +136,13 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     # the profile keeps it as the workload's ceiling.
     assert max(t.split or 0 for t in trials) == top
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
+    # Each N raised is measured beside the trials left from the last, the workload alone with
+    # N trials on the card: the climb reaches N=5 (2, then 3 measured) before the first N's
+    # trials end, where a phase that waited for them would take a trial's life a step. (The
+    # fit's 7 wait for them: at 7's slices their caps do not hold what they were seen holding.)
+    first_ends = min(t.ended_at for t in trials if t.split == 2 and t.ended_at)
+    reached = min(t.started_at for t in trials if t.split == 5 and t.started_at)
+    assert reached < first_ends, f"N=5 reached {reached - first_ends} after N=2's trials ended"
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(

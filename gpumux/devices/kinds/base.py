@@ -95,6 +95,9 @@ class DeviceKind(ABC):
     # Whether `ceiling` is the device's and the workload's (worth keeping in a profile), not
     # what free memory allows at one moment.
     stable_ceiling: ClassVar[bool] = True
+    # Whether a raised N's trials may be measured beside those left from a lower N (their
+    # work is the device's, whatever threads each got by its N), or only once those ended.
+    raised_beside: ClassVar[bool] = True
 
     def usable(self, device: DeviceSnapshot) -> bool:
         """Whether trials may be placed on the device as probed."""

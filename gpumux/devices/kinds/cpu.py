@@ -29,6 +29,9 @@ class CpuKind(DeviceKind):
     lists_processes: ClassVar[bool] = False
     # Its ceiling follows free memory, which the running trials themselves hold.
     stable_ceiling: ClassVar[bool] = False
+    # Its trials' work is their threads, 1/N of the cores each: a lower N's hold more of them,
+    # and the new N's beside them would read slow.
+    raised_beside: ClassVar[bool] = False
 
     def model_name(self, device: DeviceSnapshot) -> str:
         """The CPU model and its usable cores: a daemon given fewer cores finds another N."""
