@@ -69,6 +69,10 @@ class SplitSearch:
         default_factory=lambda: split_curve.Decision(split=1, settled=False, reason="measuring N=1")
     )
     phase_start: datetime | None = None
+    # The N the phase began at (the ceiling lowered since may have changed the N), and since
+    # when its device has been short of N (a trial ended, its refill not placed yet).
+    phase_split: int | None = None
+    dipped_since: datetime | None = None
     filling_since: datetime | None = None
     sweep_id: int | None = None
     # The most memory one trial held while N of them ran in this phase (MiB).
@@ -155,12 +159,18 @@ class SplitSearch:
         if running == 0 or (mix.stale and not mix.raised) or not mix.full:
             # Trials of the last N still run beside others than the new N's (or of a higher N),
             # or the device has room it could fill (or the sweep's tail leaves it): per-trial
-            # rates would not be those of N trials sharing the device.
-            self.phase_start = None
+            # rates would not be those of N trials sharing the device. For a moment only (a
+            # trial ended, its refill waits for the next probe, as a lower N's trials end
+            # through a raised phase), the phase at this N goes on: a tick or two short of N
+            # barely moves a rate read over a window.
+            if self.phase_start is not None and self.phase_split == self.split and self._dip(now):
+                return
+            self.phase_start = self.dipped_since = None
             return
+        self.dipped_since = None
         alone = mix.raised or mix.shares == Fraction(running, self.split)
         if self.phase_start is None:
-            self.phase_start = now
+            self.phase_start, self.phase_split = now, self.split
             self.peak_mb = max(held, default=None)
             self.mixed = not alone
             return
@@ -169,6 +179,12 @@ class SplitSearch:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
         self._close(session=session, now=now)
+
+    def _dip(self, now: datetime) -> bool:
+        """Whether the phase has been short of N no longer than `Timing.dip`."""
+        if self.dipped_since is None:
+            self.dipped_since = now
+        return now - self.dipped_since <= self.timing.dip
 
     def _close(self, *, session: Session, now: datetime) -> None:
         """Measure the phase's window if it can close now: a point on the curve, the next N."""

@@ -48,6 +48,12 @@ class Timing:
     poll: timedelta = timedelta(seconds=1)
 
     @property
+    def dip(self) -> timedelta:
+        """How long a phase may be short of N and go on: until the next probe and the tick
+        after it (NVML lists a trial that ended until then, and its refill waits for room)."""
+        return 2 * self.poll
+
+    @property
     def margin(self) -> timedelta:
         """How long before a phase's stamp a trial of its own may have started: the settle
         time, and never less than a tick (the settle time may be 0)."""

@@ -156,13 +156,72 @@ def test_a_phase_starts_over_when_fewer_than_n_run_and_the_tail_measures_nothing
     with sessions.write.begin() as session:
         search.observe(session=session, now=now, running=1, queued=3, sweep_id=1)
         assert search.phase_start == now
-        search.observe(
-            session=session, now=now + timedelta(seconds=3), running=0, queued=0, sweep_id=1
-        )
+        short = now + timedelta(seconds=3)
+        search.observe(session=session, now=short, running=0, queued=0, sweep_id=1)
+        # A moment short of N (a trial ended, its refill not placed yet) does not end the
+        # phase; longer than the next probe and a tick, it does.
+        assert search.phase_start == now
+        later = short + TIMING.dip + timedelta(seconds=1)
+        search.observe(session=session, now=later, running=0, queued=0, sweep_id=1)
         assert search.phase_start is None and search.filling_since is None
         late = now + timedelta(seconds=60)
         search.observe(session=session, now=late, running=0, queued=0, sweep_id=1)
     assert search.curve == [] and search.split == 1
+
+
+def test_a_phase_short_of_n_for_a_moment_is_measured_as_one(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    assert search.split == 2
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=2, queued=9, sweep_id=1)
+        trials = [running_trial(now, 2) for _ in range(2)]
+        session.add_all(trials)
+        session.flush()
+        session.add_all(
+            report(trial, now + timedelta(seconds=s), 95.0)
+            for trial in trials
+            for s in range(1, 17)
+        )
+        session.flush()
+        # One of them ended a second in; its refill came at the next tick, within the margin.
+        blink = now + timedelta(seconds=1)
+        search.observe(session=session, now=blink, running=1, queued=9, sweep_id=1)
+        refilled = blink + TIMING.dip
+        search.observe(session=session, now=refilled, running=2, queued=8, sweep_id=1)
+        assert search.phase_start == now
+        end = now + TIMING.settle + TIMING.window
+        search.observe(session=session, now=end, running=2, queued=8, sweep_id=1)
+
+    assert [p.split for p in search.curve] == [1, 2]
+    assert search.curve[-1].throughput == pytest.approx(2 * 95.0)
+
+
+def test_a_phase_short_of_n_after_n_changed_starts_over(sessions: Sessions, trial_id: int) -> None:
+    search = search_of(sessions, FirstSplit(split=6, why="memory's guess", probe=3))
+    now = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=3, queued=9, sweep_id=1)
+        assert search.phase_start == now
+        # Memory fits 2 of the wave's trials: N drops while its 3 trials still run.
+        search.lower_ceiling(2, why="only 2 trial(s) fit at once", keep=False)
+        assert search.split == 2
+        ended = now + timedelta(seconds=1)
+        search.observe(
+            session=session,
+            now=ended,
+            running=0,
+            queued=9,
+            sweep_id=1,
+            mix=Mix(shares=Fraction(3, 3), stale=3),
+        )
+        full = ended + timedelta(seconds=1)
+        search.observe(session=session, now=full, running=2, queued=7, sweep_id=1)
+
+    # Not a moment short of N=3: N=2's phase begins with its own trials.
+    assert search.phase_start == full
 
 
 def test_no_room_for_n_while_work_waits_lowers_the_ceiling(
@@ -334,9 +393,12 @@ def test_the_most_memory_one_trial_held_while_n_ran_is_stored_with_its_point(
 
     with sessions.write.begin() as session:
         tick(start, 1, [5000])
-        # Fewer than N: that phase is over, and what it saw does not measure N.
-        tick(start + timedelta(seconds=1), 0, [])
-        begin = start + timedelta(seconds=2)
+        # Fewer than N, for longer than a moment: that phase is over, and what it saw does not
+        # measure N.
+        short = start + timedelta(seconds=1)
+        tick(short, 0, [])
+        tick(short + TIMING.dip + timedelta(seconds=1), 0, [])
+        begin = short + TIMING.dip + timedelta(seconds=2)
         tick(begin, 1, [700])
         tick(begin + timedelta(seconds=3), 1, [900])
         tick(begin + timedelta(seconds=4), 1, [])
