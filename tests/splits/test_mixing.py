@@ -417,7 +417,7 @@ def watch(sessions: Sessions, sweeps: dict[int, str]) -> Watched:
         ({2: 2, 5: 3}, Fraction(2, 2) + Fraction(3, 5), True, "2 of N=2 and 3 of N=5, alone"),
         ({2: 2, 5: 2}, Fraction(2, 2) + Fraction(2, 5), False, "4 trials: not 5 of them yet"),
         ({5: 5}, Fraction(5, 5), False, "nothing left from a lower N: an ordinary phase"),
-        ({8: 2, 5: 3}, Fraction(2, 8) + Fraction(3, 5), False, "left from a higher N"),
+        ({2: 2, 8: 1, 5: 2}, 1 + Fraction(1, 8) + Fraction(2, 5), False, "left from a higher N"),
         ({2: 2, 5: 3}, Fraction(2, 2) + Fraction(3, 5) + Fraction(1, 4), False, "not alone"),
         ({2: 2, 5: 3, 8: 0}, Fraction(2, 2) + Fraction(3, 5), True, "a count of none is none"),
     ],
