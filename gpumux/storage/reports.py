@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
-from sqlalchemy import func, or_, select, union
+from sqlalchemy import case, func, or_, select, union
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
@@ -336,14 +337,33 @@ def report_times(
 def samples_of(
     *, session: Session, trial_ids: Collection[int], counted: Counted = "samples"
 ) -> dict[int, float]:
-    """The samples (or steps) each trial's current attempt reported in all."""
+    """The samples (or steps) each trial's current attempt reported in all; a report of more
+    than one may hold (stored before reports were bounded) counts as the most it may: the sum
+    of such reports overflows, which PostgreSQL refuses."""
+    column = _column(counted)
+    bounded = case((column > MAX_SAMPLES, MAX_SAMPLES), else_=column)
     rows = session.execute(
-        select(TrialReport.trial_id, func.sum(_column(counted)))
+        select(TrialReport.trial_id, func.sum(bounded))
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
         .group_by(TrialReport.trial_id)
     )
     return {trial_id: float(total or 0.0) for trial_id, total in rows}
+
+
+def work_per_trial(
+    *, session: Session, sweep_id: int, counted: Counted = "samples"
+) -> float | None:
+    """What one trial of a sweep does, in samples (or steps): the median of what its trials that
+    ran to their end reported in all; before any did, the most one of its trials reported so far
+    (a bound from below, which grows as they run). None: none of them reported any."""
+    rows = session.execute(select(Trial.id, Trial.status).where(Trial.sweep_id == sweep_id)).all()
+    totals = samples_of(session=session, trial_ids=[i for i, _ in rows], counted=counted)
+    sane = {i: total for i, total in totals.items() if total > 0}
+    ended = [sane[i] for i, status in rows if status == TrialStatus.succeeded and i in sane]
+    if ended:
+        return statistics.median(ended)
+    return max(sane.values(), default=None)
 
 
 def _column(counted: Counted) -> InstrumentedAttribute[float | None]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from builders import ample_budget, stored_running_trial
+from builders import ample_budget, stored_running_trial, stored_sweep
 
+from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas.reports import ReportIn
 from gpumux.status import TrialStatus
 from gpumux.storage import lifecycle
@@ -14,7 +15,7 @@ from gpumux.storage import reports as report_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.budget import Verdict
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Trial
+from gpumux.storage.models import Trial, TrialReport, utcnow
 from gpumux.storage.reports import Incoming
 
 
@@ -112,3 +113,39 @@ def test_the_last_lines_of_a_trial_that_just_ended_are_recorded(
 
     trial = the_trial(sessions, trial_id)
     assert (trial.status, trial.step, trial.objective) == (TrialStatus.succeeded, 9, 0.2)
+
+
+def test_what_one_trial_does_is_the_median_of_those_that_ended_else_the_most_so_far(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 5)
+        trials = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+        assert report_store.work_per_trial(session=session, sweep_id=sweep.id) is None
+
+        def reported(trial: Trial, *samples: float) -> None:
+            trial.status, trial.started_at = TrialStatus.running, utcnow()
+            session.add_all(
+                TrialReport(
+                    trial_id=trial.id, attempt=1, kind="line", at=utcnow(), samples=s, metrics={}
+                )
+                for s in samples
+            )
+            session.flush()
+
+        reported(trials[0], 100.0, 200.0)
+        reported(trials[1], 500.0)
+        # Running: what one does is at least what the furthest did so far.
+        assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 500.0
+        # Absurd sizes stored before reports were bounded: each counts as the most one may hold.
+        reported(trials[2], 1e308, 1e308)
+        assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 2 * MAX_SAMPLES
+        for trial, samples in zip(trials[3:], (800.0, 1000.0), strict=True):
+            reported(trial, samples)
+            trial.status = TrialStatus.succeeded
+        trials[0].status = TrialStatus.succeeded
+        session.flush()
+        # Ended: their median, whatever the running ones reported.
+        assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 800.0
+        steps = report_store.work_per_trial(session=session, sweep_id=sweep.id, counted="steps")
+        assert steps is None, "no trial counted steps"
