@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
 ThroughputUnit = Literal["samples/s", "steps/s", "trials/s"]
@@ -18,6 +18,8 @@ THROUGHPUT_UNITS: tuple[ThroughputUnit, ...] = get_args(ThroughputUnit)
 # How an unsettled profile's reason starts when its sweep ended before the search settled:
 # the next sweep of the workload goes on from its curve.
 SWEEP_ENDED = "unsettled: the sweep ended"
+# A point's fields stored only where measured: a profile from before they were has none.
+OPTIONAL = ("trials", "spread", "rate", "startup_s")
 
 
 def throughput_unit(text: str) -> ThroughputUnit:
@@ -32,7 +34,12 @@ def throughput_unit(text: str) -> ThroughputUnit:
 class CurvePoint:
     """N trials at once on a device: their aggregate throughput in the curve's unit, and the
     median seconds and the most memory (MiB) one of them took, when measured; how sure it is:
-    the trials it was measured on, and the spread of their rates ((max - min) / median)."""
+    the trials it was measured on, and the spread of their rates ((max - min) / median).
+
+    Where its trials' reports showed them, also one trial's steady rate while N compute (the
+    unit per second) and its start-up (seconds from its start to computing at that rate): from
+    them the throughput of N trials that each do a given work, start-up included (`at_work`).
+    """
 
     split: int
     throughput: float
@@ -40,6 +47,17 @@ class CurvePoint:
     memory_per_trial_mb: float | None = None
     trials: int | None = None
     spread: float | None = None
+    rate: float | None = None
+    startup_s: float | None = None
+
+    def at_work(self, work: float | None) -> CurvePoint:
+        """The point for trials that each do `work` (in the unit's count): N of them, each
+        starting up and then computing `work` at the steady rate, a trial's life apart; as it is
+        where its steady rate or start-up is unknown (or the work)."""
+        if work is None or work <= 0 or not self.rate or self.startup_s is None:
+            return self
+        throughput = self.split * work / (self.startup_s + work / self.rate)
+        return replace(self, throughput=throughput) if math.isfinite(throughput) else self
 
     def to_json(self) -> dict[str, int | float | None]:
         """The point as a JSON object, numbers as floats but for the split and the trials; how
@@ -47,7 +65,7 @@ class CurvePoint:
         return {
             name: value if name in ("split", "trials") or value is None else float(value)
             for name, value in asdict(self).items()
-            if value is not None or name not in ("trials", "spread")
+            if value is not None or name not in OPTIONAL
         }
 
     @classmethod
@@ -68,9 +86,9 @@ class CurvePoint:
         if isinstance(split, bool) or not isinstance(split, int) or split < 1:
             raise ValueError(f"a curve point's split must be an integer of 1 or more: {split!r}")
         _check("throughput", data["throughput"], above_zero=False)
-        for name in ("seconds_per_trial", "memory_per_trial_mb", "spread"):
+        for name in ("seconds_per_trial", "memory_per_trial_mb", "spread", "rate", "startup_s"):
             if data.get(name) is not None:
-                _check(name, data[name], above_zero=name == "seconds_per_trial")
+                _check(name, data[name], above_zero=name in ("seconds_per_trial", "rate"))
         trials = data.get("trials")
         if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int)):
             raise ValueError(f"a curve point's trials must be an integer: {trials!r}")

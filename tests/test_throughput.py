@@ -33,6 +33,9 @@ POINTS = [
         ({"split": 1, "throughput": -1}, "throughput must be 0 or more: -1"),
         ({"split": 1, "throughput": 1, "seconds_per_trial": 0}, "seconds_per_trial must be above"),
         ({"split": 1, "throughput": 1, "memory_per_trial_mb": -5}, "memory_per_trial_mb must be 0"),
+        ({"split": 1, "throughput": 1, "rate": 0}, "rate must be above 0"),
+        ({"split": 1, "throughput": 1, "startup_s": -1.0}, "startup_s must be 0 or more"),
+        ({"split": 1, "throughput": 1, "startup_s": float("nan")}, "startup_s must be a finite"),
         ([None, None], "a curve point must be an object, not list"),
         ("split", "a curve point must be an object, not str"),
         (3, "a curve point must be an object, not int"),
@@ -70,6 +73,44 @@ def test_a_point_says_how_sure_it_is_where_measured() -> None:
         CurvePoint.from_json({"split": 1, "throughput": 1.0, "trials": 0})
     with pytest.raises(ValueError, match="spread must be a finite number"):
         CurvePoint.from_json({"split": 1, "throughput": 1.0, "spread": "wide"})
+
+
+def test_a_point_with_its_steady_rate_and_start_up_stores_them() -> None:
+    steady = CurvePoint(split=2, throughput=10.0, rate=8.0, startup_s=3.0)
+
+    assert steady.to_json() | {"rate": 8.0, "startup_s": 3.0} == steady.to_json()
+    assert CurvePoint.from_json(steady.to_json()) == steady
+    assert "rate" not in POINTS[0].to_json(), "a point measured without them reads as before"
+
+
+@pytest.mark.parametrize(
+    ("point", "work", "throughput"),
+    [
+        # N trials, each 3 s starting and then 80 / 8 s computing.
+        (CurvePoint(split=2, throughput=10.0, rate=8.0, startup_s=3.0), 80.0, 2 * 80 / 13),
+        # More work weighs the start-up less: towards N times the steady rate.
+        (CurvePoint(split=2, throughput=10.0, rate=8.0, startup_s=3.0), 8e6, 2 * 8e6 / (3 + 1e6)),
+        # No start-up: N times the steady rate, whatever the work.
+        (CurvePoint(split=3, throughput=10.0, rate=5.0, startup_s=0.0), 7.0, 15.0),
+        # Unknown work, rate or start-up: as measured.
+        (CurvePoint(split=2, throughput=10.0, rate=8.0, startup_s=3.0), None, 10.0),
+        (CurvePoint(split=2, throughput=10.0, rate=8.0, startup_s=3.0), 0.0, 10.0),
+        (CurvePoint(split=2, throughput=10.0, startup_s=3.0), 80.0, 10.0),
+        (CurvePoint(split=2, throughput=10.0, rate=8.0), 80.0, 10.0),
+        # A work too large for a float's arithmetic: as measured, never infinite or NaN.
+        (CurvePoint(split=2, throughput=10.0, rate=1e-300, startup_s=3.0), 1e308, 10.0),
+    ],
+)
+def test_a_point_read_at_a_trials_work_counts_its_start_up_once_a_trial(
+    point: CurvePoint, work: float | None, throughput: float
+) -> None:
+    read = point.at_work(work)
+
+    assert read.throughput == pytest.approx(throughput)
+    assert read.split == point.split and (read.rate, read.startup_s) == (
+        point.rate,
+        point.startup_s,
+    )
 
 
 def test_units_are_named_or_refused() -> None:

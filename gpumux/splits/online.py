@@ -4,8 +4,10 @@ SplitSearches (splits.searches) keeps one SplitSearch per (device model, workloa
 for sweeps with `--split auto`. Each tick it reports the workload's trials running on the device
 under the current N and what shares the device (splits.mix: a trial under N holds 1/N of it, so
 several workloads mix). While the device is full, a phase runs: after it settles, its window
-(splits.window) gives the device's throughput at N; with the most memory one trial held, the
-point goes to the pure split search (curve) for the next N, and the curve is stored as the
+(splits.window) gives the device's throughput at N, every point read at what one trial of the
+sweep does (its start-up weighs less the more trials share it; `CurvePoint.at_work`), again
+whenever that work grows; with the most memory one trial held, the point goes to the pure split
+search (curve) for the next N, and the curve is stored as the
 workload's profile so that the workload's next sweep starts settled. A new search starts from
 the best prior there is (splits.priors); from a guess of memory's, its first wave is smaller
 (`probe`): its trials show what one holds, which bounds the climb, and the wave is the first
@@ -38,9 +40,16 @@ from gpumux.splits.mix import Mix
 from gpumux.splits.tail import settle_short
 from gpumux.splits.window import Timing
 from gpumux.storage import profiles as profile_store
+from gpumux.storage import reports as report_store
 from gpumux.storage.models import Trial
 from gpumux.storage.nodes import ThisNode
-from gpumux.throughput import SAMPLES_PER_S, SWEEP_ENDED, CurvePoint, ThroughputUnit
+from gpumux.throughput import (
+    SAMPLES_PER_S,
+    SWEEP_ENDED,
+    TRIALS_PER_S,
+    CurvePoint,
+    ThroughputUnit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +114,8 @@ class SplitSearch:
     # Whether another workload shared the device during the phase: its N is then this
     # workload's share, not the processes on the device, and no bound of N trials applies.
     mixed: bool = False
+    # What one trial of the sweep does (samples or steps): the points are read at it.
+    work: float | None = None
 
     @property
     def split(self) -> int:
@@ -220,6 +231,11 @@ class SplitSearch:
             log.warning("device %s: N=%d gave no finite throughput", self.device_key, self.split)
             self.phase_start = None
             return
+        # Every point read at the work one trial of the sweep does, start-up included: a
+        # trial's life, not the age its window closed at (`CurvePoint.at_work`).
+        self.work = self._work(session)
+        point = point.at_work(self.work)
+        self.curve = [p.at_work(self.work) for p in self.curve]
         if self.probe is not None:
             # Its trials compute, yet none showed its memory (a device that does not list it):
             # the start's N is all there is to go by; the wave's point stands all the same.
@@ -242,6 +258,16 @@ class SplitSearch:
             self.unit,
             self.decision.reason,
         )
+
+    def _work(self, session: Session) -> float | None:
+        """What one trial of the sweep does, in the unit's count (`report_store.work_per_trial`);
+        what was known before where the sweep says nothing more."""
+        if self.sweep_id is None or self.unit == TRIALS_PER_S:
+            return self.work
+        work = report_store.work_per_trial(
+            session=session, sweep_id=self.sweep_id, counted=split_window.counted(self.unit)
+        )
+        return work if work is not None else self.work
 
     def _reject(self, why: str, conflicts: Sequence[int]) -> None:
         """A point that cannot be: neither it nor the points it conflicts with are kept; the

@@ -10,7 +10,9 @@ the median trial's rate over its life, the phase's trials all read at the age of
 (`trial_rates`): samples/s, optimizer steps/s
 for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
 (one unit per workload). Each point keeps the trials it was measured on and the spread of their
-rates: how sure it is.
+rates: how sure it is; and, from the trials' reports over their lives (`steady_readings`), the
+median trial's steady rate and start-up, from which the search reads it at the work one trial
+of the sweep does (`CurvePoint.at_work`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -61,11 +63,22 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Steady:
+    """One trial's steady rate while N compute (its count per second) and its start-up: the
+    seconds from its start to computing at that rate."""
+
+    rate: float
+    startup_s: float
+
+
+@dataclass(frozen=True)
 class Window:
-    """A closed measuring window: the per-trial rates in it, and the trials that ended."""
+    """A closed measuring window: the per-trial rates in it, the trials that ended, and the
+    steady readings of the trials whose rates it holds."""
 
     rates: list[float]
     ended: list[Trial]
+    steady: list[Steady] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -170,11 +183,11 @@ def read_window(
     if not rates and only_steps(session=session, trials=trials, unit=unit, measured=measured):
         unit = STEPS_PER_S
         rates = rates_in(unit)
-    if unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase):
-        return Window(rates=list(rates.values()), ended=ended), unit
-    if ended and all(t.id in done for t in phase):
-        return Window(rates=list(rates.values()), ended=ended), unit
-    return None, unit
+    closes = unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase)
+    if not closes and not (ended and all(t.id in done for t in phase)):
+        return None, unit
+    steady = steady_readings(session=session, trials=trials, ids=rates, end=now, unit=unit)
+    return Window(rates=list(rates.values()), ended=ended, steady=steady), unit
 
 
 def phase_trials(
@@ -286,6 +299,46 @@ def trial_rates(
     return rates
 
 
+def steady_readings(
+    *,
+    session: Session,
+    trials: Sequence[Trial],
+    ids: Collection[int],
+    end: datetime,
+    unit: ThroughputUnit,
+) -> list[Steady]:
+    """The steady reading of each trial of `ids`: its rate, the slope of its reports from its
+    first to its last by `end` (lines read in one tick as one), over its life rather than the
+    window, as a longer span is less a tick's jitter; its start-up, its age at its last report
+    less the seconds what it reported by then takes at that rate. None for a trial whose reports
+    came in one tick."""
+    started = {t.id: t.started_at for t in trials if t.id in ids and t.started_at is not None}
+    if not started:
+        return []
+    lives = report_store.report_times(
+        session=session,
+        trial_ids=list(started),
+        start=min(started.values()),
+        end=end,
+        counted=counted(unit),
+    )
+    readings = []
+    for trial_id, reports in lives.items():
+        ticks = [
+            (at, sum(count for _, count in read))
+            for at, read in itertools.groupby(reports, key=lambda report: report[0])
+        ]
+        span = (ticks[-1][0] - ticks[0][0]).total_seconds()
+        after_first = sum(count for _, count in ticks[1:])
+        rate = after_first / span if span > 0 else math.inf
+        if not 0 < rate <= report_store.MAX_RATE:
+            continue
+        age = (ticks[-1][0] - started[trial_id]).total_seconds()
+        done = after_first + ticks[0][1]
+        readings.append(Steady(rate=rate, startup_s=min(age, max(0.0, age - done / rate))))
+    return readings
+
+
 def samples_by(reports: Sequence[tuple[datetime, float]], *, began: datetime, age: float) -> float:
     """What a trial that started at `began` had reported `age` seconds later, from its reports
     in order (when, how many): interpolated between the reports either side of that age (lines
@@ -370,6 +423,7 @@ def measure(
         # Nothing in range was reported (absurd sizes stored before they were bounded): such a
         # window tells nothing.
         return None, unit
+    steady = window.steady if unit != TRIALS_PER_S else []
     point = CurvePoint(
         split=split,
         throughput=throughput,
@@ -377,6 +431,8 @@ def measure(
         memory_per_trial_mb=peak_mb,
         trials=len(rates) if unit != TRIALS_PER_S else len(durations),
         spread=how_far,
+        rate=statistics.median(r.rate for r in steady) if steady else None,
+        startup_s=statistics.median(r.startup_s for r in steady) if steady else None,
     )
     return point, unit
 

@@ -154,10 +154,12 @@ def test_a_phase_closes_once_every_trial_reported_twice_after_the_settle_time(
             session=session, now=end + timedelta(seconds=2), running=2, queued=3, sweep_id=ours
         )
     (point,) = search.curve
-    # Each trial's samples over its life, read at the least age either had at its last report
-    # (both started with the phase: 15 s): 100, and 10 + 80 * 7/8 (its last 80 came between 8
-    # and 16 s); N times their median.
-    assert point.throughput == pytest.approx(2 * (100 / 15 + 80 / 15) / 2)
+    # Each trial's steady rate from its first report to its last: 90 samples in 9 s, 80 in 8 s;
+    # its start-up, its age at its last report less what it reported at that rate: 15 - 100 / 10
+    # and 16 - 90 / 10 s. Read at what one trial does (the most either reported: 100), with the
+    # medians: N trials, each 6 s starting and 100 / 10 s computing.
+    assert (point.rate, point.startup_s) == pytest.approx((10.0, 6.0))
+    assert point.throughput == pytest.approx(2 * 100 / (6 + 100 / 10))
 
 
 def test_reports_read_together_give_no_rate(sessions: Sessions, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from builders import sweep_plan
+from sqlalchemy.orm import Session
 
 from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits.curve import Decision, workload_fingerprint
@@ -268,6 +269,56 @@ def test_out_of_memory_is_recognised_from_the_frameworks_messages(tail: str, oom
     assert is_out_of_memory(tail) is oom
 
 
+def steady_trials(
+    session: Session, start: datetime, split: int, rate: float, until: float
+) -> list[Trial]:
+    """N trials started at `start` that each start up for 5 s, then report `rate` samples
+    every second up to `until` seconds in."""
+    trials = [running_trial(start, split) for _ in range(split)]
+    session.add_all(trials)
+    session.flush()
+    for second in range(6, int(until) + 1):
+        session.add_all(report(t, start + timedelta(seconds=second), rate) for t in trials)
+    session.flush()
+    return trials
+
+
+def test_every_point_is_read_at_what_one_trial_of_the_sweep_does(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    start = utcnow()
+    end = start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=1, queued=5, sweep_id=1)
+        (first,) = steady_trials(session, start, 1, 10.0, until=15)
+        search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
+        # Read young: the 100 samples its trial did so far, after 5 s of start-up.
+        (point,) = search.curve
+        assert (point.rate, point.startup_s) == pytest.approx((10.0, 5.0))
+        assert point.throughput == pytest.approx(100 / (5 + 100 / 10))
+        assert search.split == 2
+        # It runs on to do 300 in all.
+        for second in range(16, 36):
+            session.add(report(first, start + timedelta(seconds=second), 10.0))
+        first.status, first.ended_at = TrialStatus.succeeded, start + timedelta(seconds=35)
+        later = start + timedelta(seconds=36)
+        search.observe(session=session, now=later, running=2, queued=4, sweep_id=1)
+        steady_trials(session, later, 2, 8.0, until=15)
+        search.observe(
+            session=session,
+            now=later + TIMING.settle + TIMING.window,
+            running=2,
+            queued=4,
+            sweep_id=1,
+        )
+    # Both read at 300 samples a trial: N=1 5 s starting and 30 s computing; N=2 5 s and 37.5 s.
+    assert [(p.split, p.throughput) for p in search.curve] == [
+        (1, pytest.approx(300 / (5 + 300 / 10))),
+        (2, pytest.approx(2 * 300 / (5 + 300 / 8))),
+    ]
+
+
 def test_a_long_trial_is_measured_once_it_reported_twice_after_the_settle_time(
     sessions: Sessions, trial_id: int
 ) -> None:
@@ -289,8 +340,10 @@ def test_a_long_trial_is_measured_once_it_reported_twice_after_the_settle_time(
         end = start + timedelta(seconds=50)
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
     (point,) = search.curve
-    # All it reported over its life: from its start, a second before the phase, to its last report.
-    assert point.throughput == pytest.approx((100.0 + 100.0 + 600.0) / 48)
+    # Read at what it does (the 800 it reported): at its steady rate from its first report to
+    # its last, 700 in 44 s, with no start-up to count (its first 100 came faster than that).
+    assert (point.rate, point.startup_s) == pytest.approx((700 / 44, 0.0))
+    assert point.throughput == pytest.approx(700 / 44)
     assert search.split == 2
 
 

@@ -13,10 +13,12 @@ from builders import sweep_plan
 from sqlalchemy.orm import Session
 
 from gpumux.splits.window import (
+    Steady,
     Timing,
     Window,
     measure,
     phase_window,
+    steady_readings,
     sweep_fingerprint,
     trial_rates,
 )
@@ -130,6 +132,39 @@ def test_a_crowded_start_up_still_counts(sessions: Sessions, tmp_path: Path) -> 
         rates = rates_of(session, [quick, crowded], start)
     # Both over 16 s of their lives: 6 epochs after 4 s of start-up, 4 after 8 s.
     assert rates == [pytest.approx(6 * EPOCH_SAMPLES / 16), pytest.approx(4 * EPOCH_SAMPLES / 16)]
+
+
+def test_each_trial_shows_its_steady_rate_and_its_start_up_whatever_its_age(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    start = utcnow()
+    end = start + TIMING.window
+    with sessions.write.begin() as session:
+        young, old = (start - timedelta(seconds=age) for age in (3, 30))
+        trials = [
+            add_trial(session, sweep_id, young, epochs(young, end)),
+            add_trial(session, sweep_id, old, epochs(old, end)),
+            # Slowed down by others starting: its start-up is its own.
+            add_trial(session, sweep_id, young, epochs(young, end, 7.0)),
+            # Its epochs all read in one tick: no span to take a rate over.
+            add_trial(session, sweep_id, young, [end, end]),
+        ]
+        readings = steady_readings(
+            session=session,
+            trials=trials,
+            ids={t.id for t in trials},
+            end=end,
+            unit=SAMPLES_PER_S,
+        )
+    # An epoch's samples every 2 s after each one's start-up, however long it has run since.
+    rate = EPOCH_SAMPLES / EPOCH_S
+    assert all(isinstance(reading, Steady) for reading in readings)
+    assert [(r.rate, r.startup_s) for r in readings] == [
+        pytest.approx((rate, STARTUP_S)),
+        pytest.approx((rate, STARTUP_S)),
+        pytest.approx((rate, 7.0)),
+    ]
 
 
 def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
