@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from gpumux.devices.simulated.model import DeviceModel, parse_model
+from gpumux.devices.simulated.model import parse_model
 
 MEMORIES_MB = (24_576, 40_960, 81_559, 143_771)
 CORES = (8, 16, 32)
@@ -76,8 +76,3 @@ def write_models(count: int, seed: int, directory: Path) -> list[Path]:
         path.write_text(text + "\n", encoding="utf-8")
         paths.append(path)
     return paths
-
-
-def feasible_best(model: DeviceModel, fits: int) -> float:
-    """The best aggregate rate at any N memory allows."""
-    return max(model.aggregate(n) for n in range(1, max(1, fits) + 1))

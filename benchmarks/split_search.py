@@ -14,14 +14,15 @@ serving the simulated GPU (GPUMUX_SIMULATED_GPU) on a fresh database:
 - N=k: `--split k` for each N the model names (or `--splits`).
 Printed per variant: its makespan (submission to the sweep's end, as the daemon recorded them),
 in simulated seconds; for auto also the N its trials ran at, the profile it left (settled or
-not, at which N, when, its curve) and the model's aggregate rate at that N against the model's
-best that memory allows; then auto's makespan over the best fixed N's, and whether the goal
-is met (within 10% of the best fixed N that ran every trial, settled, at an N within 5% of the
-best rate memory allows). Variants are interleaved, their order rotating with each repeat, and
-medians are quoted.
+not, at which N, when, its curve) and the model's sweep rate at that N against the best that
+memory allows (`sweep_rate`: trials of --trial-seconds, N at a time, start-up included: with
+long start-ups it peaks past the steady aggregate's best N); then auto's makespan over the
+best fixed N's, and whether the goal is met (within 10% of the best fixed N that ran every
+trial, settled, at an N within 5% of the best sweep rate memory allows). Variants are
+interleaved, their order rotating with each repeat, and medians are quoted.
 
 --random-models K draws K plausible models (benchmarks/random_models.py, from --seed) and runs
-each against the N its memory fits, the N of its best rate and the given N just below the fit
+each against the N its memory fits, the N of its best sweep rate and the given N just below the fit
 (or --splits), then prints one line per model; each drawn file is kept and named, so that a
 miss can be run again alone with --model.
 
@@ -56,7 +57,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-from random_models import feasible_best, write_models
+from random_models import write_models
 from rich.console import Console
 from rich.table import Table
 from sweep_makespan import daemon
@@ -163,20 +164,37 @@ def memory_fits(model: DeviceModel) -> int:
     )
 
 
-def rate_share(model: DeviceModel, split: int | None) -> float | None:
-    """The model's rate at `split` over the best rate at any N memory allows."""
+def sweep_rate(model: DeviceModel, split: int, trial_seconds: float) -> float:
+    """The model's samples/s for a sweep of trials that last `trial_seconds` alone, N at a
+    time: N trials start together (crowding each other's start-up on the host's cores), then
+    each computes its work at aggregate(N) / N. Start-up weighs less the more trials share it,
+    so with long start-ups this rate peaks past the model's steady one."""
+    work = model.per_trial(1) * (trial_seconds - model.startup_s)
+    life = model.startup_seconds(split) + work / model.per_trial(split)
+    return split * work / life
+
+
+def best_sweep_split(model: DeviceModel, trial_seconds: float) -> int:
+    """The N of the best sweep rate memory allows (the smallest on a tie)."""
+    fits = max(1, memory_fits(model))
+    return max(range(1, fits + 1), key=lambda n: (sweep_rate(model, n, trial_seconds), -n))
+
+
+def rate_share(model: DeviceModel, split: int | None, trial_seconds: float) -> float | None:
+    """The model's sweep rate at `split` over the best at any N memory allows."""
     if split is None:
         return None
-    return model.aggregate(split) / feasible_best(model, memory_fits(model))
+    best = best_sweep_split(model, trial_seconds)
+    return sweep_rate(model, split, trial_seconds) / sweep_rate(model, best, trial_seconds)
 
 
-def default_splits(model: DeviceModel, trials: int, drawn: bool) -> list[int]:
+def default_splits(model: DeviceModel, trials: int, drawn: bool, trial_seconds: float) -> list[int]:
     """The fixed N to compare: the N a shipped model names; for a drawn one, the N its memory
-    fits, the N of its best rate there and the given N just below the fit."""
+    fits, the N of its best sweep rate there and the given N just below the fit."""
     if not drawn:
         return [n for n, _ in model.throughput if n <= trials]
     fits = max(1, memory_fits(model))
-    best = max(range(1, fits + 1), key=lambda n: (model.aggregate(n), -n))
+    best = best_sweep_split(model, trial_seconds)
     below = max((n for n, _ in model.throughput if n < fits), default=fits)
     return sorted({min(n, trials) for n in (fits, best, below)})
 
@@ -277,7 +295,7 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
     fixed = (
         [int(n) for n in args.splits.split(",")]
         if args.splits
-        else default_splits(model, args.trials, drawn)
+        else default_splits(model, args.trials, drawn, args.trial_seconds)
     )
     settings = scaled_settings(name, args.time_scale)
     if drawn:
@@ -286,7 +304,8 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f}; "
         f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores, start-up "
-        f"{model.startup_s:g} s; its best rate at N={model.best_split}, its memory fits "
+        f"{model.startup_s:g} s; its best steady rate at N={model.best_split}, its best "
+        f"sweep rate at N={best_sweep_split(model, args.trial_seconds)}, its memory fits "
         f"N<={memory_fits(model)}); {args.trials} trials of {args.trial_seconds:g} s "
         f"alone, time x{args.time_scale:g}, {args.repeats} repeats, variants interleaved"
     )
@@ -346,7 +365,7 @@ def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namesp
         return Outcome(False, "auto or every fixed N failed")
     best = min(fixed, key=lambda name: fixed[name])
     outcomes = [
-        goal(model, name, median[name] / fixed[best], best, runs[name])
+        goal(model, name, median[name] / fixed[best], best, runs[name], args.trial_seconds)
         for name in runs
         if name.startswith("auto") and name in median
     ]
@@ -355,10 +374,17 @@ def report(model: DeviceModel, runs: dict[str, list[Run]], args: argparse.Namesp
     return outcomes[0]
 
 
-def goal(model: DeviceModel, name: str, ratio: float, best: str, runs: list[Run]) -> Outcome:
+def goal(
+    model: DeviceModel,
+    name: str,
+    ratio: float,
+    best: str,
+    runs: list[Run],
+    trial_seconds: float,
+) -> Outcome:
     """Whether one auto variant met the goal: within 10% of the best fixed N's makespan,
-    settled in every run, at an N within 5% of the best rate memory allows."""
-    shares = [rate_share(model, run.settled_at) for run in runs]
+    settled in every run, at an N within 5% of the best sweep rate memory allows."""
+    shares = [rate_share(model, run.settled_at, trial_seconds) for run in runs]
     settled = ", ".join(
         "no N" if share is None else f"N={run.settled_at} ({share:.0%} of the feasible best)"
         for run, share in zip(runs, shares, strict=True)
