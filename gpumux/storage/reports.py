@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
-from sqlalchemy import case, func, or_, select, union
+from sqlalchemy import ColumnElement, case, func, or_, select, union
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumux.fields import MAX_SAMPLES
@@ -19,6 +19,9 @@ from gpumux.storage.models import Trial, TrialReport, token_hash, utcnow
 
 log = logging.getLogger(__name__)
 
+# The trials whose totals are what one trial of a sweep does: those that ran to their end, and
+# those its pruner stopped (in a pruned sweep, most of them).
+ENDED_WORK = (TrialStatus.succeeded, TrialStatus.pruned)
 # Samples/s above what one report may hold per second measure nothing (a near-zero interval).
 MAX_RATE = MAX_SAMPLES
 # What a report counts, each in a column of its own: a workload is measured in one of them.
@@ -340,10 +343,8 @@ def samples_of(
     """The samples (or steps) each trial's current attempt reported in all; a report of more
     than one may hold (stored before reports were bounded) counts as the most it may: the sum
     of such reports overflows, which PostgreSQL refuses."""
-    column = _column(counted)
-    bounded = case((column > MAX_SAMPLES, MAX_SAMPLES), else_=column)
     rows = session.execute(
-        select(TrialReport.trial_id, func.sum(bounded))
+        select(TrialReport.trial_id, func.sum(_bounded(counted)))
         .join(Trial, Trial.id == TrialReport.trial_id)
         .where(TrialReport.trial_id.in_(trial_ids), TrialReport.attempt == Trial.attempt)
         .group_by(TrialReport.trial_id)
@@ -354,16 +355,28 @@ def samples_of(
 def work_per_trial(
     *, session: Session, sweep_id: int, counted: Counted = "samples"
 ) -> float | None:
-    """What one trial of a sweep does, in samples (or steps): the median of what its trials that
-    ran to their end reported in all; before any did, the most one of its trials reported so far
-    (a bound from below, which grows as they run). None: none of them reported any."""
-    rows = session.execute(select(Trial.id, Trial.status).where(Trial.sweep_id == sweep_id)).all()
-    totals = samples_of(session=session, trial_ids=[i for i, _ in rows], counted=counted)
-    sane = {i: total for i, total in totals.items() if total > 0}
-    ended = [sane[i] for i, status in rows if status == TrialStatus.succeeded and i in sane]
+    """What one trial of a sweep does, in samples (or steps): the median of what its trials
+    that ran to their end or were pruned reported in all (a pruned one's work is what the sweep's
+    trials typically do); before any did, the most one of its trials reported so far (a bound
+    from below, which grows as they run). None: none of them reported any."""
+    rows = session.execute(
+        select(Trial.status, func.sum(_bounded(counted)))
+        .join(TrialReport, TrialReport.trial_id == Trial.id)
+        .where(Trial.sweep_id == sweep_id, TrialReport.attempt == Trial.attempt)
+        .group_by(Trial.id, Trial.status)
+    ).all()
+    totals = [(status, float(total)) for status, total in rows if total]
+    ended = [total for status, total in totals if status in ENDED_WORK]
     if ended:
         return statistics.median(ended)
-    return max(sane.values(), default=None)
+    return max((total for _, total in totals), default=None)
+
+
+def _bounded(counted: Counted) -> ColumnElement[float | None]:
+    """A report's samples (or steps) in a sum: at most what one report may hold (reports
+    stored before they were bounded may hold more, and a sum of them overflows)."""
+    column = _column(counted)
+    return case((column > MAX_SAMPLES, MAX_SAMPLES), else_=column)
 
 
 def _column(counted: Counted) -> InstrumentedAttribute[float | None]:

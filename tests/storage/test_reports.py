@@ -145,7 +145,11 @@ def test_what_one_trial_does_is_the_median_of_those_that_ended_else_the_most_so_
             trial.status = TrialStatus.succeeded
         trials[0].status = TrialStatus.succeeded
         session.flush()
-        # Ended: their median, whatever the running ones reported.
+        # Ended: their median (300, 800 and 1000), whatever the running ones reported.
         assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 800.0
+        # A pruned one counts: what the sweep's trials typically do (300, 500, 800 and 1000).
+        trials[1].status = TrialStatus.pruned
+        session.flush()
+        assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 650.0
         steps = report_store.work_per_trial(session=session, sweep_id=sweep.id, counted="steps")
         assert steps is None, "no trial counted steps"
