@@ -232,10 +232,14 @@ class SplitSearch:
             self.phase_start = None
             return
         # Every point read at the work one trial of the sweep does, start-up included: a
-        # trial's life, not the age its window closed at (`CurvePoint.at_work`).
+        # trial's life, not the age its window closed at (`CurvePoint.at_work`). Beside a point
+        # so read, one without a steady reading (in a profile from before points had them; over
+        # trials that each reported once) stays as it was read and would not compare: it is
+        # measured again.
         self.work = self._work(session)
         point = point.at_work(self.work)
-        self.curve = [p.at_work(self.work) for p in self.curve]
+        kept = self.curve if point.rate is None else [p for p in self.curve if p.rate is not None]
+        self.curve = [p.at_work(self.work) for p in kept]
         if self.probe is not None:
             # Its trials compute, yet none showed its memory (a device that does not list it):
             # the start's N is all there is to go by; the wave's point stands all the same.
@@ -331,6 +335,9 @@ class SplitSearch:
         if self.decision.settled or self.ended:
             return False
         self.time_trials(session=session)
+        # The next sweep goes on from the points as read at all this sweep's trials did.
+        self.work = self._work(session)
+        self.curve = [p.at_work(self.work) for p in self.curve]
         self.ended = True
         # Why the search stopped, if it did, stays in the profile: a curve without points
         # says nothing by itself.

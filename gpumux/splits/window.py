@@ -186,7 +186,10 @@ def read_window(
     closes = unit != TRIALS_PER_S and rates and all(t.id in rates or t.id in done for t in phase)
     if not closes and not (ended and all(t.id in done for t in phase)):
         return None, unit
-    steady = steady_readings(session=session, trials=trials, ids=rates, end=now, unit=unit)
+    # The ended trials' too: one that reported too rarely for a rate in the window may have
+    # reported twice over its life.
+    ids = set(rates) | done
+    steady = steady_readings(session=session, trials=trials, ids=ids, end=now, unit=unit)
     return Window(rates=list(rates.values()), ended=ended, steady=steady), unit
 
 
@@ -310,8 +313,8 @@ def steady_readings(
     """The steady reading of each trial of `ids`: its rate, the slope of its reports from its
     first to its last by `end` (lines read in one tick as one), over its life rather than the
     window, as a longer span is less a tick's jitter; its start-up, its age at its last report
-    less the seconds what it reported by then takes at that rate. None for a trial whose reports
-    came in one tick."""
+    less the seconds what it reported by then takes at that rate. No reading for a trial whose
+    reports came in one tick."""
     started = {t.id: t.started_at for t in trials if t.id in ids and t.started_at is not None}
     if not started:
         return []

@@ -304,7 +304,7 @@ def test_every_point_is_read_at_what_one_trial_of_the_sweep_does(
         first.status, first.ended_at = TrialStatus.succeeded, start + timedelta(seconds=35)
         later = start + timedelta(seconds=36)
         search.observe(session=session, now=later, running=2, queued=4, sweep_id=1)
-        steady_trials(session, later, 2, 8.0, until=15)
+        pair = steady_trials(session, later, 2, 8.0, until=15)
         search.observe(
             session=session,
             now=later + TIMING.settle + TIMING.window,
@@ -312,11 +312,44 @@ def test_every_point_is_read_at_what_one_trial_of_the_sweep_does(
             queued=4,
             sweep_id=1,
         )
-    # Both read at 300 samples a trial: N=1 5 s starting and 30 s computing; N=2 5 s and 37.5 s.
+        # Both read at 300 samples a trial: N=1 5 s starting and 30 s computing; N=2 5 s and
+        # 37.5 s.
+        assert [(p.split, p.throughput) for p in search.curve] == [
+            (1, pytest.approx(300 / (5 + 300 / 10))),
+            (2, pytest.approx(2 * 300 / (5 + 300 / 8))),
+        ]
+        # The sweep ends with the pair's 440 each: the next sweep goes on from the points read
+        # at the median of what its trials did, 440.
+        for trial in pair:
+            session.add_all(
+                report(trial, later + timedelta(seconds=second), 8.0) for second in range(16, 61)
+            )
+            trial.status, trial.ended_at = TrialStatus.succeeded, later + timedelta(seconds=60)
+        session.flush()
+        assert search.sweep_ended(session=session)
     assert [(p.split, p.throughput) for p in search.curve] == [
-        (1, pytest.approx(300 / (5 + 300 / 10))),
-        (2, pytest.approx(2 * 300 / (5 + 300 / 8))),
+        (1, pytest.approx(440 / (5 + 440 / 10))),
+        (2, pytest.approx(2 * 440 / (5 + 440 / 8))),
     ]
+
+
+def test_points_without_a_steady_reading_are_measured_again_beside_one_with_it(
+    sessions: Sessions, trial_id: int
+) -> None:
+    # N=3 and N=5 as a profile from before points had steady readings stored them, read young.
+    fresh = search_of(sessions)
+    with sessions.write.begin() as session:
+        fresh.curve = [CurvePoint(split=3, throughput=300.0), CurvePoint(split=5, throughput=310.0)]
+        fresh.save(session=session)
+    search = search_of(sessions)
+    assert [p.split for p in search.curve] == [3, 5] and search.split == 8
+    start = utcnow()
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=8, queued=5, sweep_id=1)
+        steady_trials(session, start, 8, 10.0, until=15)
+        end = start + TIMING.settle + TIMING.window
+        search.observe(session=session, now=end, running=8, queued=5, sweep_id=1)
+    assert [(p.split, p.rate) for p in search.curve] == [(8, pytest.approx(10.0))], search.curve
 
 
 def test_a_long_trial_is_measured_once_it_reported_twice_after_the_settle_time(
@@ -369,13 +402,20 @@ def test_optimizer_steps_are_the_unit_of_a_workload_that_reports_no_samples(
             session.add(steps_report(trial, start + timedelta(seconds=second), 40.0))
         for second in samples_at:
             session.add(report(trial, start + timedelta(seconds=second), 1000.0))
+        # A trial of the sweep that ran to its end before: 240 steps, no samples.
+        done = ended_trial(start - timedelta(seconds=60), start - timedelta(seconds=30))
+        done.device = None
+        session.add(done)
+        session.flush()
+        session.add(steps_report(done, start - timedelta(seconds=31), 240.0))
         session.flush()
         end = start + TIMING.settle + TIMING.window
         search.observe(session=session, now=end, running=1, queued=5, sweep_id=1)
-    # Over its life, from a second before the phase to its last report.
     if not samples_at:
         assert search.unit == "steps/s"
-        assert [p.throughput for p in search.curve] == [pytest.approx(120.0 / 13)]
+        # Its steady rate 80 steps in 6 s, after 13 - 120 / (80 / 6) = 4 s of start-up; read at
+        # the steps one trial does, the ended one's 240.
+        assert [p.throughput for p in search.curve] == [pytest.approx(240 / (4 + 240 * 6 / 80))]
         # Measured on the running trial's rate: its point counts that trial, and is stored.
         assert [p.trials for p in search.curve] == [1]
         with sessions.write.begin() as session:

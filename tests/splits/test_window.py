@@ -147,6 +147,14 @@ def test_each_trial_shows_its_steady_rate_and_its_start_up_whatever_its_age(
             add_trial(session, sweep_id, old, epochs(old, end)),
             # Slowed down by others starting: its start-up is its own.
             add_trial(session, sweep_id, young, epochs(young, end, 7.0)),
+            # Its first two epochs read in one tick (a buffered output): that tick's spacing is
+            # the reading's, so its rate is taken from the tick on.
+            add_trial(
+                session,
+                sweep_id,
+                young,
+                [*[young + timedelta(seconds=8)] * 2, *epochs(young, end)[2:]],
+            ),
             # Its epochs all read in one tick: no span to take a rate over.
             add_trial(session, sweep_id, young, [end, end]),
         ]
@@ -160,10 +168,11 @@ def test_each_trial_shows_its_steady_rate_and_its_start_up_whatever_its_age(
     # An epoch's samples every 2 s after each one's start-up, however long it has run since.
     rate = EPOCH_SAMPLES / EPOCH_S
     assert all(isinstance(reading, Steady) for reading in readings)
-    assert [(r.rate, r.startup_s) for r in readings] == [
-        pytest.approx((rate, STARTUP_S)),
-        pytest.approx((rate, STARTUP_S)),
-        pytest.approx((rate, 7.0)),
+    assert sorted((r.startup_s, r.rate) for r in readings) == [
+        pytest.approx((STARTUP_S, rate)),
+        pytest.approx((STARTUP_S, rate)),
+        pytest.approx((STARTUP_S, rate)),
+        pytest.approx((7.0, rate)),
     ]
 
 
@@ -261,9 +270,13 @@ def test_a_trial_that_started_before_its_phase_is_left_out(
         add_trial(session, sweep_id, before, epochs(before, end))
         for _ in range(2):
             add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
-        rates = phase_rates(session, sweep_id, phase_start)
-    # The phase's two alone, at their age (14 s).
-    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))] * 2
+        window, _ = closing_window(
+            session, sweep_id, phase_start, unit=SAMPLES_PER_S, measured=False
+        )
+    # The phase's two alone, at their age (14 s), and their steady readings alone.
+    assert window is not None
+    assert window.rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))] * 2
+    assert len(window.steady) == 2
 
 
 def test_a_phase_whose_trials_all_started_before_it_reads_each_over_its_own_life(
