@@ -232,14 +232,13 @@ class SplitSearch:
             self.phase_start = None
             return
         # Every point read at the work one trial of the sweep does, start-up included: a
-        # trial's life, not the age its window closed at (`CurvePoint.at_work`). Beside a point
-        # so read, one without a steady reading (in a profile from before points had them; over
-        # trials that each reported once) stays as it was read and would not compare: it is
-        # measured again.
+        # trial's life, not the age its window closed at (`CurvePoint.at_work`). A point
+        # without a steady reading, measured over trials that each reported once, is their
+        # lives already (a stored profile's from before points had them is measured again:
+        # `priors.comparable`).
         self.work = self._work(session)
         point = point.at_work(self.work)
-        kept = self.curve if point.rate is None else [p for p in self.curve if p.rate is not None]
-        self.curve = [p.at_work(self.work) for p in kept]
+        self.curve = [p.at_work(self.work) for p in self.curve]
         if self.probe is not None:
             # Its trials compute, yet none showed its memory (a device that does not list it):
             # the start's N is all there is to go by; the wave's point stands all the same.

@@ -1,10 +1,11 @@
 """Where a new split search starts: the best prior there is (`resume_search`).
 
 The workload's own profile on the device model (settled: its N; else its curve, from the lowest
-N it measured), else the newest settled profile of the same command and directory with other
-cost parameters (its N), else the device kind's guess, after a smaller first wave that learns
-what a trial holds where the guess is memory's (`SplitSearch.probe`). A profile also keeps the
-N that ran out of memory and a lowered ceiling, which the next search never climbs into.
+N it measured, measured again where its points have no steady reading: `comparable`), else the
+newest settled profile of the same command and directory with other cost parameters (its N),
+else the device kind's guess, after a smaller first wave that learns what a trial holds where
+the guess is memory's (`SplitSearch.probe`). A profile also keeps the N that ran out of memory
+and a lowered ceiling, which the next search never climbs into.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from gpumux.splits.window import Timing
 from gpumux.storage import profiles as profile_store
 from gpumux.storage.models import Profile
 from gpumux.storage.nodes import ThisNode
-from gpumux.throughput import SAMPLES_PER_S, CurvePoint, ThroughputUnit, throughput_unit
+from gpumux.throughput import (
+    SAMPLES_PER_S,
+    TRIALS_PER_S,
+    CurvePoint,
+    ThroughputUnit,
+    throughput_unit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +148,12 @@ def _own_profile(
     lowered = profile.ceiling
     if lowered is not None:
         ceiling = min(ceiling, lowered)
+    unit = throughput_unit(profile.unit)
+    stored = [CurvePoint.from_json(point) for point in profile.curve]
     prior = Prior(
         ceiling=ceiling,
-        curve=[CurvePoint.from_json(point) for point in profile.curve],
-        unit=throughput_unit(profile.unit),
+        curve=stored if comparable(stored, unit) else [],
+        unit=unit,
         oom_at=profile.oom_at,
         lowered=lowered,
     )
@@ -153,13 +162,22 @@ def _own_profile(
         best = min(profile.best_split, top)
         reason = f"profile {profile.id} of this workload on {device_name}: N={best}"
         return replace(prior, settled=split_curve.Decision(split=best, settled=True, reason=reason))
-    if prior.curve:
-        # Unsettled: the ascent goes on from the lowest N it measured.
-        lowest = min(point.split for point in prior.curve)
+    if stored:
+        # Unsettled: the ascent goes on from the lowest N it measured (its curve measured again
+        # where its points cannot be read at a trial's work).
+        lowest = min(point.split for point in stored)
         return _start_at(prior, lowest, f"profile {profile.id} of this workload")
     if guess is not None:
         return _guessed(prior, guess)
     return prior
+
+
+def comparable(curve: list[CurvePoint], unit: ThroughputUnit) -> bool:
+    """Whether a stored curve's points can be read at a trial's work (`CurvePoint.at_work`)
+    beside the points a search measures now: each has its steady reading, or the workload is
+    counted in finished trials, which have none. A point without one (stored before points had
+    them; or measured over trials that each reported once) is a life read at another age."""
+    return unit == TRIALS_PER_S or all(point.rate is not None for point in curve)
 
 
 def _guessed(prior: Prior, guess: FirstSplit) -> Prior:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -333,23 +334,23 @@ def test_every_point_is_read_at_what_one_trial_of_the_sweep_does(
     ]
 
 
-def test_points_without_a_steady_reading_are_measured_again_beside_one_with_it(
+def test_a_stored_curve_without_steady_readings_is_measured_again_from_its_lowest_n(
     sessions: Sessions, trial_id: int
 ) -> None:
-    # N=3 and N=5 as a profile from before points had steady readings stored them, read young.
+    # N=3 and N=5 as a profile from before points had steady readings stored them, read young:
+    # beside points read at a trial's work they would not compare.
     fresh = search_of(sessions)
     with sessions.write.begin() as session:
         fresh.curve = [CurvePoint(split=3, throughput=300.0), CurvePoint(split=5, throughput=310.0)]
         fresh.save(session=session)
     search = search_of(sessions)
-    assert [p.split for p in search.curve] == [3, 5] and search.split == 8
-    start = utcnow()
+    assert search.curve == [] and (search.start, search.split) == (3, 3)
+    # One with its steady readings goes on from its curve.
     with sessions.write.begin() as session:
-        search.observe(session=session, now=start, running=8, queued=5, sweep_id=1)
-        steady_trials(session, start, 8, 10.0, until=15)
-        end = start + TIMING.settle + TIMING.window
-        search.observe(session=session, now=end, running=8, queued=5, sweep_id=1)
-    assert [(p.split, p.rate) for p in search.curve] == [(8, pytest.approx(10.0))], search.curve
+        fresh.curve = [replace(p, rate=10.0, startup_s=1.0) for p in fresh.curve]
+        fresh.save(session=session)
+    search = search_of(sessions)
+    assert [p.split for p in search.curve] == [3, 5] and search.split == 8
 
 
 def test_a_long_trial_is_measured_once_it_reported_twice_after_the_settle_time(
@@ -555,7 +556,10 @@ def save_profile(
             command=COMMAND,
             param_tokens=tokens,
             unit="samples/s",
-            curve=[{"split": 3, "throughput": 300.0}, {"split": 5, "throughput": 310.0}],
+            curve=[
+                {"split": 3, "throughput": 300.0, "rate": 100.0, "startup_s": 1.0},
+                {"split": 5, "throughput": 310.0, "rate": 62.0, "startup_s": 1.0},
+            ],
             best_split=best,
             settled=settled,
             reason="knee",

@@ -349,6 +349,29 @@ def test_trials_that_started_before_their_phase_leave_its_durations_and_life_rat
     assert point.throughput == pytest.approx(3 / 8)
 
 
+def test_trials_that_ended_before_reporting_twice_in_the_window_give_their_steady_readings(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start, start, _ = phase_times()
+    with sessions.write.begin() as session:
+        # Its own: an epoch every 2 s after 4 s of start-up, ended 3 s into the window, before a
+        # second report half a window after its first there.
+        trial = add_trial(
+            session, sweep_id, phase_start, epochs(phase_start, start + timedelta(seconds=3))
+        )
+        trial.ended_at = start + timedelta(seconds=3)
+        trial.status = TrialStatus.succeeded
+        session.flush()
+        window, _ = closing_window(
+            session, sweep_id, phase_start, unit=SAMPLES_PER_S, measured=False
+        )
+    assert window is not None and window.rates == []
+    assert [(r.rate, r.startup_s) for r in window.steady] == [
+        pytest.approx((EPOCH_SAMPLES / EPOCH_S, STARTUP_S))
+    ]
+
+
 def test_a_trial_launched_in_the_tick_its_phase_began_is_its_own_with_no_settle_time(
     sessions: Sessions, tmp_path: Path
 ) -> None:
