@@ -39,8 +39,9 @@ def test_a_profile_has_its_curve_as_points(api: httpx.Client, sessions: Sessions
     response = api.get(f"/profiles/{profile_id}")
     assert response.status_code == 200, response.text
     profile: dict[str, Any] = response.json()
-    # How sure each point is: unknown for points stored without it.
-    assert profile["curve"] == [{**point, "trials": None, "spread": None} for point in CURVE]
+    # How sure each point is, and its steady reading: unknown for points stored without them.
+    unknown = {"trials": None, "spread": None, "rate": None, "startup_s": None}
+    assert profile["curve"] == [{**point, **unknown} for point in CURVE]
     assert profile["device_name"] == "device 0" and profile["fingerprint"] == "a" * 64
     assert profile["command"] == ["python", "train.py"] and profile["param_tokens"] == ["bs=64"]
     assert profile["unit"] == "trials/s" and profile["best_split"] == 3
