@@ -5,10 +5,10 @@ for sweeps with `--split auto`. Each tick it reports the workload's trials runni
 under the current N and what shares the device (splits.mix: a trial under N holds 1/N of it, so
 several workloads mix). While the device is full, a phase runs: after it settles, its window
 (splits.window) gives the device's throughput at N, every point read at what one trial of the
-sweep does (its start-up weighs less the more trials share it; `CurvePoint.at_work`), again
-whenever that work grows; with the most memory one trial held, the point goes to the pure split
-search (curve) for the next N, and the curve is stored as the
-workload's profile so that the workload's next sweep starts settled. A new search starts from
+sweep does (its start-up weighs less the more trials share it; `CurvePoint.at_work`), all of
+them again each time one is measured and when the sweep ends; with the most memory one trial
+held, the point goes to the pure split search (curve) for the next N, and the curve is stored
+as the workload's profile so that the workload's next sweep starts settled. A new search starts from
 the best prior there is (splits.priors); from a guess of memory's, its first wave is smaller
 (`probe`): its trials show what one holds, which bounds the climb, and the wave is the first
 point, whose peak lets placement budget its trials at the next N's slices so that the next N's

@@ -11,8 +11,8 @@ the median trial's rate over its life, the phase's trials all read at the age of
 for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
 (one unit per workload). Each point keeps the trials it was measured on and the spread of their
 rates: how sure it is; and, from the trials' reports over their lives (`steady_readings`), the
-median trial's steady rate and start-up, from which the search reads it at the work one trial
-of the sweep does (`CurvePoint.at_work`).
+median of their steady rates and the median of their start-ups, from which the search reads it
+at the work one trial of the sweep does (`CurvePoint.at_work`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Steady:
 @dataclass(frozen=True)
 class Window:
     """A closed measuring window: the per-trial rates in it, the trials that ended, and the
-    steady readings of the trials whose rates it holds."""
+    steady readings of those trials and of the trials whose rates it holds."""
 
     rates: list[float]
     ended: list[Trial]
