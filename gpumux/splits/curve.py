@@ -12,9 +12,15 @@ device's guess); s = 1 is the search from scratch.
   or half the N that ran out of memory when that N was s itself (a guess memory proved wrong).
 - Ascent: walking the points from the start by increasing N, the first is the leader; a later
   point becomes the leader when it gains at least `threshold` over the leader, otherwise it is a
-  miss. Until the knee, measure the next candidate above the largest measured N. The knee is two
+  miss. Until the knee, measure the next candidate above the largest measured N; where the step
+  to that N scaled (each trial did more than 1 - `threshold` of what it did at the N measured
+  below it), stride over one candidate to the next, at most `MAX_STRIDE` times the N, not past
+  the cores that do the work (the CPU), and not after an out-of-memory trial. The knee is two
   misses in a row, or one at N >= `LARGE` (the median of that many trials' rates is one steady
   reading, and each point there costs a wave of long trials).
+- Stepped over: once the ascent is over, a candidate the stride went over next to the leader
+  is measured before anything else: the one above it (the knee may lie there), and the one below
+  it where the step to the leader did not scale (the peak may lie there).
 - Refinement up: when the leader's next measured N above (or else the OOM) is a candidate more
   than 1 away, and it measured at least as much as the leader (the peak may lie between) or ran
   out of memory, measure the midpoint. A midpoint that leads, or runs out of memory, is refined
@@ -58,6 +64,9 @@ PATIENCE = 2
 # trials' rates, and waiting for a second miss would cost another wave of the sweep's longest
 # trials (on a big GPU, most of a first sweep).
 LARGE = 8
+# How far a step over a candidate goes at most, in times the N below it: two Fibonacci steps
+# (about 2.6x), not the ceiling far above them.
+MAX_STRIDE = 3
 # How much more one trial may do at N than at a smaller N (per trial) before the point is one
 # that cannot be: more trials sharing a device never make each faster. The slack covers noise
 # and what overlapping start-ups gain.
@@ -156,8 +165,10 @@ def next_split(
     threshold: float = DEFAULT_THRESHOLD,
     oom_at: int | None = None,
     start: int = 1,
+    cores: int | None = None,
 ) -> Decision:
-    """Decide the N to run next from the points measured so far, searching from `start`."""
+    """Decide the N to run next from the points measured so far, searching from `start`;
+    `cores`: the cores that do the work, where the device is the host's CPU."""
     if threshold < 0:
         raise ValueError(f"threshold must be at least 0, not {threshold}")
     if oom_at is not None and oom_at <= 1:
@@ -171,9 +182,14 @@ def next_split(
     if not points:
         return Decision(split=first, settled=False, reason=f"measuring N={first}")
     walk = _walk(points, threshold=threshold)
-    step = next((n for n in candidates if n > points[-1].split), None)
+    step = _step(
+        points, by_split, candidates=candidates, threshold=threshold, oom_at=oom_at, cores=cores
+    )
     if not walk.knee and step is not None:
         return Decision(split=step, settled=False, reason=f"measuring N={step}")
+    skipped = _skipped(points, walk.leader, candidates=candidates, threshold=threshold)
+    if skipped is not None:
+        return skipped
     oom = oom_at if oom_at is not None and oom_at <= ceiling else None
     refine = _refine_up(points, walk.leader.split, candidates=candidates, oom_at=oom)
     settled = _settle(walk, top=top, oom_at=oom, threshold=threshold)
@@ -189,6 +205,87 @@ def next_split(
     if descent.settled and descent.split == first and refine is not None:
         return refine
     return descent
+
+
+def _step(
+    points: Sequence[CurvePoint],
+    by_split: dict[int, CurvePoint],
+    *,
+    candidates: Sequence[int],
+    threshold: float,
+    oom_at: int | None,
+    cores: int | None,
+) -> int | None:
+    """The N the ascent measures next: the candidate above the largest N measured, or the one
+    after it where the step to that N scaled (`_scaled`, from the N below it, a first wave's
+    too): far below its knee a curve is worth fewer, larger steps. Not past `MAX_STRIDE` times
+    that N, nor past the `cores` that do the work (beyond them trials share them: a step that
+    scaled below says nothing of those above), nor once a trial ran out of memory (a wave lost
+    to each step too far)."""
+    last = points[-1]
+    above = [n for n in candidates if n > last.split]
+    if not above:
+        return None
+    below = [split for split in by_split if split < last.split]
+    if (
+        oom_at is None
+        and len(above) > 1
+        and above[1] <= MAX_STRIDE * last.split
+        and (cores is None or above[1] <= cores)
+        and below
+        and _scaled(by_split[max(below)], last, threshold=threshold)
+    ):
+        return above[1]
+    return above[0]
+
+
+def _scaled(lower: CurvePoint, higher: CurvePoint, *, threshold: float) -> bool:
+    """Whether each trial did at the higher N more than `1 - threshold` of what it did at the
+    lower."""
+    return higher.throughput / higher.split > (1 - threshold) * lower.throughput / lower.split
+
+
+def _skipped(
+    points: Sequence[CurvePoint], leader: CurvePoint, *, candidates: Sequence[int], threshold: float
+) -> Decision | None:
+    """A candidate the ascent stepped over next to the leader (`_step`), once the ascent is
+    over: the one above it, below the next N measured (the knee may lie there); the one below
+    it, where the step to the leader did not scale (the peak may lie there). None: the leader's
+    neighbours were measured, or are midpoints of a bisection."""
+    if leader.split not in candidates:
+        return None
+    at = candidates.index(leader.split)
+    measured = {point.split for point in points}
+    higher = next((point.split for point in points if point.split > leader.split), None)
+    above = candidates[at + 1] if at + 1 < len(candidates) else None
+    if (
+        higher is not None
+        and higher in candidates
+        and above is not None
+        and above < higher
+        and above not in measured
+    ):
+        return Decision(
+            split=above,
+            settled=False,
+            reason=f"measuring N={above} (stepped over between N={leader.split} and N={higher})",
+        )
+    lower = next((point for point in reversed(points) if point.split < leader.split), None)
+    below = candidates[at - 1] if at > 0 else None
+    if (
+        lower is None
+        or lower.split not in candidates
+        or below is None
+        or below <= lower.split
+        or below in measured
+        or _scaled(lower, leader, threshold=threshold)
+    ):
+        return None
+    return Decision(
+        split=below,
+        settled=False,
+        reason=f"measuring N={below} (stepped over between N={lower.split} and N={leader.split})",
+    )
 
 
 def _refine_up(

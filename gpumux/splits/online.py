@@ -437,6 +437,7 @@ class SplitSearch:
             threshold=self.timing.threshold,
             oom_at=self.oom_at,
             start=self.start,
+            cores=self.cores,
         )
         if self.start == 1:
             return decision

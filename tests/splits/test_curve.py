@@ -126,20 +126,20 @@ SHAPES = [
         34,
         None,
         5,
-        (1, 2, 3, 5, 8, 6),
+        (1, 2, 5, 13, 8, 6),
         "knee: N=6 +0.2%, N=8 +0.6% over N=5 (each < 5%); using N=5",
     ),
     Shape("plateau", plateau, 34, None, 2, (1, 2, 3, 5), "knee: N=3 +0.0%, N=5 +0.0%"),
-    Shape("peak", peak_at_8, 34, None, 8, (1, 2, 3, 5, 8, 13), "knee: N=13 -22.3%"),
-    Shape("memory", linear, 6, None, 6, (1, 2, 3, 5, 6), "the device takes at most N=6; using N=6"),
-    Shape("oom", linear, 34, 8, 7, (1, 2, 3, 5, 8, 7), "out of memory at N=8; using N=7"),
+    Shape("peak", peak_at_8, 34, None, 8, (1, 2, 5, 13, 21, 8), "knee: N=13 -22.3%"),
+    Shape("memory", linear, 6, None, 6, (1, 2, 5, 6), "the device takes at most N=6; using N=6"),
+    Shape("oom", linear, 34, 8, 7, (1, 2, 5, 13, 8, 7), "out of memory at N=8; using N=7"),
     Shape(
         "oom-knee",
         knee,
         34,
         8,
         5,
-        (1, 2, 3, 5, 8, 7, 6),
+        (1, 2, 5, 13, 8, 7, 6),
         "out of memory at N=8; using N=5 (best below)",
     ),
     Shape(
@@ -148,7 +148,7 @@ SHAPES = [
         34,
         15,
         14,
-        (1, 2, 3, 5, 8, 13, 21, 20, 16, 14, 15),
+        (1, 2, 5, 13, 34, 21, 20, 16, 14, 15),
         "out of memory at N=15; using N=14",
     ),
     Shape("flat", flat, 34, None, 1, (1, 2, 3), "knee: N=2 +0.0%, N=3 +0.0%"),
@@ -304,7 +304,7 @@ def test_empty_curve_measures_one() -> None:
 
 
 def test_one_noisy_dip_does_not_end_the_ascent() -> None:
-    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(3, 190.0), CurvePoint(5, 400.0)]
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(3, 190.0), CurvePoint(5, 280.0)]
 
     decision = next_split(curve, ceiling=34)
 
@@ -314,7 +314,8 @@ def test_one_noisy_dip_does_not_end_the_ascent() -> None:
 def test_the_last_point_of_a_split_wins() -> None:
     curve = [CurvePoint(1, 100.0), CurvePoint(2, 100.0), CurvePoint(2, 300.0)]
 
-    assert next_split(curve, ceiling=34).split == 3
+    # N=2 at 300 scaled from N=1 (at 100 it would be a miss): the step goes over N=3.
+    assert next_split(curve, ceiling=34).split == 5
 
 
 def test_points_above_the_ceiling_are_ignored() -> None:
@@ -508,6 +509,69 @@ def test_a_big_gpu_from_its_cores_settles_in_three_points() -> None:
     assert run.tried == (16, 21, 34)
     assert run.decision.split == 21
     assert big_gpu(21) >= 0.95 * max(big_gpu(n) for n in range(1, 101))
+
+
+def test_a_curve_that_scales_is_climbed_in_strides_to_the_ceiling() -> None:
+    run = simulate(linear, ceiling=34)
+
+    assert run.tried == (1, 2, 5, 13, 34)
+    assert run.decision.split == 34
+
+
+@pytest.mark.parametrize(
+    ("at_3", "step"),
+    [(300.0, 8), (271.0, 8), (270.0, 5), (200.0, 5)],
+    ids=["linear", "within-threshold", "just-short", "bent"],
+)
+def test_a_step_goes_over_a_candidate_only_where_each_trial_did_as_well(
+    at_3: float, step: int
+) -> None:
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 190.0), CurvePoint(3, at_3)]
+
+    # 95 per trial at N=2: N=3 scaled where each of its trials did more than 95% of that
+    # (90.25): the step goes over N=5.
+    assert next_split(curve, ceiling=34).split == step
+
+
+def test_no_step_goes_over_a_candidate_after_an_out_of_memory_trial() -> None:
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(3, 300.0)]
+
+    assert next_split(curve, ceiling=34).split == 8
+    assert next_split(curve, ceiling=34, oom_at=21).split == 5
+
+
+def test_a_stride_stops_at_three_times_the_last_n() -> None:
+    curve = [CurvePoint(13, 1300.0), CurvePoint(21, 2100.0)]
+
+    # Above N=21: 34, then the ceiling; at 64 (3.05x) it is too far to go over 34 for.
+    assert next_split(curve, ceiling=63).split == 63
+    assert next_split(curve, ceiling=64).split == 34
+
+
+def test_on_the_cpu_no_step_goes_over_a_candidate_past_the_cores() -> None:
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0)]
+
+    assert next_split(curve, ceiling=34, cores=8).split == 5
+    assert next_split(curve, ceiling=34, cores=4).split == 3
+
+
+def test_a_candidate_stepped_over_is_measured_before_a_bisection() -> None:
+    strode = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(5, 500.0)]
+
+    above = next_split([*strode, CurvePoint(13, 510.0)], ceiling=34)
+    below = next_split([*strode, CurvePoint(13, 600.0), CurvePoint(21, 590.0)], ceiling=34)
+    scaled = next_split([*strode, CurvePoint(13, 1300.0), CurvePoint(34, 1320.0)], ceiling=34)
+
+    # The knee may lie at the N stepped over above the leader (N=8 between 5 and 13), and the
+    # peak at the one below a leader whose step did not scale (N=8 between 5 and 13 again);
+    # where the leader's step scaled (13 from 5), the peak is not below it: 21 is the one.
+    assert above == Decision(
+        split=8, settled=False, reason="measuring N=8 (stepped over between N=5 and N=13)"
+    )
+    assert below == Decision(
+        split=8, settled=False, reason="measuring N=8 (stepped over between N=5 and N=13)"
+    )
+    assert scaled.split == 21
 
 
 def test_a_compute_bound_workload_from_a_high_guess_descends_to_its_best() -> None:

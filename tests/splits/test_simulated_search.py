@@ -136,13 +136,13 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     # the profile keeps it as the workload's ceiling.
     assert max(t.split or 0 for t in trials) == top
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
-    # Each N raised is measured beside the trials left from the last, the workload alone with
-    # N trials on the card: the climb reaches N=5 (2, then 3 measured) before the first N's
-    # trials end, where a phase that waited for them would take a trial's life a step. (The
-    # fit's 7 wait for them: at 7's slices their caps do not hold what they were seen holding.)
+    # N=3 is raised beside the trials left from N=2, the workload alone with N trials on the
+    # card; it scales (each trial does as much as at 2), so the climb strides over 5 to the fit.
     first_ends = min(t.ended_at for t in trials if t.split == 2 and t.ended_at)
-    reached = min(t.started_at for t in trials if t.split == 5 and t.started_at)
-    assert reached < first_ends, f"N=5 reached {reached - first_ends} after N=2's trials ended"
+    raised = min(t.started_at for t in trials if t.split == 3 and t.started_at)
+    assert raised < first_ends, f"N=3 raised {raised - first_ends} after N=2's trials ended"
+    above = min((t for t in trials if (t.split or 0) > 3), key=lambda t: t.started_at or first_ends)
+    assert above.split == top, f"the climb went from N=3 to N={above.split}"
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
