@@ -34,6 +34,7 @@ from fractions import Fraction
 
 from sqlalchemy.orm import Session
 
+from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits import curve as split_curve
 from gpumux.splits import window as split_window
 from gpumux.splits.mix import Mix
@@ -98,6 +99,9 @@ class SplitSearch:
     # ceiling further (a framework allocates over its first steps; the first reading is low),
     # and the wave is the N measured.
     probed: int | None = None
+    # The start and its origin the device kind guessed before the first wave told what a trial
+    # holds (None: it has not told).
+    guessed: tuple[int, str] | None = None
     # Whether each sweep seen on the device runs this workload at auto.
     _sweeps: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
     # The node whose device this is, on a database several nodes share (none: the only one).
@@ -381,13 +385,24 @@ class SplitSearch:
         )
         self.save(session=session)
 
-    def learned(self, *, why: str) -> None:
+    def learned(self, *, why: str, start: FirstSplit | None = None) -> None:
         """The first wave told what a trial holds (`why`), or never will: its phase goes on to
         its point, after which the search goes on at its start, within the ceiling memory now
-        sets."""
+        sets; at `start` instead where that is higher (`known`)."""
         self.probe, self.probed = None, self.probe
+        if start is not None:
+            self.known(start)
         self.decision = self.decide()
         log.info("device %s: %s; %s", self.device_key, why, self.decision.reason)
+
+    def known(self, start: FirstSplit) -> None:
+        """What a trial holds is known (again, a larger reading of the first wave): the search
+        starts at `start` where that is above the guess it started at, else at the guess."""
+        if self.guessed is None:
+            self.guessed = (self.start, self.origin)
+        guess, origin = self.guessed
+        self.start, self.origin = (start.split, start.why) if start.split > guess else self.guessed
+        self.decision = self.decide()
 
     def save(self, *, session: Session) -> None:
         """Store the curve, the decision and the limits memory set as this workload's profile

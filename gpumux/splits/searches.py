@@ -238,8 +238,9 @@ class SplitSearches:
 
     def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
-        it, and the search goes on at its start within it; until a point is measured, a larger
-        reading lowers the ceiling again."""
+        it, and the search goes on from the N the device kind starts at where memory is known
+        (`known_split`), if above its guess; until a point is measured, a larger reading lowers
+        the ceiling (and that start) again."""
         wave = search.probe or search.probed or search.split
         fit = self._fit(device, split=wave, held=held)
         if fit is not None and fit < search.ceiling:
@@ -248,8 +249,17 @@ class SplitSearches:
                 why=f"memory fits {fit} of the trials as the first wave's held it",
                 keep=kind_of(device).stable_ceiling,
             )
+        # Memory is known where the trial held less than its slice (one that takes it whole,
+        # as TensorFlow does, says nothing of what it needs).
+        start = (
+            None
+            if fit is None
+            else kind_of(device).known_split(search.ceiling, steps=SEQUENCE, cores=self.host_cores)
+        )
         if search.probe is not None:
-            search.learned(why=f"a trial at N={wave} holds {held} MiB")
+            search.learned(why=f"a trial at N={wave} holds {held} MiB", start=start)
+        elif start is not None:
+            search.known(start)
 
     def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,

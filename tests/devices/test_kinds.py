@@ -412,6 +412,19 @@ def test_a_gpu_search_starts_at_no_more_trials_than_the_host_has_cores() -> None
     assert small_host.split == 2
 
 
+def test_once_memory_is_known_a_gpu_search_starts_at_the_step_within_the_fit_and_the_cores() -> (
+    None
+):
+    kind = GpuKind()
+    # A first wave showed 28 fit on a host of 32 cores: the step below the fit, which the
+    # wave's early reading may understate; the cores bound it where fewer.
+    fit = kind.known_split(28, steps=STEPS, cores=32)
+    assert (fit.split, fit.why) == (21, "the step within the 28 trials memory fits and 32 cores")
+    assert kind.known_split(28, steps=STEPS, cores=8).split == 8
+    assert kind.known_split(8, steps=STEPS, cores=16).split == 8, "a fit on a step is the step"
+    assert kind.known_split(1, steps=STEPS, cores=16).split == 1
+
+
 def test_a_cpu_search_starts_at_its_cores_and_only_a_gpu_ceiling_is_worth_keeping() -> None:
     kind = CpuKind()
     assert kind.first_split(cpu(cpu_count=6), 12, steps=STEPS, cores=6).split == 6

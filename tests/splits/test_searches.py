@@ -23,7 +23,7 @@ from gpumux.fields import MAX_SPLIT
 from gpumux.processes.procfs import group_members
 from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
-from gpumux.splits.curve import Decision
+from gpumux.splits.curve import SEQUENCE, Decision
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import CONTEXT_MB, SplitSearches
 from gpumux.status import SweepStatus, TrialStatus
@@ -377,6 +377,40 @@ def test_a_guess_from_memory_first_runs_half_whose_trials_bound_the_ceiling_by_w
     assert search.probe is None and search.curve == []
     assert search.ceiling == fit and search.split == guess // 2, search.decision.reason
     assert search.decision.reason.startswith(f"measuring N={guess // 2}, the first wave")
+    assert search.start == guess, "a fit below the guess leaves the start where it was"
+
+
+def test_a_first_wave_whose_trials_hold_little_raises_the_start_to_what_memory_fits(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    guess = search.start
+    wave = search.split
+
+    # The trial holds little: far more than the guess fit. The wave is still measured first;
+    # the search then starts at the step within what fits and the host's cores, not at the
+    # guess made when what a trial holds was not known.
+    first_wave.holding(CONTEXT_MB + 300)
+    cores = first_wave.searches.host_cores
+    step = max(n for n in SEQUENCE if n <= min(search.ceiling, cores))
+    assert step > guess
+    assert search.split == wave and search.start == step, search.decision.reason
+    assert f"started at N={step}: the step within the {search.ceiling} trials" in (
+        search.decision.reason
+    )
+
+
+def test_a_first_wave_that_takes_its_whole_slice_leaves_the_start_at_the_guess(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    guess, wave = search.start, search.split
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+
+    # As TensorFlow does: what it takes says nothing of what it needs.
+    first_wave.holding(room // wave)
+    assert search.probe is None and search.split == wave, search.decision.reason
+    assert search.start == guess, search.decision.reason
 
 
 def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
@@ -387,10 +421,12 @@ def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
     # Its weights first (a real framework's first reading): memory fits more than the guess.
     first_wave.holding(CONTEXT_MB + 300)
     assert search.probe is None and search.ceiling > guess, search.decision.reason
-    # Then its activations and optimizer state: the ceiling drops to what fits of that.
+    # Then its activations and optimizer state: the ceiling drops to what fits of that, and
+    # the start the first reading raised drops back to the guess.
     held, fit = first_wave.fit_below(guess)
     first_wave.holding(held)
     assert search.ceiling == fit and search.split == guess // 2, search.decision.reason
+    assert search.start == guess, search.decision.reason
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

@@ -23,6 +23,7 @@ from gpumux.config import Settings
 from gpumux.schemas.profiles import ProfilePublic
 from gpumux.schemas.trials import TrialPublic
 from gpumux.server.daemon import embedded
+from gpumux.splits.curve import SEQUENCE
 
 # Simulated seconds run 4x as fast, the split search's timers with them (as
 # benchmarks/split_search.py runs it): a trial's own cost on this host, a Python process, weighs
@@ -185,6 +186,26 @@ def test_a_guess_from_memory_learns_what_a_trial_holds_before_its_wave_runs_out(
     # read young on a loaded host (seen once in CI), and the fit measured again.
     assert [point.split for point in profile.curve] in ([2, top], [top]), profile.reason
     assert profile.settled and profile.best_split == top, profile.reason
+
+
+def test_a_first_wave_that_shows_memory_to_spare_starts_the_climb_at_what_fits_and_the_cores(
+    daemon_of: Start, tmp_path: Path
+) -> None:
+    # Trials of 2 GB on 60 GB fit far above the guess (a quarter of what the smallest slices
+    # allow); the host has 16 cores. Once the first wave shows what a trial holds, the N grows
+    # beside it to 13, the step within both, not to the guess.
+    shape = {"memory_mb": 60_000, "per_process_mb": 2_000, "context_mb": 728}
+    fit = fits(**shape)
+    step = max(n for n in SEQUENCE if n <= min(fit, 16))
+    trials, profile = auto_sweep(
+        daemon_of, tmp_path, shape, fit=fit, host_cores=16, trials=24, seconds=10
+    )
+
+    wave = min(trials, key=lambda t: t.started_at or t.ended_at or 0).split
+    assert wave is not None and wave < step
+    above = min((t for t in trials if (t.split or 0) > wave), key=lambda t: t.started_at or 0)
+    assert above.split == step, f"the N grew from the wave at {wave} to {above.split}"
+    assert f"started at N={step}: the step within" in profile.reason, profile.reason
 
 
 def test_with_long_start_ups_the_search_settles_past_the_steady_knee(
