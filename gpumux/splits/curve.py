@@ -315,16 +315,19 @@ def _refine_up(
 
 
 def _walk(points: Sequence[CurvePoint], *, threshold: float) -> _Walk:
+    """The leader, its misses up to the knee, and whether there is one. A point past a knee
+    that gains over the leader takes the lead all the same (a step the stride went over, filled
+    in below points measured above it, may read as the knee)."""
     leader = points[0]
     misses: list[CurvePoint] = []
+    knee = False
     for point in points[1:]:
         if point.throughput >= leader.throughput * (1 + threshold):
-            leader, misses = point, []
-        else:
+            leader, misses, knee = point, [], False
+        elif not knee:
             misses.append(point)
-        if len(misses) >= PATIENCE or (misses and point.split >= LARGE):
-            return _Walk(leader=leader, misses=tuple(misses), knee=True)
-    return _Walk(leader=leader, misses=tuple(misses), knee=False)
+            knee = len(misses) >= PATIENCE or point.split >= LARGE
+    return _Walk(leader=leader, misses=tuple(misses), knee=knee)
 
 
 def _descend(
@@ -355,14 +358,26 @@ def _descend(
             return Decision(
                 split=below, settled=False, reason=f"measuring N={below} (below N={leader.split})"
             )
-    # As above: a measured non-candidate just below the leader is a midpoint that fell short.
-    elif leader.split - short.split > 1 and short.split in candidates:
-        split = (short.split + leader.split) // 2
-        return Decision(
-            split=split,
-            settled=False,
-            reason=f"measuring N={split} (between N={short.split} and N={leader.split}, measured)",
-        )
+    # As above: a measured non-candidate just below the leader is a midpoint that fell short,
+    # unless steps lie between them (a first wave's N below a higher start).
+    elif leader.split - short.split > 1:
+        measured = {point.split for point in lower}
+        gap = [n for n in candidates if short.split < n < leader.split and n not in measured]
+        if gap:
+            return Decision(
+                split=gap[-1],
+                settled=False,
+                reason=f"measuring N={gap[-1]} (below N={leader.split})",
+            )
+        if short.split in candidates:
+            split = (short.split + leader.split) // 2
+            return Decision(
+                split=split,
+                settled=False,
+                reason=(
+                    f"measuring N={split} (between N={short.split} and N={leader.split}, measured)"
+                ),
+            )
     shortfall = "" if short is None else f", N={short.split} {_gain(short, leader):+.1%}"
     if leader is start:
         return Decision(

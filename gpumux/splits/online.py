@@ -395,13 +395,15 @@ class SplitSearch:
         self.decision = self.decide()
         log.info("device %s: %s; %s", self.device_key, why, self.decision.reason)
 
-    def known(self, start: FirstSplit) -> None:
+    def known(self, start: FirstSplit | None) -> None:
         """What a trial holds is known (again, a larger reading of the first wave): the search
-        starts at `start` where that is above the guess it started at, else at the guess."""
+        starts at `start` where that is above the guess it started at, else at the guess; None:
+        it is not known after all (the trial took its whole slice, as TensorFlow does)."""
         if self.guessed is None:
             self.guessed = (self.start, self.origin)
-        guess, origin = self.guessed
-        self.start, self.origin = (start.split, start.why) if start.split > guess else self.guessed
+        guess, _ = self.guessed
+        above = start is not None and start.split > guess
+        self.start, self.origin = (start.split, start.why) if start and above else self.guessed
         self.decision = self.decide()
 
     def save(self, *, session: Session) -> None:
@@ -476,6 +478,16 @@ class SplitSearch:
         self.ceiling = min(self.ceiling, ceiling)
         if keep:
             self.lowered = min(self.ceiling, self.lowered or self.ceiling)
+        if self.guessed is not None and self.guessed[0] < self.start >= self.ceiling:
+            # A start memory allowed, no longer below what fits: the step below it, as the
+            # device kind's `known_split` takes (the guess, where that is no higher), so the
+            # search still descends from it.
+            step = max((n for n in split_curve.SEQUENCE if n < self.ceiling), default=1)
+            self.start, self.origin = (
+                (step, f"{self.origin}, lowered to the step below {self.ceiling}")
+                if step > self.guessed[0]
+                else self.guessed
+            )
         self.curve = [p for p in self.curve if p.split <= self.ceiling]
         self.decision = self.decide()
         self.filling_since = None

@@ -258,7 +258,7 @@ class SplitSearches:
         )
         if search.probe is not None:
             search.learned(why=f"a trial at N={wave} holds {held} MiB", start=start)
-        elif start is not None:
+        else:
             search.known(start)
 
     def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:

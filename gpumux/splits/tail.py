@@ -26,10 +26,11 @@ def settle_short(
     start: int,
     origin: str,
 ) -> split_curve.Decision | None:
-    """The settled decision where the `left` trials (running and queued) cannot fill `split`,
-    the N the search measures next; None: they can, or nothing of the climb was measured (a
-    first wave's point lies below the N the climb starts at: a cautious guess's half, not a
-    measure of the start), or a climb capped at the measured N would not settle."""
+    """The decision where the `left` trials (running and queued) cannot fill `split`, the N
+    the search measures next: settled on what was measured, or an N they fill that the search
+    measures all the same (the step a stride went over, above or below); None: they can fill
+    `split`, or nothing of the climb was measured (a first wave's point lies below the N the
+    climb starts at: a cautious guess's half, not a measure of the start)."""
     first = split_curve.first_split(ceiling=ceiling, oom_at=oom_at, start=start)
     if left >= split or not any(point.split >= first for point in curve):
         return None
@@ -37,15 +38,26 @@ def settle_short(
     decision = split_curve.next_split(
         curve, ceiling=measured, threshold=threshold, oom_at=oom_at, start=start
     )
+    cannot = f"{left} trial(s) of the sweep left cannot fill N={split}"
     if split > measured:
+        candidates = split_curve.candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)
+        step = min((n for n in candidates if n > measured), default=split)
+        if step < split and step <= left:
+            # The climb strode over a step the trials left fill.
+            return split_curve.Decision(
+                split=step, settled=False, reason=f"{cannot}: measuring N={step}"
+            )
         # A climb the trials left cannot reach: settled on what was measured, if the walk
-        # capped there settles; else the search goes on as it decided.
-        if not decision.settled:
-            return None
+        # capped there settles; where it measures below (a step it went over, a bisection),
+        # that N if the trials left fill it.
+        if not decision.settled and decision.split <= left:
+            return replace(decision, reason=f"{cannot}: {decision.reason}")
+    if decision.settled and split > measured:
         using = f"N={decision.split}, the best of {len(curve)} point(s) measured"
     else:
-        # A descent or a bisection below the largest N measured: the smallest N measured
-        # that does as well, as the finished search would settle on.
+        # Below the largest N measured (a descent, a bisection, or a step gone over that the
+        # trials left cannot fill): the smallest N measured that does as well, as the
+        # finished search would settle on.
         smallest = split_curve.smallest_within(curve, threshold=threshold)
         using = (
             f"N={smallest}, the smallest of {len(curve)} point(s) measured within "
@@ -54,6 +66,4 @@ def settle_short(
         decision = replace(decision, split=smallest, settled=True)
     if start != 1:
         using = f"{using}; started at N={start}: {origin}"
-    return replace(
-        decision, reason=f"{left} trial(s) of the sweep left cannot fill N={split}: using {using}"
-    )
+    return replace(decision, reason=f"{cannot}: using {using}")

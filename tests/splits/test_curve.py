@@ -574,6 +574,28 @@ def test_a_candidate_stepped_over_is_measured_before_a_bisection() -> None:
     assert scaled.split == 21
 
 
+def test_a_step_filled_in_below_leaders_measured_above_it_does_not_end_the_climb() -> None:
+    curve = [CurvePoint(n, t) for n, t in ((1, 100.0), (2, 200.0), (5, 500.0), (13, 700.0))]
+
+    # N=8, gone over and measured once N=21 missed, reads a miss beside N=5 (a knee at
+    # N >= 8); N=13 gains over N=5 all the same: it leads, and N=21 above it is refined.
+    decision = next_split([*curve, CurvePoint(21, 720.0), CurvePoint(8, 520.0)], ceiling=34)
+
+    assert decision.split == 17, decision.reason
+
+
+def test_a_first_waves_n_below_a_higher_start_leaves_the_steps_between_to_the_descent() -> None:
+    # The first wave ran N=4 (not a step); memory then allowed the start at 13.
+    curve = [CurvePoint(4, 400.0), CurvePoint(13, 430.0), CurvePoint(21, 380.0)]
+
+    first = next_split(curve, ceiling=34, start=13)
+    second = next_split([*curve, CurvePoint(8, 470.0)], ceiling=34, start=13)
+    settled = next_split([*curve, CurvePoint(8, 470.0), CurvePoint(5, 500.0)], ceiling=34, start=13)
+
+    assert (first.split, second.split) == (8, 5), (first.reason, second.reason)
+    assert settled.settled and settled.split == 5, settled.reason
+
+
 def test_a_compute_bound_workload_from_a_high_guess_descends_to_its_best() -> None:
     run = simulate(compute_bound, ceiling=100, start=16)
 

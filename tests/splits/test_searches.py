@@ -392,12 +392,43 @@ def test_a_first_wave_whose_trials_hold_little_raises_the_start_to_what_memory_f
     # guess made when what a trial holds was not known.
     first_wave.holding(CONTEXT_MB + 300)
     cores = first_wave.searches.host_cores
-    step = max(n for n in SEQUENCE if n <= min(search.ceiling, cores))
+    step = max(n for n in SEQUENCE if n < search.ceiling and n <= cores)
     assert step > guess
     assert search.split == wave and search.start == step, search.decision.reason
-    assert f"started at N={step}: the step within the {search.ceiling} trials" in (
+    assert f"started at N={step}: the step below the {search.ceiling} trials" in (
         search.decision.reason
     )
+
+
+def test_a_raised_start_goes_back_to_the_guess_once_the_wave_takes_its_whole_slice(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    guess, wave = search.start, search.split
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+
+    # Weights first, then the framework takes the whole slice: what it needs is unknown again.
+    first_wave.holding(CONTEXT_MB + 300)
+    assert search.start > guess
+    first_wave.holding(room // wave)
+    assert search.start == guess and search.split == wave, search.decision.reason
+
+
+def test_a_raised_start_above_a_lowered_ceiling_drops_to_the_step_below_it(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    guess = search.start
+    first_wave.holding(CONTEXT_MB + 300)
+    raised = search.start
+
+    # Only some fit at once for a while (another process holds memory): the start is the
+    # step below, from which the search still descends; at or below the guess, the guess.
+    search.lower_ceiling(raised, why="only so many fit at once", keep=False)
+    below = max(n for n in SEQUENCE if n < raised)
+    assert search.start == (below if below > guess else guess), search.decision.reason
+    search.lower_ceiling(guess, why="fewer still", keep=False)
+    assert search.start == guess, search.decision.reason
 
 
 def test_a_first_wave_that_takes_its_whole_slice_leaves_the_start_at_the_guess(

@@ -193,10 +193,10 @@ def test_a_first_wave_that_shows_memory_to_spare_starts_the_climb_at_what_fits_a
 ) -> None:
     # Trials of 2 GB on 60 GB fit far above the guess (a quarter of what the smallest slices
     # allow); the host has 16 cores. Once the first wave shows what a trial holds, the N grows
-    # beside it to 13, the step within both, not to the guess.
+    # beside it to 13, the step below what fits and within the cores, not to the guess.
     shape = {"memory_mb": 60_000, "per_process_mb": 2_000, "context_mb": 728}
     fit = fits(**shape)
-    step = max(n for n in SEQUENCE if n <= min(fit, 16))
+    step = max(n for n in SEQUENCE if n < fit and n <= 16)
     trials, profile = auto_sweep(
         daemon_of, tmp_path, shape, fit=fit, host_cores=16, trials=24, seconds=10
     )
@@ -205,7 +205,7 @@ def test_a_first_wave_that_shows_memory_to_spare_starts_the_climb_at_what_fits_a
     assert wave is not None and wave < step
     above = min((t for t in trials if (t.split or 0) > wave), key=lambda t: t.started_at or 0)
     assert above.split == step, f"the N grew from the wave at {wave} to {above.split}"
-    assert f"started at N={step}: the step within" in profile.reason, profile.reason
+    assert f"started at N={step}: the step below" in profile.reason, profile.reason
 
 
 def test_with_long_start_ups_the_search_settles_past_the_steady_knee(

@@ -133,16 +133,16 @@ class DeviceKind(ABC):
 
     def known_split(self, ceiling: int, *, steps: Sequence[int], cores: int) -> FirstSplit:
         """Where a search starts once its first wave (`FirstSplit.probe`) showed what a trial
-        holds, so that `ceiling` is what memory fits: the largest of `steps` within it and the
-        host's `cores` (more trials than cores wait for one). A step, not the fit itself: the
-        fit is read off the wave's first steps, which a framework may outgrow; the climb goes on
-        to the fit where the step gains. Starting high costs little where the best N is low (a
+        holds, so that `ceiling` is what memory allows: the largest of `steps` below it (a step
+        short of it: the fit is read off the wave's first steps, which a framework may outgrow;
+        the climb goes on to it where the step gains) and within the host's `cores` (more
+        trials than cores wait for one). Starting high costs little where the best N is low (a
         few trials more share the device), and a climb from low N runs most of the device idle
         where it is high."""
-        limit = min(ceiling, cores)
-        split = max((step for step in steps if 1 <= step <= limit), default=1)
+        split = max((step for step in steps if 1 <= step < ceiling and step <= cores), default=1)
         return FirstSplit(
-            split=split, why=f"the step within the {ceiling} trials memory fits and {cores} cores"
+            split=split,
+            why=f"the step below the {ceiling} trials memory allows, within {cores} cores",
         )
 
     def work_cores(self, device: DeviceSnapshot) -> int | None:

@@ -1,0 +1,48 @@
+"""A sweep's tail: what the split search does where the trials left cannot fill its next N."""
+
+from __future__ import annotations
+
+from gpumux.splits.curve import next_split
+from gpumux.splits.tail import settle_short
+from gpumux.throughput import CurvePoint
+
+
+def short(curve: list[CurvePoint], *, left: int) -> tuple[int, bool] | None:
+    """What the tail decides with `left` trials for the N the search measures next."""
+    split = next_split(curve, ceiling=34).split
+    decision = settle_short(
+        curve,
+        split=split,
+        left=left,
+        threshold=0.05,
+        oom_at=None,
+        ceiling=34,
+        start=1,
+        origin="",
+    )
+    return None if decision is None else (decision.split, decision.settled)
+
+
+def linear(*splits: int) -> list[CurvePoint]:
+    return [CurvePoint(n, 100.0 * n) for n in splits]
+
+
+def test_the_trials_left_measure_the_step_a_stride_went_over() -> None:
+    curve = linear(1, 2, 5, 13)
+    assert next_split(curve, ceiling=34).split == 34
+
+    # 25 trials cannot fill N=34, they fill N=21 the stride went over; 12 fill neither.
+    assert short(curve, left=25) == (21, False)
+    assert short(curve, left=12) == (13, True)
+    assert short(curve, left=34) is None
+
+
+def test_the_trials_left_measure_a_step_gone_over_below_the_largest_n_measured() -> None:
+    # N=13 led N=5 without scaling: the peak may lie at N=8, which 12 trials fill (N=21, the
+    # climb's next, they do not); 6 trials fill neither: the best measured.
+    curve = [CurvePoint(1, 100.0), CurvePoint(2, 200.0), CurvePoint(5, 480.0)]
+    curve.append(CurvePoint(13, 700.0))
+    assert next_split(curve, ceiling=34).split == 21
+
+    assert short(curve, left=12) == (8, False)
+    assert short(curve, left=6) == (13, True)
