@@ -17,7 +17,8 @@ device's guess); s = 1 is the search from scratch.
   below it), stride over one candidate to the next, at most `MAX_STRIDE` times the N, not past
   the cores that do the work (the CPU), and not after an out-of-memory trial. The knee is two
   misses in a row, or one at N >= `LARGE` (the median of that many trials' rates is one steady
-  reading, and each point there costs a wave of long trials).
+  reading, and each point there costs a wave of long trials); a point past the knee that gains
+  `threshold` over the leader takes the lead all the same.
 - Stepped over: once the ascent is over, a candidate the stride went over next to the leader
   is measured before anything else: the one above it (the knee may lie there), and the one below
   it where the step to the leader did not scale (the peak may lie there).
@@ -32,7 +33,9 @@ device's guess); s = 1 is the search from scratch.
   with the best, not with the last N that took the lead, a slow slope of small losses never
   drifts below the threshold of the best: a plateau settles on its smallest N within the
   threshold of the best.
-  Until a lower N falls short, measure the candidate just below the lowest measured N.
+  Until a lower N falls short, measure the candidate just below the lowest measured N; candidates
+  between a measured N that is not one (a first wave's, below a start memory allowed) and the
+  N above it come first, whether it fell short or took the lead.
 - Refinement down: when the N that fell short is a candidate more than 1 below the leader,
   measure the midpoint; one that takes the lead is refined again, one that falls short ends it.
 - Settle on the leader: after the ascent, the smallest N that made the last gain of at least
@@ -352,7 +355,17 @@ def _descend(
         else:
             short = point
             break
+    measured = {point.split for point in lower}
     if short is None:
+        # Steps between a lower N that did as well and the start (a first wave's N, not a
+        # step) come first: the best may lie there.
+        skipped = [n for n in candidates if leader.split < n < start.split and n not in measured]
+        if skipped:
+            return Decision(
+                split=skipped[-1],
+                settled=False,
+                reason=f"measuring N={skipped[-1]} (below N={start.split})",
+            )
         below = max((n for n in candidates if n < leader.split), default=None)
         if below is not None:
             return Decision(
@@ -361,7 +374,6 @@ def _descend(
     # As above: a measured non-candidate just below the leader is a midpoint that fell short,
     # unless steps lie between them (a first wave's N below a higher start).
     elif leader.split - short.split > 1:
-        measured = {point.split for point in lower}
         gap = [n for n in candidates if short.split < n < leader.split and n not in measured]
         if gap:
             return Decision(

@@ -478,13 +478,13 @@ class SplitSearch:
         self.ceiling = min(self.ceiling, ceiling)
         if keep:
             self.lowered = min(self.ceiling, self.lowered or self.ceiling)
-        if self.guessed is not None and self.guessed[0] < self.start >= self.ceiling:
-            # A start memory allowed, no longer below what fits: the step below it, as the
-            # device kind's `known_split` takes (the guess, where that is no higher), so the
-            # search still descends from it.
+        if self.guessed is not None and self.guessed[0] < self.start > self.ceiling:
+            # A start memory allowed, now above what fits: the step below it, as the device
+            # kind's `known_split` takes (the guess, where that is no higher), so that the
+            # search still descends from it (from a start above the ceiling it would not).
             step = max((n for n in split_curve.SEQUENCE if n < self.ceiling), default=1)
             self.start, self.origin = (
-                (step, f"{self.origin}, lowered to the step below {self.ceiling}")
+                (step, f"the step below the {self.ceiling} trials that fit")
                 if step > self.guessed[0]
                 else self.guessed
             )

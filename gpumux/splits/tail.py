@@ -2,8 +2,9 @@
 fill the N it would measure next.
 
 On a big GPU a first sweep has a few waves: the N above the last is rarely reachable, nor,
-after a few waves, an N below the start. Rather than end unsettled, the search settles on what
-it measured, saying so.
+after a few waves, an N below the start. Rather than end unsettled, the search measures an N
+below that the trials left fill (a step the climb strode over), or settles on what it
+measured, saying so.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def settle_short(
     origin: str,
 ) -> split_curve.Decision | None:
     """The decision where the `left` trials (running and queued) cannot fill `split`, the N
-    the search measures next: settled on what was measured, or an N they fill that the search
-    measures all the same (the step a stride went over, above or below); None: they can fill
-    `split`, or nothing of the climb was measured (a first wave's point lies below the N the
-    climb starts at: a cautious guess's half, not a measure of the start)."""
+    the search measures next: settled on what was measured, or an N below `split` they fill
+    (the step a stride went over; what the climb capped at the largest N measured would
+    measure); None: they can fill `split`, or nothing of the climb was measured (a first
+    wave's point lies below the N the climb starts at: a cautious guess's half, not a measure
+    of the start), or the capped climb would measure an N they cannot fill either."""
     first = split_curve.first_split(ceiling=ceiling, oom_at=oom_at, start=start)
     if left >= split or not any(point.split >= first for point in curve):
         return None
@@ -48,16 +50,17 @@ def settle_short(
                 split=step, settled=False, reason=f"{cannot}: measuring N={step}"
             )
         # A climb the trials left cannot reach: settled on what was measured, if the walk
-        # capped there settles; where it measures below (a step it went over, a bisection),
-        # that N if the trials left fill it.
-        if not decision.settled and decision.split <= left:
-            return replace(decision, reason=f"{cannot}: {decision.reason}")
-    if decision.settled and split > measured:
+        # capped there settles; where it measures below (a step it went over, a descent, a
+        # bisection), that N if the trials left fill it; else the search goes on as it decided
+        # and its sweep may end unsettled, the next one going on from its curve.
+        if not decision.settled:
+            if decision.split <= left:
+                return replace(decision, reason=f"{cannot}: {decision.reason}")
+            return None
         using = f"N={decision.split}, the best of {len(curve)} point(s) measured"
     else:
-        # Below the largest N measured (a descent, a bisection, or a step gone over that the
-        # trials left cannot fill): the smallest N measured that does as well, as the
-        # finished search would settle on.
+        # A descent or a bisection below the largest N measured: the smallest N measured
+        # that does as well, as the finished search would settle on.
         smallest = split_curve.smallest_within(curve, threshold=threshold)
         using = (
             f"N={smallest}, the smallest of {len(curve)} point(s) measured within "

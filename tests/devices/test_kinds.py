@@ -412,7 +412,7 @@ def test_a_gpu_search_starts_at_no_more_trials_than_the_host_has_cores() -> None
     assert small_host.split == 2
 
 
-def test_once_memory_is_known_a_gpu_search_starts_at_the_step_within_the_fit_and_the_cores() -> (
+def test_once_memory_is_known_a_gpu_search_starts_at_the_step_below_the_fit_within_the_cores() -> (
     None
 ):
     kind = GpuKind()

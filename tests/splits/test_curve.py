@@ -594,6 +594,9 @@ def test_a_first_waves_n_below_a_higher_start_leaves_the_steps_between_to_the_de
 
     assert (first.split, second.split) == (8, 5), (first.reason, second.reason)
     assert settled.settled and settled.split == 5, settled.reason
+    # Where the wave's N does as well as the start, the steps between come first all the same.
+    level = [CurvePoint(4, 400.0), CurvePoint(13, 400.0), CurvePoint(21, 380.0)]
+    assert next_split(level, ceiling=34, start=13).split == 8
 
 
 def test_a_compute_bound_workload_from_a_high_guess_descends_to_its_best() -> None:

@@ -422,10 +422,14 @@ def test_a_raised_start_above_a_lowered_ceiling_drops_to_the_step_below_it(
     first_wave.holding(CONTEXT_MB + 300)
     raised = search.start
 
-    # Only some fit at once for a while (another process holds memory): the start is the
-    # step below, from which the search still descends; at or below the guess, the guess.
-    search.lower_ceiling(raised, why="only so many fit at once", keep=False)
-    below = max(n for n in SEQUENCE if n < raised)
+    # Only some fit at once for a while (another process holds memory). A start at the new
+    # ceiling stays, the search descends from it; above it, the start is the step below, from
+    # which the search still descends (from a start above the ceiling it would not); at or
+    # below the guess, the guess.
+    search.lower_ceiling(raised, why="as many fit at once", keep=False)
+    assert search.start == raised, search.decision.reason
+    search.lower_ceiling(raised - 1, why="fewer fit at once", keep=False)
+    below = max(n for n in SEQUENCE if n < raised - 1)
     assert search.start == (below if below > guess else guess), search.decision.reason
     search.lower_ceiling(guess, why="fewer still", keep=False)
     assert search.start == guess, search.decision.reason
