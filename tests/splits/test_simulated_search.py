@@ -138,12 +138,13 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     assert max(t.split or 0 for t in trials) == top
     assert profile.ceiling == top and profile.oom_at is None, profile.reason
     # N=3 is raised beside the trials left from N=2, the workload alone with N trials on the
-    # card; it scales (each trial does as much as at 2), so the climb strides over 5 to the fit.
+    # card. It scales (each trial does as much as at 2), so the climb strides over 5 to the
+    # fit, unless a loaded host reads N=3 more than 5% slow a trial (seen once in CI): then 5.
     first_ends = min(t.ended_at for t in trials if t.split == 2 and t.ended_at)
     raised = min(t.started_at for t in trials if t.split == 3 and t.started_at)
     assert raised < first_ends, f"N=3 raised {raised - first_ends} after N=2's trials ended"
     above = min((t for t in trials if (t.split or 0) > 3), key=lambda t: t.started_at or first_ends)
-    assert above.split == top, f"the climb went from N=3 to N={above.split}"
+    assert above.split in (5, top), f"the climb went from N=3 to N={above.split}"
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
