@@ -206,7 +206,7 @@ def test_a_first_wave_that_shows_memory_to_spare_starts_the_climb_at_what_fits_a
     assert wave is not None and wave < step
     above = min((t for t in trials if (t.split or 0) > wave), key=lambda t: t.started_at or 0)
     assert above.split == step, f"the N grew from the wave at {wave} to {above.split}"
-    assert f"started at N={step}: the step below" in profile.reason, profile.reason
+    assert f"started at N={step}: the step below" in (profile.reason or ""), profile.reason
 
 
 def test_with_long_start_ups_the_search_settles_past_the_steady_knee(
