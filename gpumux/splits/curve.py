@@ -355,41 +355,29 @@ def _descend(
         else:
             short = point
             break
+    # Steps between a measured N that is not one (a first wave's, below a start memory allowed)
+    # and the N above it come first, whether it fell short or did as well: the best may lie
+    # there. Else a measured non-candidate just below the leader is a midpoint that fell short.
     measured = {point.split for point in lower}
+    upper, bottom = (start, leader) if short is None else (leader, short)
+    gap = [n for n in candidates if bottom.split < n < upper.split and n not in measured]
+    if gap:
+        return Decision(
+            split=gap[-1], settled=False, reason=f"measuring N={gap[-1]} (below N={upper.split})"
+        )
     if short is None:
-        # Steps between a lower N that did as well and the start (a first wave's N, not a
-        # step) come first: the best may lie there.
-        skipped = [n for n in candidates if leader.split < n < start.split and n not in measured]
-        if skipped:
-            return Decision(
-                split=skipped[-1],
-                settled=False,
-                reason=f"measuring N={skipped[-1]} (below N={start.split})",
-            )
         below = max((n for n in candidates if n < leader.split), default=None)
         if below is not None:
             return Decision(
                 split=below, settled=False, reason=f"measuring N={below} (below N={leader.split})"
             )
-    # As above: a measured non-candidate just below the leader is a midpoint that fell short,
-    # unless steps lie between them (a first wave's N below a higher start).
-    elif leader.split - short.split > 1:
-        gap = [n for n in candidates if short.split < n < leader.split and n not in measured]
-        if gap:
-            return Decision(
-                split=gap[-1],
-                settled=False,
-                reason=f"measuring N={gap[-1]} (below N={leader.split})",
-            )
-        if short.split in candidates:
-            split = (short.split + leader.split) // 2
-            return Decision(
-                split=split,
-                settled=False,
-                reason=(
-                    f"measuring N={split} (between N={short.split} and N={leader.split}, measured)"
-                ),
-            )
+    elif leader.split - short.split > 1 and short.split in candidates:
+        split = (short.split + leader.split) // 2
+        return Decision(
+            split=split,
+            settled=False,
+            reason=f"measuring N={split} (between N={short.split} and N={leader.split}, measured)",
+        )
     shortfall = "" if short is None else f", N={short.split} {_gain(short, leader):+.1%}"
     if leader is start:
         return Decision(
