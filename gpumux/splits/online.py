@@ -216,6 +216,7 @@ class SplitSearch:
             unit=self.unit,
             measured=bool(self.curve),
             timing=self.timing,
+            alone=not self.mixed,
         )
         if isinstance(window, split_window.NoGpu):
             self._halt_without_gpu(window.trial)

@@ -4,15 +4,20 @@ when the window closes, the per-trial rates in it, and the point it gives.
 After N changes the device settles (`Timing.settle`), then a window opens over the phase's trials:
 the workload's trials under N running when it opened, in auto sweeps (`sweep_fingerprint`), that
 started in the phase (`phase_trials`). It closes once each has reported twice in it, half a
-window apart, or ended (scripts that report too rarely or nothing: once every one has ended);
-one whose framework sees no GPU closes none (`NoGpu`). The device's throughput at N is N times
+window apart, or ended (scripts that report too rarely or nothing: once every one has ended),
+and one of them or of their refills computed beside N (below); one whose framework sees no GPU
+closes none (`NoGpu`). The device's throughput at N is N times
 the median trial's rate over its life, the phase's trials all read at the age of its youngest
 (`trial_rates`): samples/s, optimizer steps/s
 for PyTorch scripts that report no samples, completed trials/s for scripts that report neither
 (one unit per workload). Each point keeps the trials it was measured on and the spread of their
 rates: how sure it is; and, from the trials' reports over their lives (`steady_readings`), the
-median of their steady rates and the median of their start-ups, from which the search reads it
-at the work one trial of the sweep does (`CurvePoint.at_work`).
+median of their steady rates, read while N trials computed on the device (`Computing`), and the
+median of their start-ups, from which the search reads it at the work one trial of the sweep
+does (`CurvePoint.at_work`). Until a trial of the phase, or one that refilled it, computed beside
+N for half a window, the window stays open; where none did by the time every trial that began
+before the phase's last ended has ended too (or as long again as the phase's trials ran), their
+readings over all their reports stand. The start-ups of all the trials count.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Collection, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -62,13 +68,50 @@ class Timing:
         return max(self.settle, self.poll)
 
 
+# How far short of N the trials computing on the device may be for a span to count as N's: a
+# tenth (at least none) may be starting up, or between a trial's end and its refill.
+SHORT = 0.1
+
+
 @dataclass(frozen=True)
 class Steady:
-    """One trial's steady rate while N compute (its count per second) and its start-up: the
-    seconds from its start to computing at that rate."""
+    """One trial's steady rate while N compute (its count per second), its start-up (the
+    seconds from its start to computing), and whether the rate was read while N computed for
+    half a window at least (`Computing`; False: over fewer seconds, or over all its reports
+    where none was)."""
 
     rate: float
     startup_s: float
+    beside_n: bool = True
+
+
+class Computing:
+    """When trials computed on the device (`report_store.computing_spans`, any workload's),
+    the N whose steady rate is read while that many compute at once (`SHORT` of it), and the
+    seconds of such spans a rate needs (half a window: one tick's spacing is not a rate)."""
+
+    def __init__(
+        self, *, split: int, spans: Sequence[tuple[datetime, datetime | None]], least: float
+    ) -> None:
+        self.split = split
+        self.least = least
+        self._starts = sorted(first for first, _ in spans)
+        self._ends = sorted(ended for _, ended in spans if ended is not None)
+
+    @property
+    def need(self) -> int:
+        return max(1, math.ceil(self.split * (1 - SHORT)))
+
+    def full(self, begin: datetime, end: datetime) -> bool:
+        """Whether `need` trials at least computed throughout (`begin`, `end`]: the count
+        drops only where a trial ends, so it is counted just after `begin` and at each end
+        before `end` (one that ended at `end` computed up to it)."""
+        inside = self._ends[bisect_right(self._ends, begin) : bisect_left(self._ends, end)]
+        return all(self._count(at) >= self.need for at in [begin, *inside])
+
+    def _count(self, at: datetime) -> int:
+        """Trials computing at `at`: started by then, not ended by then."""
+        return bisect_right(self._starts, at) - bisect_right(self._ends, at)
 
 
 @dataclass(frozen=True)
@@ -102,13 +145,16 @@ def phase_window(
     unit: ThroughputUnit,
     measured: bool,
     timing: Timing,
+    alone: bool = True,
 ) -> tuple[Window | NoGpu | None, ThroughputUnit]:
     """The window to measure now over the phase that began at `phase_start` on the device
     (None: not yet), and the unit the workload is measured in from now on (`read_window`).
 
     It opens the settle time after the phase began. The phase's trials are the workload's
     (`fingerprint`) trials under N running when it opened, in auto sweeps; `auto` remembers
-    whether each sweep seen runs the workload at auto.
+    whether each sweep seen runs the workload at auto. `alone`: the workload had the device to
+    itself, so that N trials computing there are its N (with another's beside it, what each
+    holds is its share, and every span of a trial's reports counts).
     """
     start = phase_start + timing.settle
     if now - start < timing.window:
@@ -120,6 +166,8 @@ def phase_window(
     unseen = next((t for t in trials if t.no_gpu is not None), None)
     if unseen is not None:
         return NoGpu(trial=unseen), unit
+    # The trials' readings span their lives: what computed beside them since the first began.
+    began = min((t.started_at for t in trials if t.started_at is not None), default=start)
     return read_window(
         session=session,
         trials=trials,
@@ -129,6 +177,17 @@ def phase_window(
         unit=unit,
         measured=measured,
         timing=timing,
+        computing=(
+            lambda: Computing(
+                split=split,
+                spans=report_store.computing_spans(
+                    session=session, device=device, since=began, end=now, node_id=node_id
+                ),
+                least=timing.window.total_seconds() / 2,
+            )
+        )
+        if alone
+        else None,
     )
 
 
@@ -155,17 +214,16 @@ def read_window(
     unit: ThroughputUnit,
     measured: bool,
     timing: Timing,
+    computing: Callable[[], Computing] | None = None,
 ) -> tuple[Window | None, ThroughputUnit]:
     """The window opened at `start` over the trials under N since then, in the phase that
     began at `phase_start`, if it closes now (None: not yet), and the unit the workload is
     measured in from now on. `measured`: the curve has points already (its unit is then the
-    workload's)."""
+    workload's); `computing`: when trials computed on the device, read as it may close (None:
+    every span of a trial's reports counts)."""
     phase = phase_trials(trials, phase_start=phase_start, start=start, timing=timing)
-    ended = [
-        t
-        for t in counted_trials(trials, phase_start=phase_start, start=start, timing=timing)
-        if t.ended_at is not None and t.ended_at <= now
-    ]
+    counted_now = counted_trials(trials, phase_start=phase_start, start=start, timing=timing)
+    ended = [t for t in counted_now if t.ended_at is not None and t.ended_at <= now]
     done = {t.id for t in ended}
 
     def rates_in(unit: ThroughputUnit) -> dict[int, float]:
@@ -189,8 +247,48 @@ def read_window(
     # The ended trials' too: one that reported too rarely for a rate in the window may have
     # reported twice over its life.
     ids = set(rates) | done
-    steady = steady_readings(session=session, trials=trials, ids=ids, end=now, unit=unit)
+    steady = steady_readings(
+        session=session,
+        trials=trials,
+        ids=ids,
+        end=now,
+        unit=unit,
+        computing=None if computing is None else computing(),
+    )
+    waits = (
+        unit != TRIALS_PER_S
+        and steady
+        and not any(reading.beside_n for reading in steady)
+        and not _generation_over(phase, counted_now, now=now)
+    )
+    if waits:
+        # A phase raised beside a lower N's trials: its few trials may have computed beside
+        # fewer than N (those trials ended together, their refills starting up), each faster
+        # than N let it. The refills compute beside N soon.
+        return None, unit
     return Window(rates=list(rates.values()), ended=ended, steady=steady), unit
+
+
+def _generation_over(phase: Sequence[Trial], counted: Sequence[Trial], *, now: datetime) -> bool:
+    """Whether every trial of the phase has ended (a phase with none has nothing to wait for),
+    and so has every trial the window counts that started before the last of them ended, or as
+    long again as the phase's trials ran, from the first's start to the last's end, has passed
+    since (one may never get past its start-up): a device that never had N computing by then
+    (start-ups as long as the work, out of step) will not have them."""
+    if not phase:
+        return True
+    ends = [t.ended_at for t in phase]
+    if any(end is None or end > now for end in ends):
+        return False
+    last = max(end for end in ends if end is not None)
+    first = min((t.started_at for t in phase if t.started_at is not None), default=last)
+    if now - last >= last - first:
+        return True
+    return all(
+        t.ended_at is not None and t.ended_at <= now
+        for t in counted
+        if t.started_at is not None and t.started_at <= last
+    )
 
 
 def phase_trials(
@@ -309,12 +407,19 @@ def steady_readings(
     ids: Collection[int],
     end: datetime,
     unit: ThroughputUnit,
+    computing: Computing | None = None,
 ) -> list[Steady]:
-    """The steady reading of each trial of `ids`: its rate, the slope of its reports from its
-    first to its last by `end` (lines read in one tick as one), over its life rather than the
-    window, as a longer span is less a tick's jitter; its start-up, its age at its last report
-    less the seconds what it reported by then takes at that rate. No reading for a trial whose
-    reports came in one tick."""
+    """The steady reading of each trial of `ids`: its rate, the slope of its reports (lines
+    read in one tick as one) from its first to its last by `end`, over its life rather than the
+    window, as a longer span is less a tick's jitter; its start-up, its age at its first report
+    less what that report counted at the pace of its next two (`_startup`). No reading for a
+    trial whose reports came in one tick.
+
+    With `computing`, the slope is taken over the spans between its reports while N trials at
+    least computed on the device (`Computing.full`), where they last half a window
+    (`Computing.least`, `beside_n`): a phase whose trials compute beside fewer (those of a lower
+    N it was raised from end together, their refills start up) would read each trial faster
+    than N let it. Over all its reports where they are shorter, `beside_n` False."""
     started = {t.id: t.started_at for t in trials if t.id in ids and t.started_at is not None}
     if not started:
         return []
@@ -331,15 +436,40 @@ def steady_readings(
             (at, sum(count for _, count in read))
             for at, read in itertools.groupby(reports, key=lambda report: report[0])
         ]
-        span = (ticks[-1][0] - ticks[0][0]).total_seconds()
-        after_first = sum(count for _, count in ticks[1:])
-        rate = after_first / span if span > 0 else math.inf
+        if len(ticks) < 2:
+            continue
+        spans = list(itertools.pairwise(ticks))
+        full = (
+            spans
+            if computing is None
+            else [(before, after) for before, after in spans if computing.full(before[0], after[0])]
+        )
+        beside = computing is None or (bool(full) and _seconds(full) >= computing.least)
+        taken = full if beside else spans
+        rate = sum(after[1] for _, after in taken) / _seconds(taken)
         if not 0 < rate <= report_store.MAX_RATE:
             continue
-        age = (ticks[-1][0] - started[trial_id]).total_seconds()
-        done = after_first + ticks[0][1]
-        readings.append(Steady(rate=rate, startup_s=min(age, max(0.0, age - done / rate))))
+        readings.append(
+            Steady(rate=rate, startup_s=_startup(ticks, started[trial_id], rate), beside_n=beside)
+        )
     return readings
+
+
+def _seconds(spans: Sequence[tuple[tuple[datetime, float], tuple[datetime, float]]]) -> float:
+    return sum((after[0] - before[0]).total_seconds() for before, after in spans)
+
+
+def _startup(ticks: Sequence[tuple[datetime, float]], began: datetime, rate: float) -> float:
+    """A trial's start-up from its report ticks (when, how many; two at least): its age at
+    its first report less what that report counted at the pace of its next two (its first
+    steps, whoever computed beside them, not the rate read beside N), or at `rate` where they
+    counted nothing."""
+    (first, counted_first), *after = ticks
+    age = (first - began).total_seconds()
+    nearby = after[:2]
+    counted_next = sum(count for _, count in nearby)
+    pace = (nearby[-1][0] - first).total_seconds() / counted_next if counted_next > 0 else 1 / rate
+    return min(age, max(0.0, age - counted_first * pace))
 
 
 def samples_by(reports: Sequence[tuple[datetime, float]], *, began: datetime, age: float) -> float:
@@ -427,6 +557,8 @@ def measure(
         # window tells nothing.
         return None, unit
     steady = window.steady if unit != TRIALS_PER_S else []
+    # The rates read beside N where any were; every trial's start-up.
+    beside = [r for r in steady if r.beside_n] or steady
     point = CurvePoint(
         split=split,
         throughput=throughput,
@@ -434,7 +566,7 @@ def measure(
         memory_per_trial_mb=peak_mb,
         trials=len(rates) if unit != TRIALS_PER_S else len(durations),
         spread=how_far,
-        rate=statistics.median(r.rate for r in steady) if steady else None,
+        rate=statistics.median(r.rate for r in beside) if beside else None,
         startup_s=statistics.median(r.startup_s for r in steady) if steady else None,
     )
     return point, unit

@@ -288,6 +288,34 @@ def trials_at_split(
     return [trial for trial in found if trial.started_at is not None]
 
 
+def computing_spans(
+    *, session: Session, device: str, since: datetime, end: datetime, node_id: int | None = None
+) -> list[tuple[datetime, datetime | None]]:
+    """When each trial on `device` that is active, or ended after `since`, computed: from its
+    current attempt's first report of samples or steps by `end` (a trial starting up reports
+    none) to its end (None: it runs); whatever its N or workload. With `node_id`, as
+    `trials_at_split`."""
+    ids = union(
+        select(Trial.id).where(Trial.status.in_(ACTIVE_TRIAL_STATUSES)),
+        select(Trial.id).where(Trial.ended_at > since),
+    )
+    query = (
+        select(func.min(TrialReport.at), Trial.ended_at)
+        .join(Trial, Trial.id == TrialReport.trial_id)
+        .where(
+            Trial.id.in_(ids),
+            Trial.device == device,
+            TrialReport.attempt == Trial.attempt,
+            or_(TrialReport.samples.is_not(None), TrialReport.steps.is_not(None)),
+            TrialReport.at <= end,
+        )
+        .group_by(Trial.id, Trial.ended_at)
+    )
+    if node_id is not None:
+        query = query.where(or_(Trial.node_id == node_id, Trial.node_id.is_(None)))
+    return [(first, ended) for first, ended in session.execute(query)]
+
+
 def run_times(
     *, session: Session, sweep_id: int, device: str, node_id: int | None = None
 ) -> dict[int, list[float]]:

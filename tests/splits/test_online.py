@@ -881,10 +881,13 @@ def test_a_raised_n_is_measured_beside_the_trials_left_from_the_lower_n(
     end = now + TIMING.settle + TIMING.window
     with sessions.write.begin() as session:
         search.observe(session=session, now=now, running=1, queued=9, sweep_id=1, mix=mix)
+        left = running_trial(now - TIMING.window, 1)
         trial = running_trial(now, 2)
-        session.add(trial)
+        session.add_all([left, trial])
         session.flush()
-        session.add_all(report(trial, now + timedelta(seconds=s), 95.0) for s in range(1, 17))
+        for s in range(1, 17):
+            session.add(report(left, now + timedelta(seconds=s), 95.0))
+            session.add(report(trial, now + timedelta(seconds=s), 95.0))
         session.flush()
         search.observe(session=session, now=end, running=1, queued=9, sweep_id=1, mix=mix)
 

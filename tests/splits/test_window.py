@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from builders import sweep_plan
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpumux.splits.window import (
+    Computing,
     Steady,
     Timing,
     Window,
@@ -24,6 +26,7 @@ from gpumux.splits.window import (
 )
 from gpumux.status import TrialStatus
 from gpumux.storage import owners as owner_store
+from gpumux.storage import reports as report_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage.engine import Sessions
 from gpumux.storage.models import Sweep, Trial, TrialReport, utcnow
@@ -55,6 +58,22 @@ def epochs(began: datetime, until: datetime, startup_s: float = STARTUP_S) -> li
     return [first + timedelta(seconds=EPOCH_S * n) for n in range(count)]
 
 
+def add_reports(session: Session, trial: Trial, at: Sequence[datetime], samples: float) -> None:
+    session.add_all(
+        TrialReport(
+            trial_id=trial.id,
+            attempt=1,
+            kind="line",
+            at=when,
+            samples=samples,
+            seconds=EPOCH_S,
+            metrics={},
+        )
+        for when in at
+    )
+    session.flush()
+
+
 def add_trial(
     session: Session, sweep_id: int, began: datetime, reports: Sequence[datetime]
 ) -> Trial:
@@ -71,19 +90,7 @@ def add_trial(
     )
     session.add(trial)
     session.flush()
-    session.add_all(
-        TrialReport(
-            trial_id=trial.id,
-            attempt=1,
-            kind="line",
-            at=at,
-            samples=EPOCH_SAMPLES,
-            seconds=EPOCH_S,
-            metrics={},
-        )
-        for at in reports
-    )
-    session.flush()
+    add_reports(session, trial, reports, EPOCH_SAMPLES)
     return trial
 
 
@@ -176,6 +183,145 @@ def test_each_trial_shows_its_steady_rate_and_its_start_up_whatever_its_age(
     ]
 
 
+def seconds(began: datetime, *offsets: float) -> list[datetime]:
+    return [began + timedelta(seconds=offset) for offset in offsets]
+
+
+def ended(trial: Trial, at: datetime) -> None:
+    trial.ended_at, trial.status = at, TrialStatus.succeeded
+
+
+def test_a_steady_rate_is_read_while_n_trials_computed_on_the_device(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    began = utcnow()
+    with sessions.write.begin() as session:
+        # Two trials of the lower N it was raised from compute beside it, and end at 10 s.
+        for _ in range(2):
+            lower = add_trial(session, sweep_id, began - timedelta(seconds=30), [began])
+            lower.split = 2
+            ended(lower, began + timedelta(seconds=10))
+        # N=3's own trial: 4 s of start-up, then an epoch every 2 s beside them; alone after
+        # they ended, twice as fast.
+        trial = add_trial(session, sweep_id, began, seconds(began, 6, 8, 10))
+        add_reports(session, trial, seconds(began, 12, 14, 16), 2 * EPOCH_SAMPLES)
+        end = began + timedelta(seconds=16)
+        spans = report_store.computing_spans(session=session, device="cpu", since=began, end=end)
+
+        def read(computing: Computing | None) -> list[tuple[float, float, bool]]:
+            steady = steady_readings(
+                session=session,
+                trials=[trial],
+                ids={trial.id},
+                end=end,
+                unit=SAMPLES_PER_S,
+                computing=computing,
+            )
+            return [(r.rate, r.startup_s, r.beside_n) for r in steady]
+
+        full = read(Computing(split=3, spans=spans, least=3.0))
+        never = read(Computing(split=4, spans=spans, least=3.0))
+        brief = read(Computing(split=3, spans=spans, least=5.0))
+        unbounded = read(None)
+    rate = EPOCH_SAMPLES / EPOCH_S
+    # While 3 computed: an epoch every 2 s. Its start-up, 6 s to its first report less that
+    # report's epoch at the pace of the next, whatever the rate.
+    assert full == [pytest.approx((rate, STARTUP_S, True))]
+    # There for 4 s only, short of the 5 a rate needs: over all its reports.
+    assert brief == never
+    # Never 4 at once: over all its reports, 2 of the 5 spans between them at that rate, 3 at
+    # twice it; as it is without the device's spans.
+    blended = (2 + 3 * 2) * EPOCH_SAMPLES / (5 * EPOCH_S)
+    assert never == [pytest.approx((blended, STARTUP_S, False))]
+    assert unbounded == [pytest.approx((blended, STARTUP_S, True))]
+
+
+def raised_phase(session: Session, sweep_id: int, phase_start: datetime) -> Trial:
+    """N=3 raised from 2: the lower N's two trials end 6 s into the phase, together; its own
+    trial, started with it, then computes alone, twice as fast, until their refills (started
+    then, 8 s of start-up) compute beside it from 16 s. Returns a refill."""
+    for _ in range(2):
+        lower = add_trial(session, sweep_id, phase_start - timedelta(seconds=30), [phase_start])
+        lower.split = 2
+        ended(lower, phase_start + timedelta(seconds=6))
+    own = add_trial(session, sweep_id, phase_start, seconds(phase_start, 6))
+    add_reports(session, own, seconds(phase_start, 8, 10, 12, 14, 16), 2 * EPOCH_SAMPLES)
+    add_reports(session, own, seconds(phase_start, 18, 20, 22), EPOCH_SAMPLES)
+    refill_began = phase_start + timedelta(seconds=6)
+    refills = [
+        add_trial(session, sweep_id, refill_began, epochs(refill_began, refill_began, 8.0))
+        for _ in range(2)
+    ]
+    return refills[0]
+
+
+def window_at(
+    session: Session, sweep_id: int, phase_start: datetime, now: float, *, alone: bool = True
+) -> Window | None:
+    """The phase's window `now` seconds after it began (None: it does not close then)."""
+    window, _ = closing_window(
+        session,
+        sweep_id,
+        phase_start,
+        unit=SAMPLES_PER_S,
+        measured=False,
+        now=phase_start + timedelta(seconds=now),
+        alone=alone,
+    )
+    return window
+
+
+def test_a_raised_phase_whose_trial_computed_beside_fewer_than_n_waits_for_its_refills(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    with sessions.write.begin() as session:
+        refill = raised_phase(session, sweep_id, phase_start)
+        for one in session.scalars(select(Trial).where(Trial.started_at == refill.started_at)):
+            add_reports(session, one, seconds(phase_start, 16, 18, 20, 22), EPOCH_SAMPLES)
+        # Its own trial reported twice in the window by 15 s, alone since 6 s.
+        assert window_at(session, sweep_id, phase_start, 15) is None
+        # Another workload's trials beside it would not be N: every span counts.
+        assert window_at(session, sweep_id, phase_start, 15, alone=False) is not None
+        # Three computed from 16 s: by 20 s, not for half a window (5 s) yet.
+        assert window_at(session, sweep_id, phase_start, 20) is None
+        window = window_at(session, sweep_id, phase_start, 22)
+    # Three computed from 16 s: each trial read there, at an epoch every 2 s.
+    assert window is not None
+    assert [(r.rate, r.beside_n) for r in window.steady] == [
+        pytest.approx((EPOCH_SAMPLES / EPOCH_S, True))
+    ] * 3
+
+
+def test_a_raised_phase_that_never_had_n_computing_is_read_over_all_its_reports(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    with sessions.write.begin() as session:
+        refill = raised_phase(session, sweep_id, phase_start)
+        own = session.scalars(select(Trial).where(Trial.started_at == phase_start)).one()
+        ended(own, phase_start + timedelta(seconds=22))
+        # A refill that ended before computing: the device never held 3 computing.
+        ended(refill, phase_start + timedelta(seconds=13))
+        session.flush()
+        # Until the other refill, started before its own trial ended, ends too; or, where it
+        # never gets past its start-up, until a life of its own trial (22 s) after that ended.
+        assert window_at(session, sweep_id, phase_start, 23) is None
+        assert window_at(session, sweep_id, phase_start, 43) is None
+        stuck = window_at(session, sweep_id, phase_start, 44)
+        for one in session.scalars(select(Trial).where(Trial.ended_at.is_(None))):
+            ended(one, phase_start + timedelta(seconds=24))
+        session.flush()
+        window = window_at(session, sweep_id, phase_start, 24)
+    rate = (5 * 2 + 3) * EPOCH_SAMPLES / (8 * EPOCH_S)
+    for closed in (stuck, window):
+        assert closed is not None
+        assert [(r.rate, r.beside_n) for r in closed.steady] == [pytest.approx((rate, False))]
+
+
 def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
     sessions: Sessions, tmp_path: Path
 ) -> None:
@@ -193,10 +339,17 @@ def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(
 
 
 def closing_window(
-    session: Session, sweep_id: int, phase_start: datetime, *, unit: ThroughputUnit, measured: bool
+    session: Session,
+    sweep_id: int,
+    phase_start: datetime,
+    *,
+    unit: ThroughputUnit,
+    measured: bool,
+    now: datetime | None = None,
+    alone: bool = True,
 ) -> tuple[Window | None, ThroughputUnit]:
     """The window of the phase that began at `phase_start` on the CPU under N=3, read as it
-    would close (None: it does not close then), and the unit it is read in."""
+    would close (or `now`; None: it does not close then), and the unit it is read in."""
     sweep = session.get(Sweep, sweep_id)
     assert sweep is not None
     window, read_in = phase_window(
@@ -204,13 +357,14 @@ def closing_window(
         device="cpu",
         split=3,
         phase_start=phase_start,
-        now=phase_start + TIMING.settle + TIMING.window,
+        now=now or phase_start + TIMING.settle + TIMING.window,
         node_id=None,
         fingerprint=sweep_fingerprint(sweep),
         auto={},
         unit=unit,
         measured=measured,
         timing=TIMING,
+        alone=alone,
     )
     assert window is None or isinstance(window, Window)
     return window, read_in
@@ -287,7 +441,7 @@ def test_a_phase_whose_trials_all_started_before_it_reads_each_over_its_own_life
     with sessions.write.begin() as session:
         # Nothing refilled the phase (the sweep's queue was empty): its trials all started
         # beside the last N's, and each is read as main read it, over its own life.
-        began = [phase_start - timedelta(seconds=age) for age in (30, 12)]
+        began = [phase_start - timedelta(seconds=age) for age in (30, 20, 12)]
         for at in began:
             add_trial(session, sweep_id, at, epochs(at, end))
         rates = phase_rates(session, sweep_id, phase_start)
@@ -316,11 +470,12 @@ def test_a_phase_closes_on_its_own_trials_whatever_an_older_one_reported(
     end = phase_start + TIMING.settle + TIMING.window
     with sessions.write.begin() as session:
         before = phase_start - timedelta(seconds=30)
-        # The older trial has not reported twice in the window; the phase's own trial has.
+        # The older trial has not reported twice in the window; the phase's own trials have.
         add_trial(session, sweep_id, before, epochs(before, end)[:-6])
-        add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
+        for _ in range(2):
+            add_trial(session, sweep_id, phase_start, epochs(phase_start, end))
         rates = phase_rates(session, sweep_id, phase_start)
-    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))]
+    assert rates == [pytest.approx(life_rate(phase_start, epochs(phase_start, end)))] * 2
 
 
 def test_trials_that_started_before_their_phase_leave_its_durations_and_life_rates_out(
@@ -395,3 +550,36 @@ def test_a_trial_launched_in_the_tick_its_phase_began_is_its_own_with_no_settle_
             timing=timing,
         )
     assert rates == {own.id: pytest.approx(life_rate(tick, epochs(tick, end, 0.0)))}
+
+
+@pytest.mark.parametrize(("split", "need"), [(1, 1), (2, 2), (8, 8), (13, 12), (15, 14), (34, 31)])
+def test_a_span_counts_as_ns_with_a_tenth_of_n_short_at_most(split: int, need: int) -> None:
+    # A tenth of N may be starting up, or between a trial's end and its refill.
+    assert Computing(split=split, spans=[], least=0.0).need == need
+
+
+def test_a_point_takes_the_rates_read_beside_n_and_every_trials_start_up(
+    sessions: Sessions,
+) -> None:
+    steady = [
+        Steady(rate=10.0, startup_s=9.0),
+        Steady(rate=30.0, startup_s=2.0, beside_n=False),
+        Steady(rate=40.0, startup_s=4.0, beside_n=False),
+    ]
+
+    def point_of(readings: list[Steady]) -> tuple[float | None, float | None]:
+        with sessions.read() as session:
+            point, _ = measure(
+                session=session,
+                window=Window(rates=[12.0, 20.0, 30.0], ended=[], steady=readings),
+                unit=SAMPLES_PER_S,
+                split=3,
+                measured=True,
+                peak_mb=None,
+            )
+        assert point is not None
+        return point.rate, point.startup_s
+
+    assert point_of(steady) == (10.0, 4.0)
+    # None beside N: the rates of all.
+    assert point_of(steady[1:]) == (35.0, 3.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from builders import ample_budget, stored_running_trial, stored_sweep
@@ -153,3 +153,44 @@ def test_what_one_trial_does_is_the_median_of_those_that_ended_else_the_most_so_
         assert report_store.work_per_trial(session=session, sweep_id=sweep.id) == 650.0
         steps = report_store.work_per_trial(session=session, sweep_id=sweep.id, counted="steps")
         assert steps is None, "no trial counted steps"
+
+
+def test_a_device_computed_from_each_trials_first_report_of_its_attempt_to_its_end(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    now = utcnow()
+
+    def at(seconds: float) -> datetime:
+        return now + timedelta(seconds=seconds)
+
+    with sessions.write.begin() as session:
+        sweep = stored_sweep(session, tmp_path, 5)
+        trials = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
+
+        def ran(trial: Trial, device: str, *reports: tuple[int, float], attempt: int = 1) -> None:
+            trial.status, trial.started_at = TrialStatus.running, at(-20)
+            trial.device, trial.attempt = device, attempt
+            session.add_all(
+                TrialReport(
+                    trial_id=trial.id, attempt=a, kind="line", at=at(s), samples=8.0, metrics={}
+                )
+                for a, s in reports
+            )
+
+        ended, retried, starting, elsewhere, long_ago = trials
+        ran(ended, "GPU-a", (1, 1), (1, 3))
+        # A line of metrics alone, as it starts up, is not computing.
+        session.add(TrialReport(trial_id=ended.id, attempt=1, kind="line", at=at(0), metrics={}))
+        ended.status, ended.ended_at = TrialStatus.succeeded, at(5)
+        # Its first attempt's report is another process's.
+        ran(retried, "GPU-a", (1, 0), (2, 4), attempt=2)
+        ran(starting, "GPU-a")
+        ran(elsewhere, "GPU-b", (1, 2))
+        ran(long_ago, "GPU-a", (1, -15))
+        long_ago.status, long_ago.ended_at = TrialStatus.succeeded, at(-10)
+        session.flush()
+
+        spans = report_store.computing_spans(session=session, device="GPU-a", since=now, end=at(9))
+        before = report_store.computing_spans(session=session, device="GPU-a", since=now, end=at(2))
+    assert sorted(spans, key=lambda span: span[0]) == [(at(1), at(5)), (at(4), None)]
+    assert before == [(at(1), at(5))], "a trial computes from its first report by the end"
