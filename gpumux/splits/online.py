@@ -216,7 +216,10 @@ class SplitSearch:
             unit=self.unit,
             measured=bool(self.curve),
             timing=self.timing,
-            alone=not self.mixed,
+            # On the CPU a phase is never raised beside a lower N's trials (`raised_beside`):
+            # its trials start as the last N's end, their start-ups a large share of short
+            # lives, and N of them may never compute at once for half a window.
+            alone=not self.mixed and self.cores is None,
         )
         if isinstance(window, split_window.NoGpu):
             self._halt_without_gpu(window.trial)

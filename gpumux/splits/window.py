@@ -152,9 +152,11 @@ def phase_window(
 
     It opens the settle time after the phase began. The phase's trials are the workload's
     (`fingerprint`) trials under N running when it opened, in auto sweeps; `auto` remembers
-    whether each sweep seen runs the workload at auto. `alone`: the workload had the device to
-    itself, so that N trials computing there are its N (with another's beside it, what each
-    holds is its share, and every span of a trial's reports counts).
+    whether each sweep seen runs the workload at auto. `alone`: the workload had a GPU to
+    itself, so that N trials computing there are its N and a raised N's trials are read while
+    N computed (with another's beside it, what each holds is its share; on the CPU, whose
+    phases are never raised beside a lower N's trials, N may never compute at once: every span
+    of a trial's reports counts).
     """
     start = phase_start + timing.settle
     if now - start < timing.window:

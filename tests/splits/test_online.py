@@ -899,6 +899,30 @@ def test_a_raised_n_is_measured_beside_the_trials_left_from_the_lower_n(
         assert [p.split for p in search.curve] == [1] and search.phase_start is None
 
 
+@pytest.mark.parametrize("cores", [None, 2])
+def test_a_phase_whose_trials_never_computed_at_once_waits_on_a_gpu_not_on_the_cpu(
+    sessions: Sessions, trial_id: int, cores: int | None
+) -> None:
+    search = search_of(sessions)
+    search.cores = cores
+    search.decision = Decision(split=2, settled=False, reason="measuring N=2")
+    start = utcnow()
+    end = start + TIMING.settle + TIMING.window
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=start, running=2, queued=9, sweep_id=1)
+        steady, brief = running_trial(start, 2), running_trial(start, 2)
+        session.add_all([steady, brief])
+        session.flush()
+        session.add_all(report(steady, start + timedelta(seconds=s), 50.0) for s in range(1, 16))
+        # The other started up for 12 s and ended after a second: 2 computed for 1 s alone.
+        session.add(report(brief, start + timedelta(seconds=12), 50.0))
+        brief.status, brief.ended_at = TrialStatus.succeeded, start + timedelta(seconds=13)
+        session.flush()
+        search.observe(session=session, now=end, running=2, queued=9, sweep_id=1)
+    # A GPU's phase waits for its refills to compute beside N; the CPU's is read as it is.
+    assert [p.split for p in search.curve] == ([] if cores is None else [2])
+
+
 def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
     sessions: Sessions, trial_id: int
 ) -> None:
