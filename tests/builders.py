@@ -37,7 +37,7 @@ from gpumux.schemas.sweeps import SweepCreate, SweepPublic
 from gpumux.schemas.trials import TrialPublic
 from gpumux.search import planning
 from gpumux.status import SearchMethod, SweepStatus, TrialStatus
-from gpumux.storage import lifecycle, tokens
+from gpumux.storage import lifecycle, membership, tokens
 from gpumux.storage import owners as owner_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
@@ -180,6 +180,22 @@ def stored_sweep(
         ),
         owner=owner_store.get_or_create_owner(session=session, name=owner),
     )
+
+
+def joined_nodes(session: Session, *names: str) -> list[int]:
+    """The ids of nodes that joined the database under `names`, one after the other."""
+    return [
+        membership.join(
+            session=session,
+            name=name,
+            home=f"home-{name}",
+            url=None,
+            pid=1,
+            lease_s=30,
+            lost_retries=2,
+        ).id
+        for name in names
+    ]
 
 
 def sweep_public(**fields: Any) -> SweepPublic:

@@ -295,18 +295,24 @@ def test_a_raised_phase_whose_trial_computed_beside_fewer_than_n_waits_for_its_r
     ] * 3
 
 
+def never_n(session: Session, sweep_id: int, phase_start: datetime) -> tuple[Trial, Trial]:
+    """`raised_phase` where the device never held 3 computing: its own trial ends at 22 s, a
+    refill at 13 s, before computing; the other refill runs on. Returns those two."""
+    refill = raised_phase(session, sweep_id, phase_start)
+    own = session.scalars(select(Trial).where(Trial.started_at == phase_start)).one()
+    ended(own, phase_start + timedelta(seconds=22))
+    ended(refill, phase_start + timedelta(seconds=13))
+    session.flush()
+    return own, refill
+
+
 def test_a_raised_phase_that_never_had_n_computing_is_read_over_all_its_reports(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     sweep_id = a_sweep(sessions, tmp_path)
     phase_start = utcnow()
     with sessions.write.begin() as session:
-        refill = raised_phase(session, sweep_id, phase_start)
-        own = session.scalars(select(Trial).where(Trial.started_at == phase_start)).one()
-        ended(own, phase_start + timedelta(seconds=22))
-        # A refill that ended before computing: the device never held 3 computing.
-        ended(refill, phase_start + timedelta(seconds=13))
-        session.flush()
+        never_n(session, sweep_id, phase_start)
         # Until the other refill, started before its own trial ended, ends too; or, where it
         # never gets past its start-up, until a life of its own trial (22 s) after that ended.
         assert window_at(session, sweep_id, phase_start, 23) is None
@@ -320,6 +326,69 @@ def test_a_raised_phase_that_never_had_n_computing_is_read_over_all_its_reports(
     for closed in (stuck, window):
         assert closed is not None
         assert [(r.rate, r.beside_n) for r in closed.steady] == [pytest.approx((rate, False))]
+
+
+def test_a_workload_counted_in_trials_per_second_never_waits_for_n_computing(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start = utcnow()
+    with sessions.write.begin() as session:
+        own, refill = never_n(session, sweep_id, phase_start)
+        now = phase_start + timedelta(seconds=23)
+
+        def at(unit: ThroughputUnit) -> Window | None:
+            window, _ = closing_window(
+                session, sweep_id, phase_start, unit=unit, measured=True, now=now
+            )
+            return window
+
+        # As above, a rate in samples waits for the other refill; a count of trials has no
+        # rate to read fast, and its phase's trial has ended.
+        waits, counts = at(SAMPLES_PER_S), at(TRIALS_PER_S)
+    assert waits is None
+    assert counts is not None
+    assert sorted(t.id for t in counts.ended) == sorted((own.id, refill.id))
+
+
+def test_a_phase_with_no_trial_of_its_own_by_its_window_waits_for_none(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    phase_start, start, end = phase_times()
+    with sessions.write.begin() as session:
+        # Two refills, started after the window opened with no start-up, compute beside each
+        # other: never N=3.
+        began = start + timedelta(seconds=1)
+        reports = epochs(began, end, startup_s=0)
+        for _ in range(2):
+            add_trial(session, sweep_id, began, reports)
+        window, _ = closing_window(
+            session, sweep_id, phase_start, unit=SAMPLES_PER_S, measured=False
+        )
+    assert window is not None
+    assert window.rates == [pytest.approx(life_rate(began, reports))] * 2
+    assert [r.beside_n for r in window.steady] == [False, False]
+
+
+def test_a_start_up_whose_next_reports_counted_nothing_is_taken_at_the_rate(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    sweep_id = a_sweep(sessions, tmp_path)
+    began = utcnow()
+    end = began + timedelta(seconds=14)
+    with sessions.write.begin() as session:
+        # Its first epoch at 6 s; its next two reports count nothing (a line of metrics with
+        # a count of 0), then an epoch every 2 s.
+        trial = add_trial(session, sweep_id, began, seconds(began, 6, 12, 14))
+        add_reports(session, trial, seconds(began, 8, 10), 0.0)
+        (reading,) = steady_readings(
+            session=session, trials=[trial], ids={trial.id}, end=end, unit=SAMPLES_PER_S
+        )
+    # Two epochs over the 8 s after the first: 5 samples/s; the first epoch's 20 samples at
+    # that rate took 4 s of the 6.
+    rate = 2 * EPOCH_SAMPLES / 8
+    assert (reading.rate, reading.startup_s) == pytest.approx((rate, 6 - EPOCH_SAMPLES / rate))
 
 
 def test_an_older_trial_is_read_between_its_reports_at_the_youngest_ones_age(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from builders import ample_budget, stored_running_trial, stored_sweep
+from builders import ample_budget, joined_nodes, stored_running_trial, stored_sweep
 
 from gpumux.fields import MAX_SAMPLES
 from gpumux.schemas.reports import ReportIn
@@ -164,12 +164,20 @@ def test_a_device_computed_from_each_trials_first_report_of_its_attempt_to_its_e
         return now + timedelta(seconds=seconds)
 
     with sessions.write.begin() as session:
-        sweep = stored_sweep(session, tmp_path, 5)
+        here, there = joined_nodes(session, "here", "there")
+        sweep = stored_sweep(session, tmp_path, 6)
         trials = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
 
-        def ran(trial: Trial, device: str, *reports: tuple[int, float], attempt: int = 1) -> None:
+        def ran(
+            trial: Trial,
+            device: str,
+            *reports: tuple[int, float],
+            attempt: int = 1,
+            node: int | None = None,
+        ) -> None:
             trial.status, trial.started_at = TrialStatus.running, at(-20)
             trial.device, trial.attempt = device, attempt
+            trial.node_id = here if node is None else node
             session.add_all(
                 TrialReport(
                     trial_id=trial.id, attempt=a, kind="line", at=at(s), samples=8.0, metrics={}
@@ -177,7 +185,7 @@ def test_a_device_computed_from_each_trials_first_report_of_its_attempt_to_its_e
                 for a, s in reports
             )
 
-        ended, retried, starting, elsewhere, long_ago = trials
+        ended, retried, starting, elsewhere, long_ago, other_node = trials
         ran(ended, "GPU-a", (1, 1), (1, 3))
         # A line of metrics alone, as it starts up, is not computing.
         session.add(TrialReport(trial_id=ended.id, attempt=1, kind="line", at=at(0), metrics={}))
@@ -188,9 +196,19 @@ def test_a_device_computed_from_each_trials_first_report_of_its_attempt_to_its_e
         ran(elsewhere, "GPU-b", (1, 2))
         ran(long_ago, "GPU-a", (1, -15))
         long_ago.status, long_ago.ended_at = TrialStatus.succeeded, at(-10)
+        # Another node's GPU of the same key, on a database the nodes share.
+        ran(other_node, "GPU-a", (1, 2), node=there)
         session.flush()
 
-        spans = report_store.computing_spans(session=session, device="GPU-a", since=now, end=at(9))
-        before = report_store.computing_spans(session=session, device="GPU-a", since=now, end=at(2))
-    assert sorted(spans, key=lambda span: span[0]) == [(at(1), at(5)), (at(4), None)]
+        def spans_by(
+            end: float, node_id: int | None = here
+        ) -> list[tuple[datetime, datetime | None]]:
+            spans = report_store.computing_spans(
+                session=session, device="GPU-a", since=now, end=at(end), node_id=node_id
+            )
+            return sorted(spans, key=lambda span: span[0])
+
+        spans, before, anywhere = spans_by(9), spans_by(2), spans_by(9, node_id=None)
+    assert spans == [(at(1), at(5)), (at(4), None)]
     assert before == [(at(1), at(5))], "a trial computes from its first report by the end"
+    assert anywhere == [(at(1), at(5)), (at(2), None), (at(4), None)], "no node: every node's"

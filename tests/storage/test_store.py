@@ -3,13 +3,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from builders import ample_budget, stored_running_trial, stored_sweep, sweep_plan
+from builders import ample_budget, joined_nodes, stored_running_trial, stored_sweep, sweep_plan
 from sqlalchemy.orm import Session
 
 from gpumux.fields import MAX_ID
 from gpumux.schemas.reports import ReportIn
 from gpumux.status import TRIAL_TRANSITIONS, SweepStatus, TrialStatus
-from gpumux.storage import lifecycle, membership
+from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
 from gpumux.storage import reports as report_store
 from gpumux.storage import sweeps as sweep_store
@@ -128,18 +128,7 @@ def test_a_trial_written_before_nodes_existed_becomes_the_finders_own(
     sessions: Sessions, tmp_path: Path
 ) -> None:
     with sessions.write.begin() as session:
-        here, there = (
-            membership.join(
-                session=session,
-                name=name,
-                home=f"home-{name}",
-                url=None,
-                pid=1,
-                lease_s=30,
-                lost_retries=2,
-            ).id
-            for name in ("here", "there")
-        )
+        here, there = joined_nodes(session, "here", "there")
         sweep = stored_sweep(session, tmp_path, 2)
         nodeless, elsewhere = trial_store.list_trials(session=session, sweep_id=sweep.id)[0]
         lifecycle.set_trial_status(
