@@ -270,8 +270,8 @@ class SplitSearches:
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
         then ends at the N that fits, not in N that run out of memory; it still measures the
-        steps below it, where a peak of the rate may lie (docs/benchmarks.md: a skip straight
-        to the fit, tried and reverted)."""
+        steps below it, where a peak of the rate may lie (docs/split-search-history.md: a skip
+        straight to the fit, tried and reverted)."""
         fits = [
             fit
             for point in search.curve
