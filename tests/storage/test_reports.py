@@ -190,8 +190,10 @@ def test_a_device_computed_from_each_trials_first_report_of_its_attempt_to_its_e
         # A line of metrics alone, as it starts up, is not computing.
         session.add(TrialReport(trial_id=ended.id, attempt=1, kind="line", at=at(0), metrics={}))
         ended.status, ended.ended_at = TrialStatus.succeeded, at(5)
-        # Its first attempt's report is another process's.
+        # Its first attempt's report is another process's. Written before nodes existed, it
+        # counts on every node.
         ran(retried, "GPU-a", (1, 0), (2, 4), attempt=2)
+        retried.node_id = None
         ran(starting, "GPU-a")
         ran(elsewhere, "GPU-b", (1, 2))
         ran(long_ago, "GPU-a", (1, -15))
