@@ -18,7 +18,9 @@ CUDA_VISIBLE_DEVICES (gpumux.devices.simulated.state), then:
    looked up again every TICK_S, and reports each epoch (`--epoch-samples`, default the model's
    `epoch_samples`) as a line, `GPUMUX_REPORT {"step": e, "samples": ...}`: the split search
    measures it as it measures a real trial. A line in the log is never lost, where an HTTP
-   report may be dropped by a host too loaded to deliver it in time.
+   report may be dropped by a host too loaded to deliver it in time. The line before it says
+   when the epoch ended on the trial's monotonic clock, which the daemon's stamp on the report
+   follows a poll later or more.
 Its work is `--samples`, `--epochs` epochs, or what one trial alone computes in
 `--seconds` less its start-up (`--seconds` is its duration alone, start-up included). Simulated
 seconds last `time_scale` real seconds. SIGTERM ends it as it ends a real one, after it left
@@ -142,8 +144,9 @@ def out_of_memory(model: DeviceModel, memory_mb: int, directory: str) -> str | N
     )
 
 
-def report(step: int, samples: float) -> None:
-    """One epoch's report line on stdout."""
+def report(step: int, samples: float, *, at: float) -> None:
+    """One epoch's lines on stdout: when it ended on the trial's clock, then its report."""
+    print(f"epoch {step} ended at {at:.3f} s (monotonic)")
     print("GPUMUX_REPORT " + json.dumps({"step": step, "samples": samples}), flush=True)
 
 
@@ -157,11 +160,13 @@ def compute(model: DeviceModel, scale: float, directory: str, total: float, epoc
         rate = model.per_trial(max(1, census(directory).computing))
         time.sleep(min(TICK_S, (boundary - done) / rate * scale))
         now = time.monotonic()
+        before = done
         done = min(total, done + (now - last) / scale * rate)
-        last = now
-        while step * epoch < done and min(total, (step + 1) * epoch) <= done:
-            report(step, min(total, (step + 1) * epoch) - step * epoch)
+        while step * epoch < done and (end := min(total, (step + 1) * epoch)) <= done:
+            # A sleep that overran its tick still ended the epoch when the rate did.
+            report(step, end - step * epoch, at=last + (end - before) / rate * scale)
             step += 1
+        last = now
 
 
 def run(args: argparse.Namespace, device: Device, directory: str) -> int:
