@@ -2,7 +2,9 @@
 
 A script that imports nothing reports by printing one line to its output (flushed):
 ``GPUMUX_REPORT {"step": 3, "samples": 512, "val_loss": 0.41}``: `step` (an int from 0, optional),
-`samples` (a finite number >= 0, processed since the previous report, optional), and every other
+`samples` (a finite number >= 0, processed since the previous report, optional), `pool_mb` (an
+int >= 0, optional: the device memory in MiB the framework's pool holds now, which tells the
+trial's CUDA context from NVML's figure, as the runtime reports PyTorch's), and every other
 key a metric (named by 1 to 200 characters, no NUL; finite numbers, other values are dropped).
 The log holds stdout and stderr alike; the line must start with the prefix (a progress bar
 redrawn with \\r on the same line hides it).
@@ -22,6 +24,7 @@ PREFIX = b"GPUMUX_REPORT "
 MAX_LINE_BYTES = 64 * 1024
 # ReportIn's bounds (gpumux.schemas.reports), mirrored: a line may hold no more than a report may.
 MAX_STEP = 2**31 - 1
+MAX_POOL_MB = 2**31 - 1
 MAX_SAMPLES = 1e12
 MAX_METRICS = 256
 MAX_METRIC_CHARS = 200
@@ -32,11 +35,13 @@ TOO_LONG = f"longer than {MAX_LINE_BYTES} bytes; skipped to its end"
 
 @dataclass(frozen=True, slots=True)
 class LineReport:
-    """One report line: the step its metrics belong to, samples since the previous report."""
+    """One report line: the step its metrics belong to, samples since the previous report,
+    the framework's memory pool."""
 
     step: int | None
     samples: float | None
     metrics: dict[str, float]
+    pool_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +146,16 @@ def parse(line: bytes) -> LineReport | RejectedLine:
         samples = _finite(samples)
         if samples is None or not 0 <= samples <= MAX_SAMPLES:
             return _rejected(line, f'"samples" must be a finite number from 0 to {MAX_SAMPLES:g}')
+    pool_mb = value.pop("pool_mb", None)
+    if pool_mb is not None and (type(pool_mb) is not int or not 0 <= pool_mb <= MAX_POOL_MB):
+        return _rejected(line, f'"pool_mb" must be an integer from 0 to {MAX_POOL_MB}')
     if len(value) > MAX_METRICS:
         return _rejected(line, f"{len(value):,} metrics, over the limit of {MAX_METRICS}")
     for name in value:
         if (fault := _name_fault(name)) is not None:
             return _rejected(line, fault)
     metrics = {name: number for name, raw in value.items() if (number := _finite(raw)) is not None}
-    return LineReport(step=step, samples=samples, metrics=metrics)
+    return LineReport(step=step, samples=samples, metrics=metrics, pool_mb=pool_mb)
 
 
 def _name_fault(name: str) -> str | None:

@@ -200,6 +200,10 @@ def cap_torch(torch: ModuleType, trial: TrialContext) -> None:
             say(f"WARNING: torch: could not cap CUDA memory ({err}); this trial runs WITHOUT it")
             return
         say(message)
+        # What the cap bounds: the daemon tells the CUDA context from NVML's figure by it.
+        from gpumux.runtime import reporter
+
+        reporter.pool_from(lambda: torch.cuda.memory_reserved(0))
 
     # Queued until the script first uses CUDA: initialising it here would cost a context in
     # scripts that never use the GPU and break CUDA in children forked before their first use.

@@ -24,7 +24,7 @@ from gpumux.runtime.context import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 MAX_PENDING = 1000
 REQUEST_TIMEOUT_S = 5.0
@@ -40,6 +40,11 @@ MAX_SAMPLES = 1e12
 MAX_REPORT_SECONDS = 1e7
 # The most of the daemon's reason for a refusal that a warning quotes.
 MAX_REASON_CHARS = 300
+MAX_POOL_MB = 2**31 - 1
+MIB = 2**20
+# The framework's pool is read at most this often: PyTorch builds all its allocator's statistics
+# to tell it, and a script may report at every batch.
+POOL_READ_INTERVAL_S = 1.0
 
 
 # What the daemon answers about one report (an ended attempt, too large, a field refused): the
@@ -150,6 +155,28 @@ class Reporter:
         # Whether the script's reports carried samples: they are then its throughput, and the
         # optimizer steps the runtime counts (torch_steps) are no longer sent.
         self.reports_samples = False
+        # What the framework holds in its device memory pool, in bytes (`pool_from`).
+        self._pool: Callable[[], int] | None = None
+        self._pool_mb: float | None = None
+        self._pool_read_at = -math.inf
+
+    def pool_from(self, reader: Callable[[], int]) -> None:
+        """Send with each report what `reader` says the framework's memory pool holds on the
+        device (bytes): the daemon tells the trial's CUDA context from it."""
+        self._pool = reader
+
+    def _pool_now(self) -> int | None:
+        """The pool in MiB, read again once POOL_READ_INTERVAL_S has passed; None unread."""
+        now = time.monotonic()
+        if self._pool is not None and now - self._pool_read_at >= POOL_READ_INTERVAL_S:
+            self._pool_read_at = now
+            try:
+                self._pool_mb = _bounded(self._pool() // MIB, MAX_POOL_MB)
+            except Exception as err:
+                # The framework's own statistics failed: the reports go on without them.
+                self._pool, self._pool_mb = None, None
+                self._warn_once("pool", f"WARNING: the device memory pool cannot be read: {err!r}")
+        return None if self._pool_mb is None else int(self._pool_mb)
 
     def submit(
         self,
@@ -191,6 +218,9 @@ class Reporter:
             body["steps"] = sent_steps
         if no_gpu is not None:
             body["no_gpu"] = no_gpu
+        pool_mb = self._pool_now()
+        if pool_mb is not None:
+            body["pool_mb"] = pool_mb
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:
@@ -343,6 +373,14 @@ def submit(
             steps=steps,
             no_gpu=no_gpu,
         )
+
+
+def pool_from(reader: Callable[[], int]) -> None:
+    """This process's reports carry what `reader` says its framework's device memory pool
+    holds (bytes); a no-op outside gpumux."""
+    reporter = current()
+    if reporter is not None:
+        reporter.pool_from(reader)
 
 
 def _forget_in_child() -> None:

@@ -43,6 +43,7 @@ class _Batch:
     step: int | None
     samples: float | None
     metrics: dict[str, float]
+    pool_mb: int | None
     lines: int = 1
 
 
@@ -163,8 +164,12 @@ class LogReports:
                     last.metrics.update(item.metrics)
                     if item.samples is not None:
                         last.samples = (last.samples or 0.0) + item.samples
+                    if item.pool_mb is not None:
+                        last.pool_mb = item.pool_mb
                 else:
-                    batches.append(_Batch(item.step, item.samples, dict(item.metrics)))
+                    batches.append(
+                        _Batch(item.step, item.samples, dict(item.metrics), item.pool_mb)
+                    )
             elif (trial_id, attempt) not in self._warned:
                 self._warned.add((trial_id, attempt))
                 log.warning("trial %s: %s", trial_id, item.reason)
@@ -207,6 +212,7 @@ def _timed(batches: list[_Batch], elapsed: timedelta | None) -> list[Incoming]:
             samples=b.samples,
             metrics=b.metrics,
             count=b.lines,
+            pool_mb=b.pool_mb,
             seconds=seconds * b.samples / total if b.samples and total and seconds > 0 else None,
         )
         for b in batches

@@ -65,6 +65,14 @@ class ReportIn(BaseModel):
         default=None,
         description="the framework that sees no GPU, though gpumux placed the trial on one",
     )
+    pool_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="the device memory (MiB) the trial's framework holds now in its pool, "
+        "PyTorch's memory_reserved(): what its slice must hold; the rest of what NVML shows "
+        "of the process is its CUDA context",
+    )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
         max_length=MAX_METRICS,
@@ -72,7 +80,9 @@ class ReportIn(BaseModel):
         description="metrics by name; values that are not finite numbers are dropped",
     )
 
-    _integers = field_validator("trial_id", "attempt", "step", mode="before")(json_integer)
+    _integers = field_validator("trial_id", "attempt", "step", "pool_mb", mode="before")(
+        json_integer
+    )
     _numbers = field_validator("samples", "seconds", "steps", mode="before")(json_number)
 
     @field_validator("metrics", mode="before")

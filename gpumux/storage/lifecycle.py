@@ -62,7 +62,7 @@ def record_launch(
     """The trial's attempt is launched on node `node_id` (None: the only scheduler) in `slot`
     of `device` at `split`, with its cap, its report token (kept as its hash) and its log: it
     is starting, and what an earlier attempt left (its step, objective, exit, process group,
-    and where its log was read to) is cleared."""
+    memory pool, and where its log was read to) is cleared."""
     set_trial_status(
         session=session,
         trial=trial,
@@ -82,6 +82,7 @@ def record_launch(
         signal=None,
         pid=None,
         pid_started=None,
+        pool_mb=None,
         started_at=utcnow(),
     )
 

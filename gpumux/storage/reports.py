@@ -39,7 +39,7 @@ class TokenMismatch(ReportRefused):
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """One report to record, or `count` consecutive reports of one step merged (their samples
-    and steps summed, each metric's last value)."""
+    and steps summed, each metric's and the pool's last value)."""
 
     step: int | None
     samples: float | None
@@ -47,6 +47,7 @@ class Incoming:
     seconds: float | None = None
     steps: float | None = None
     count: int = 1
+    pool_mb: int | None = None
 
 
 class Report(Protocol):
@@ -66,6 +67,8 @@ class Report(Protocol):
     def steps(self) -> float | None: ...
     @property
     def no_gpu(self) -> str | None: ...
+    @property
+    def pool_mb(self) -> int | None: ...
     @property
     def metrics(self) -> dict[str, float]: ...
 
@@ -99,6 +102,7 @@ def add_report(
         metrics=report_in.metrics,
         seconds=report_in.seconds,
         steps=report_in.steps,
+        pool_mb=report_in.pool_mb,
     )
     return _record(
         session=session, trial=trial, kind=report_in.kind, reports=[report], budget=budget
@@ -156,6 +160,8 @@ def _record(
             trial.steps_per_s = steps_rate
         if report.step is not None:
             trial.step = report.step
+        if report.pool_mb is not None:
+            trial.pool_mb = report.pool_mb
         if metric is not None and metric in report.metrics:
             trial.objective = report.metrics[metric]
         verdict = budget.decide(allowance, report.step)

@@ -162,6 +162,10 @@ def test_a_line_that_does_not_start_with_the_prefix_is_output_only(line: bytes) 
         (b'GPUMUX_REPORT {"samples": false}', '"samples" must be a finite number from 0'),
         (b'GPUMUX_REPORT {"samples": "512"}', '"samples" must be a finite number from 0'),
         (b'GPUMUX_REPORT {"samples": 1e308}', '"samples" must be a finite number from 0 to 1e+12'),
+        (b'GPUMUX_REPORT {"pool_mb": 1.5}', '"pool_mb" must be an integer from 0 to 2147483647'),
+        (b'GPUMUX_REPORT {"pool_mb": -1}', '"pool_mb" must be an integer'),
+        (b'GPUMUX_REPORT {"pool_mb": true}', '"pool_mb" must be an integer'),
+        (b'GPUMUX_REPORT {"pool_mb": 2147483648}', '"pool_mb" must be an integer'),
         (
             b"GPUMUX_REPORT {" + b", ".join(b'"m%d": 1' % i for i in range(300)) + b"}",
             "300 metrics, over the limit of 256",
@@ -210,12 +214,20 @@ def test_step_and_samples_are_not_metrics() -> None:
     )
 
 
+def test_the_frameworks_pool_is_not_a_metric() -> None:
+    assert one(b'GPUMUX_REPORT {"step": 2, "pool_mb": 4096, "acc": 0.9}') == LineReport(
+        step=2, samples=None, metrics={"acc": 0.9}, pool_mb=4096
+    )
+
+
 def test_the_bounds_of_a_line_are_those_of_a_report() -> None:
     assert (
         reportlines.MAX_STEP
         == ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]["maximum"]
     )
     assert reportlines.MAX_SAMPLES == fields.MAX_SAMPLES
+    pool = ReportIn.model_json_schema()["properties"]["pool_mb"]["anyOf"][0]
+    assert reportlines.MAX_POOL_MB == pool["maximum"]
     assert reportlines.MAX_METRICS == fields.MAX_METRICS
     assert reportlines.MAX_METRIC_CHARS == fields.MAX_NAME_CHARS
 

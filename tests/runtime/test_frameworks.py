@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpumux.runtime import frameworks
+from gpumux.runtime import frameworks, reporter
 from gpumux.runtime.context import TrialContext
 
 from .support import FIXTURES, ReportServer, gpumux_lines, run_python, trial_env
@@ -376,3 +376,29 @@ def test_torch_gpu_cap_waits_for_cuda_initialisation(
         "gpumux: torch: cuda:0 capped at 4096 MB (split 4), memory fraction 0.0284 of 143771 MB, "
         "applied as CUDA initialised\n"
     )
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH)
+def test_torch_on_a_gpu_reports_its_pool_once_cuda_initialised(
+    report_server: ReportServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    queued: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: None)
+    # No CUDA here: what the caching allocator of device 0 would say it reserved.
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * 2**30 * (device + 1))
+    for name, value in trial_env(report_server.url, GPUMUX_DEVICE_KIND="gpu").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(reporter, "_reporter", None)
+    frameworks.cap_torch(torch, gpu_trial())
+
+    reporter.submit(kind="manual", step=None, samples=1, seconds=1.0, metrics={})
+    queued[0]()
+    reporter.submit(kind="manual", step=None, samples=1, seconds=1.0, metrics={})
+
+    current = reporter.current()
+    assert current is not None and current.flush(timeout=30)
+    # Not before CUDA initialised (it would initialise it), and device 0's from then on.
+    assert [r["body"].get("pool_mb") for r in report_server.requests] == [None, 2048]

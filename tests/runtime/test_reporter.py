@@ -131,6 +131,44 @@ def test_trial_survives_a_failing_daemon(
     assert warning in result.stdout
 
 
+def test_reports_carry_the_frameworks_pool_read_once_a_second_at_most(
+    report_server: ReportServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reporter = make_reporter(report_server.url)
+    clock = [1000.0]
+    monkeypatch.setattr(runtime_reporter.time, "monotonic", lambda: clock[0])
+    # The framework's pool (bytes), as PyTorch's memory_reserved() tells it: read at each call.
+    pool = iter([3 * 2**30 + 5, 5 * 2**30, 6 * 2**30])
+    reporter.pool_from(lambda: next(pool))
+
+    for seconds in (0.0, 0.5, 0.6):
+        clock[0] += seconds
+        reporter.submit(kind="steps", step=None, samples=None, seconds=1.0, metrics={})
+
+    assert reporter.flush(timeout=30)
+    # Read at the first report and again a second later, not at the report between.
+    assert [r["body"]["pool_mb"] for r in report_server.requests] == [3072, 3072, 5120]
+
+
+def test_a_pool_that_cannot_be_read_is_one_warning_and_reports_go_on(
+    report_server: ReportServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reporter = make_reporter(report_server.url)
+
+    def broken() -> int:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    reporter.pool_from(broken)
+    for _ in range(2):
+        reporter.submit(kind="manual", step=None, samples=5, seconds=1.0, metrics={})
+
+    assert reporter.flush(timeout=30)
+    assert [r["body"].get("pool_mb") for r in report_server.requests] == [None, None]
+    err = capsys.readouterr().err
+    assert err.count("WARNING: the device memory pool cannot be read") == 1
+    assert "illegal memory access" in err
+
+
 def test_the_runtime_knows_the_bounds_of_a_report() -> None:
     step = ReportIn.model_json_schema()["properties"]["step"]["anyOf"][0]
     assert gpumux.runtime.MAX_STEP == step["maximum"]
@@ -138,6 +176,8 @@ def test_the_runtime_knows_the_bounds_of_a_report() -> None:
     assert runtime_reporter.MAX_METRIC_CHARS == fields.MAX_NAME_CHARS
     assert runtime_reporter.MAX_SAMPLES == fields.MAX_SAMPLES
     assert runtime_reporter.MAX_REPORT_SECONDS == fields.MAX_REPORT_SECONDS
+    pool = ReportIn.model_json_schema()["properties"]["pool_mb"]["anyOf"][0]
+    assert runtime_reporter.MAX_POOL_MB == pool["maximum"]
 
 
 def test_metrics_are_cut_to_what_a_report_holds_and_the_cut_is_said() -> None:

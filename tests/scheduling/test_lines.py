@@ -48,3 +48,27 @@ def test_an_earlier_attempt_read_to_its_end_is_told_apart_from_the_running_one(
     assert reports.collect(only={trial_id}) == {(trial_id, 1)}, "not attempt 2, still running"
     reports.ended([(trial_id, 2)])
     assert reports.collect(only={trial_id}) == {(trial_id, 2)}
+
+
+def test_the_last_pool_a_line_told_stays_on_the_trial_merged_lines_and_all(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "trial.log"
+    log_path.write_bytes(
+        b'GPUMUX_REPORT {"step": 0, "samples": 10, "pool_mb": 900}\n'
+        # Two lines of one step are merged into one report: the later pool is its own.
+        b'GPUMUX_REPORT {"step": 1, "samples": 10, "pool_mb": 1500}\n'
+        b'GPUMUX_REPORT {"step": 1, "samples": 10, "pool_mb": 2100}\n'
+        b'GPUMUX_REPORT {"step": 2, "samples": 10}\n'
+    )
+    with sessions.write.begin() as session:
+        trial_id = stored_running_trial(session, tmp_path, log_path=str(log_path))
+
+    LogReports(sessions=sessions, budget=ample_budget()).collect()
+
+    with sessions.read() as session:
+        trial = trial_store.get_trial(session=session, trial_id=trial_id)
+        reports, _ = report_store.list_reports(session=session, trial_id=trial_id)
+        assert trial is not None
+        assert [(r.step, r.metrics) for r in reports] == [(0, {}), (1, {}), (2, {})]
+        assert trial.pool_mb == 2100

@@ -38,7 +38,7 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012", "0013", "0014", "0015",
+    "0012", "0013", "0014", "0015", "0016",
 ]  # fmt: skip
 HEAD = head_revision()
 # Before 0013 the split search stored a profile's directory as the first word of its command.
@@ -454,6 +454,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         assert [r.steps for r in reports] == [None, None] and succeeded.steps_per_s is None
         # 0012: trials from before it saw a GPU, as far as anyone knew.
         assert [t.no_gpu for t in trials] == [None, None]
+        # 0017: their frameworks' pools were never told.
+        assert [t.pool_mb for t in trials] == [None, None]
         assert sweep_store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in trial_store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]

@@ -116,3 +116,27 @@ def test_reports_need_the_trial_token(
     assert reports["count"] == 1 and reports["data"][0]["samples_per_s"] == 250
     trial = api.get(f"/trials/{trial_id}").json()
     assert trial["objective"] == 0.25 and trial["samples_per_s"] == 250
+
+
+def test_a_report_keeps_the_frameworks_pool_on_the_trial_until_another_tells_it(
+    api: httpx.Client, sessions: Sessions, tmp_path: Path
+) -> None:
+    trial_id = running_trial(sessions, tmp_path)
+    token = {"Authorization": "Bearer tok"}
+
+    def pool_mb() -> int | None:
+        with sessions.read() as session:
+            trial = trial_store.get_trial(session=session, trial_id=trial_id)
+            assert trial is not None
+            return trial.pool_mb
+
+    for refused in (-1, 1.5, "2048", 2**31):
+        answer = api.post("/reports", json=report(trial_id) | {"pool_mb": refused}, headers=token)
+        assert answer.status_code == 422 and "pool_mb" in answer.text, refused
+    assert pool_mb() is None
+    assert api.post("/reports", json=report(trial_id) | {"pool_mb": 2048}, headers=token).is_success
+    assert pool_mb() == 2048
+    assert api.post("/reports", json=report(trial_id), headers=token).is_success
+    assert pool_mb() == 2048
+    assert api.post("/reports", json=report(trial_id) | {"pool_mb": 3072}, headers=token).is_success
+    assert pool_mb() == 3072
