@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 # What NVML counts of a trial's process outside its memory slice: a CUDA context (728 MiB on the
 # measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit would run one N out
-# of memory and back off; too small, it would stay one N below what fits.
+# of memory and back off; too small, it would stay one N below what fits. Assumed until the
+# workload's trials tell their frameworks' pools (PyTorch's), which measure it (`_measure`).
 CONTEXT_MB = 728
 
 
@@ -69,6 +70,10 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
+        # Each search's CUDA context as its trials showed it (`_measure`), and the last reading
+        # of each trial (its process group) it was measured from.
+        self._contexts: dict[tuple[str, str], int] = {}
+        self._readings: dict[int, tuple[int, int]] = {}
         # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
         self.host_cores = settings.host_cores or len(os.sched_getaffinity(0))
 
@@ -133,6 +138,19 @@ class SplitSearches:
         }
         by_key = {device.key: device for device in devices}
         changed = []
+        readings: dict[int, tuple[int, int]] = {}
+        for (model, fingerprint), search in self._searches.items():
+            snapshot = by_key.get(search.device_key)
+            groups = [
+                pgid
+                for (key, workload, _), pgids in on.groups.items()
+                if (key, workload) == (search.device_key, fingerprint)
+                for pgid in pgids
+            ]
+            self._measure(
+                (model, fingerprint), snapshot, groups, on.pools, group_of, readings=readings
+            )
+        self._readings = readings
         for (model, fingerprint), search in self._searches.items():
             if search.decision.settled:
                 timing = search.untimed and self._sweep_over(session, search)
@@ -173,6 +191,7 @@ class SplitSearches:
                     # phase, may hold more in their larger slices.
                     held=trial_memory(snapshot, on.groups[(*here, search.split)], group_of),
                     snapshot=snapshot,
+                    context=self._contexts.get((model, fingerprint), CONTEXT_MB),
                 )
             except SQLAlchemyError:
                 # The database failed, not the search: the session is spent, and the tick
@@ -203,8 +222,10 @@ class SplitSearches:
         held: list[int],
         snapshot: DeviceSnapshot | None,
         mix: Mix,
+        context: int,
     ) -> None:
-        """One search sees its device: the ceiling memory now allows, then its trials."""
+        """One search sees its device: the ceiling memory now allows, then its trials, whose
+        CUDA context is `context` (MiB)."""
         if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
             # The overhead measured since the search began leaves room for fewer trials.
             search.lower_ceiling(
@@ -213,10 +234,10 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
         learning = search.probe is not None or (search.probed is not None and not search.curve)
-        if snapshot is not None and learning and max(held, default=0) > CONTEXT_MB:
+        if snapshot is not None and learning and max(held, default=0) > context:
             # The first wave's trials hold more than a CUDA context: they allocated, and may
             # still be allocating.
-            self._learn(search, snapshot, held=max(held))
+            self._learn(search, snapshot, held=max(held), context=context)
         search.observe(
             session=session,
             now=now,
@@ -228,7 +249,7 @@ class SplitSearches:
         )
         if snapshot is None or search.decision.settled:
             return
-        fit = self.memory_fit(snapshot, search)
+        fit = self.memory_fit(snapshot, search, context=context)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
@@ -236,13 +257,15 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
 
-    def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
+    def _learn(
+        self, search: SplitSearch, device: DeviceSnapshot, *, held: int, context: int
+    ) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
         it, and the search goes on from the N the device kind starts at where memory is known
         (`known_split`), if above its guess; until a point is measured, a larger reading lowers
         the ceiling (and that start) again."""
         wave = search.probe or search.probed or search.split
-        fit = self._fit(device, split=wave, held=held)
+        fit = self._fit(device, split=wave, held=held, context=context)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
@@ -261,12 +284,14 @@ class SplitSearches:
         else:
             search.known(start)
 
-    def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
+    def memory_fit(
+        self, device: DeviceSnapshot, search: SplitSearch, *, context: int
+    ) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,
-        less a CUDA context (NVML's figure counts it; a slice caps the framework's allocations),
-        never below an N measured; None where the device lists no memory per process or no
-        measured trial held less than its slice (one that takes its whole slice, as TensorFlow
-        does, would take any).
+        less their CUDA context (NVML's figure counts it; a slice caps the framework's
+        allocations), never below an N measured; None where the device lists no memory per
+        process or no measured trial held less than its slice (one that takes its whole slice,
+        as TensorFlow does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
         then ends at the N that fits, not in N that run out of memory; it still measures the
@@ -276,21 +301,69 @@ class SplitSearches:
             fit
             for point in search.curve
             if point.memory_per_trial_mb is not None
-            and (fit := self._fit(device, split=point.split, held=point.memory_per_trial_mb))
+            and (
+                fit := self._fit(
+                    device, split=point.split, held=point.memory_per_trial_mb, context=context
+                )
+            )
             is not None
         ]
         return min(fits, default=None)
 
-    def _fit(self, device: DeviceSnapshot, *, split: int, held: float) -> int | None:
-        """The most trials whose slices hold what one trial held at N=`split`, never below it;
-        None where the device lists no memory per process or the trial took its whole slice."""
+    def _fit(self, device: DeviceSnapshot, *, split: int, held: float, context: int) -> int | None:
+        """The most trials whose slices hold what one trial held at N=`split` less its CUDA
+        context, never below it; None where the device lists no memory per process or the trial
+        took its whole slice."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
         overhead = self.overheads.for_device(device.key)
         if held >= room // split - overhead:
             return None
-        return max(split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
+        return max(split, int(room // (max(1.0, held - context) + overhead)))
+
+    def _measure(
+        self,
+        key: tuple[str, str],
+        device: DeviceSnapshot | None,
+        pgids: Sequence[int],
+        pools: Mapping[int, int],
+        group_of: Mapping[int, int] | None,
+        *,
+        readings: dict[int, tuple[int, int]],
+    ) -> None:
+        """Measure the CUDA context of the search's trials: what NVML says a trial holds less
+        what its framework said it holds in its pool, where both are as they were at the last
+        look (a trial still allocating, or whose report of its pool is behind NVML's reading or
+        ahead of it, would tell a context too small or too large). The least such context
+        stands: the larger slices it budgets are the safe side, and a context that grows as
+        kernels load later counts as what the trial holds. Each reading is kept in `readings`
+        for the next look."""
+        if device is None or group_of is None:
+            return
+        kind = kind_of(device)
+        for pgid in pgids:
+            pool = pools.get(pgid)
+            if pool is None:
+                continue
+            pids = [pid for pid, group in group_of.items() if group == pgid]
+            held = kind.trial_memory_mb(device, pids, resident=resident_mb)
+            if held is None:
+                continue
+            readings[pgid] = (held, pool)
+            if self._readings.get(pgid) != (held, pool) or held <= pool:
+                continue
+            context = held - pool
+            if key not in self._contexts or context < self._contexts[key]:
+                self._contexts[key] = context
+                log.info(
+                    "device %s: a trial holds %d MiB, %d of them in its framework's pool: its "
+                    "CUDA context is %d MiB",
+                    device.key,
+                    held,
+                    pool,
+                    context,
+                )
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:
@@ -354,6 +427,8 @@ class ActiveTrials:
     groups: defaultdict[tuple[str, str | None, int], list[int]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # What each trial's framework last said its memory pool holds, by its process group.
+    pools: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def now(cls, *, session: Session, node_id: int | None = None) -> ActiveTrials:
@@ -375,6 +450,8 @@ class ActiveTrials:
                 if trial.pid is not None:
                     # The trial's leader started its process group: its pid is the group's id.
                     on.groups[(*key, split)].append(trial.pid)
+                    if trial.pool_mb is not None:
+                        on.pools[trial.pid] = trial.pool_mb
         return on
 
 

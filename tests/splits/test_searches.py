@@ -332,6 +332,19 @@ class FirstWave:
         with self.sessions.read() as session:
             return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=self.group)
 
+    def pooling(self, mb: int | None) -> None:
+        """The trial's framework says its pool holds `mb` (None: it never said)."""
+        with self.sessions.write.begin() as session:
+            trial = trial_store.get_trial(session=session, trial_id=self.trial_id)
+            assert trial is not None
+            trial.pool_mb = mb
+
+    @property
+    def trial_id(self) -> int:
+        with self.sessions.read() as session:
+            (trial,) = trial_store.active_trials(session=session)
+            return trial.id
+
     def fit_below(self, guess: int) -> tuple[int, int]:
         """What a trial holds (MiB) where fewer than the guess fit, yet more than its first
         wave, and the N that fits."""
@@ -462,6 +475,53 @@ def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
     first_wave.holding(held)
     assert search.ceiling == fit and search.split == guess // 2, search.decision.reason
     assert search.start == guess, search.decision.reason
+
+
+def test_the_context_is_measured_from_a_steady_pool_and_the_fit_divides_by_the_rest(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+    overhead = first_wave.searches.overheads.for_device("GPU-a")
+    context = CONTEXT_MB - 428
+    # A trial that holds so much that, its context taken as assumed, one more N fits than
+    # with its true context: the fit of the first wave's reading is the assumed context's.
+    fit = search.split + 2
+    held = room // (fit + 1) + CONTEXT_MB - overhead
+    assert room // (held - CONTEXT_MB + overhead) == fit + 1
+    assert room // (held - context + overhead) == fit
+    first_wave.holding(held)
+    assert search.ceiling == fit + 1, search.decision.reason
+
+    # Its framework says what its pool holds; a reading that moves between two looks (still
+    # allocating, or the report behind NVML's figure) measures nothing.
+    first_wave.pooling(held - context - 200)
+    first_wave.holding(held - 200)
+    first_wave.pooling(held - context)
+    first_wave.holding(held)
+    assert search.ceiling == fit + 1, search.decision.reason
+    # The same at the next look: the rest of what NVML shows is its context.
+    first_wave.holding(held)
+    assert search.ceiling == fit, search.decision.reason
+
+
+def test_a_context_larger_than_assumed_is_measured_too(first_wave: FirstWave) -> None:
+    search = first_wave.search
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+    overhead = first_wave.searches.overheads.for_device("GPU-a")
+    context = CONTEXT_MB + 300
+    # Its CUDA context made, the trial has allocated nothing in its pool yet.
+    first_wave.pooling(0)
+    for _ in range(2):
+        first_wave.holding(context)
+    # It allocates: the slices of one N fewer would hold it, had its context been the
+    # assumed one.
+    fit = search.split + 2
+    held = room // fit + context - overhead
+    assert room // (held - CONTEXT_MB + overhead) < fit
+    first_wave.pooling(held - context)
+    first_wave.holding(held)
+    assert search.ceiling == fit, search.decision.reason
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

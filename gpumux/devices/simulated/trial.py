@@ -16,8 +16,9 @@ CUDA_VISIBLE_DEVICES (gpumux.devices.simulated.state), then:
    (GPUMUX_GATE), it then waits, ready, for the round before to end (gpumux.runtime.gate);
 3. computes its samples at aggregate(N) / N samples/s, N the trials computing on the device,
    looked up again every TICK_S, and reports each epoch (`--epoch-samples`, default the model's
-   `epoch_samples`) as a line, `GPUMUX_REPORT {"step": e, "samples": ...}`: the split search
-   measures it as it measures a real trial. A line in the log is never lost, where an HTTP
+   `epoch_samples`) as a line, `GPUMUX_REPORT {"step": e, "samples": ..., "pool_mb": ...}`
+   (its allocation, as the runtime reports PyTorch's pool): the split search measures it as it
+   measures a real trial. A line in the log is never lost, where an HTTP
    report may be dropped by a host too loaded to deliver it in time. The line before it says
    when the epoch ended on the trial's monotonic clock, which the daemon's stamp on the report
    follows a poll later or more.
@@ -144,14 +145,18 @@ def out_of_memory(model: DeviceModel, memory_mb: int, directory: str) -> str | N
     )
 
 
-def report(step: int, samples: float, *, at: float) -> None:
+def report(step: int, samples: float, *, at: float, pool_mb: int) -> None:
     """One epoch's lines on stdout: when it ended on the trial's clock, then its report."""
     print(f"epoch {step} ended at {at:.3f} s (monotonic)")
-    print("GPUMUX_REPORT " + json.dumps({"step": step, "samples": samples}), flush=True)
+    line = {"step": step, "samples": samples, "pool_mb": pool_mb}
+    print("GPUMUX_REPORT " + json.dumps(line), flush=True)
 
 
-def compute(model: DeviceModel, scale: float, directory: str, total: float, epoch: int) -> None:
-    """Sleep through `total` samples at this trial's share of the device, epoch by epoch."""
+def compute(
+    model: DeviceModel, scale: float, directory: str, total: float, epoch: int, *, pool_mb: int
+) -> None:
+    """Sleep through `total` samples at this trial's share of the device, epoch by epoch, its
+    allocation `pool_mb` in its slice."""
     done = 0.0
     step = 0
     last = time.monotonic()
@@ -164,7 +169,8 @@ def compute(model: DeviceModel, scale: float, directory: str, total: float, epoc
         done = min(total, done + (now - last) / scale * rate)
         while step * epoch < done and (end := min(total, (step + 1) * epoch)) <= done:
             # A sleep that overran its tick still ended the epoch when the rate did.
-            report(step, end - step * epoch, at=last + (end - before) / rate * scale)
+            at = last + (end - before) / rate * scale
+            report(step, end - step * epoch, at=at, pool_mb=pool_mb)
             step += 1
         last = now
 
@@ -185,7 +191,14 @@ def run(args: argparse.Namespace, device: Device, directory: str) -> int:
         # Launched ahead by gpumux tune: ready, it waits for the round before to end.
         gate.wait_for_turn()
         entry.move(COMPUTING, memory_mb)
-        compute(model, scale, directory, total, epoch_size(args, model))
+        compute(
+            model,
+            scale,
+            directory,
+            total,
+            epoch_size(args, model),
+            pool_mb=max(0, memory_mb - model.context_mb),
+        )
     finally:
         entry.leave()
     return 0
