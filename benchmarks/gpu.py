@@ -185,6 +185,14 @@ def sweep_seconds(check: Check, name: str, split: str, trials: int) -> tuple[int
     return code, seconds, searched[-1][:160] if searched else ""
 
 
+def measured_context(check: Check) -> str:
+    """The least CUDA context the daemon measured of the trials so far, from its log."""
+    said = re.findall(r"its CUDA context is (\d+) MiB", (check.logs / "serve.log").read_text())
+    if not said:
+        return "not measured: no trial told its pool beside a steady NVML figure"
+    return f"{min(int(mb) for mb in said):,} MiB, the least a trial showed"
+
+
 def bare_processes(check: Check) -> tuple[int, float]:
     """BARE copies of the workload at once with no gpumux: the no-split baseline."""
     print(f"$ {BARE} x {' '.join(check.workload)} (no gpumux)", flush=True)
@@ -258,6 +266,8 @@ def run_checks(check: Check) -> None:
 
         code, seconds, settled = sweep_seconds(check, "auto", "auto", 34)
         check.add("sweep 34 trials, --split auto", code, seconds, settled)
+        if not check.dry_run:
+            check.add("CUDA context (NVML less the pool)", 0, 0.0, measured_context(check))
         if best is not None or check.dry_run:
             fixed = str(best or 21)
             code, fixed_seconds, _ = sweep_seconds(check, "fixed", fixed, 34)

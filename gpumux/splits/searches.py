@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fractions import Fraction
+from typing import NamedTuple
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 # of memory and back off; too small, it would stay one N below what fits. Assumed until the
 # workload's trials tell their frameworks' pools (PyTorch's), which measure it (`_measure`).
 CONTEXT_MB = 728
+# A context measured above this is a pool not told yet, not a context: the assumed one stands.
+MAX_CONTEXT_MB = 2 * CONTEXT_MB
 
 
 class SplitSearches:
@@ -70,10 +73,11 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
-        # Each search's CUDA context as its trials showed it (`_measure`), and the last reading
-        # of each trial (its process group) it was measured from.
+        # Each search's CUDA context as its trials showed it (`_measure`); the last reading of
+        # each trial (its process group) that it is measured from, and the probe it was read in.
         self._contexts: dict[tuple[str, str], int] = {}
-        self._readings: dict[int, tuple[int, int]] = {}
+        self._readings: dict[int, Reading] = {}
+        self._probes: dict[str, DeviceSnapshot] = {}
         # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
         self.host_cores = settings.host_cores or len(os.sched_getaffinity(0))
 
@@ -132,25 +136,14 @@ class SplitSearches:
         changed: their profiles need saving.
         """
         on = ActiveTrials.now(session=session, node_id=self.here.id)
+        # The readings of trials that ended go with them.
+        self._readings = {pgid: r for pgid, r in self._readings.items() if pgid in on.pools}
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         workload = {
             sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
         }
         by_key = {device.key: device for device in devices}
         changed = []
-        readings: dict[int, tuple[int, int]] = {}
-        for (model, fingerprint), search in self._searches.items():
-            snapshot = by_key.get(search.device_key)
-            groups = [
-                pgid
-                for (key, workload, _), pgids in on.groups.items()
-                if (key, workload) == (search.device_key, fingerprint)
-                for pgid in pgids
-            ]
-            self._measure(
-                (model, fingerprint), snapshot, groups, on.pools, group_of, readings=readings
-            )
-        self._readings = readings
         for (model, fingerprint), search in self._searches.items():
             if search.decision.settled:
                 timing = search.untimed and self._sweep_over(session, search)
@@ -179,6 +172,7 @@ class SplitSearches:
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
+                self._measure((model, fingerprint), snapshot, on, group_of)
                 self._look(
                     search,
                     session=session,
@@ -203,6 +197,9 @@ class SplitSearches:
                 log.exception("device %s: the split search of %s failed", device, fingerprint)
                 search.phase_start = search.filling_since = None
                 continue
+            finally:
+                if snapshot is not None:
+                    self._probes[device] = snapshot
             over = not on.splits[here] and not queued[fingerprint]
             if over and self._sweep_over(session, search) and search.sweep_ended(session=session):
                 changed.append(search)
@@ -326,44 +323,69 @@ class SplitSearches:
         self,
         key: tuple[str, str],
         device: DeviceSnapshot | None,
-        pgids: Sequence[int],
-        pools: Mapping[int, int],
+        on: ActiveTrials,
         group_of: Mapping[int, int] | None,
-        *,
-        readings: dict[int, tuple[int, int]],
     ) -> None:
-        """Measure the CUDA context of the search's trials: what NVML says a trial holds less
-        what its framework said it holds in its pool, where both are as they were at the last
-        look (a trial still allocating, or whose report of its pool is behind NVML's reading or
-        ahead of it, would tell a context too small or too large). The least such context
-        stands: the larger slices it budgets are the safe side, and a context that grows as
-        kernels load later counts as what the trial holds. Each reading is kept in `readings`
-        for the next look."""
-        if device is None or group_of is None:
+        """Measure the CUDA context of the search's trials on its device: what NVML says a
+        trial's one process holds less what its framework last said its pool holds.
+
+        Only from a reading that held still between two probes while a newer report told the
+        same pool: the pool grows as the framework allocates, so a pool told before NVML's
+        reading, or a reading taken while the trial allocated, would measure the allocation as
+        context and fit too many trials. The least context so measured stands: the larger
+        slices it budgets are the safe side, and a context that grows as kernels load later
+        counts as what the trial holds. A trial of several processes on the device (workers
+        that made contexts of their own) measures nothing."""
+        if device is None or group_of is None or not kind_of(device).lists_processes:
             return
-        kind = kind_of(device)
-        for pgid in pgids:
-            pool = pools.get(pgid)
-            if pool is None:
+        if self._probes.get(device.key) is device:
+            # The same probe as at the last look: nothing held still or moved since.
+            return
+        search_key, workload = device.key, key[1]
+        for (device_key, fingerprint, _), pgids in on.groups.items():
+            if (device_key, fingerprint) != (search_key, workload):
                 continue
-            pids = [pid for pid, group in group_of.items() if group == pgid]
-            held = kind.trial_memory_mb(device, pids, resident=resident_mb)
-            if held is None:
-                continue
-            readings[pgid] = (held, pool)
-            if self._readings.get(pgid) != (held, pool) or held <= pool:
-                continue
-            context = held - pool
-            if key not in self._contexts or context < self._contexts[key]:
-                self._contexts[key] = context
-                log.info(
-                    "device %s: a trial holds %d MiB, %d of them in its framework's pool: its "
-                    "CUDA context is %d MiB",
-                    device.key,
-                    held,
-                    pool,
-                    context,
-                )
+            for pgid in pgids:
+                reading = self._reading(device, pgid, on, group_of)
+                last = self._readings.pop(pgid, None)
+                if reading is None:
+                    continue
+                self._readings[pgid] = reading
+                held, pool, told = reading
+                if last is None or (last.held, last.pool) != (held, pool) or told == last.told:
+                    continue
+                context = held - pool
+                if context > MAX_CONTEXT_MB:
+                    continue
+                if key not in self._contexts or context < self._contexts[key]:
+                    self._contexts[key] = context
+                    log.info(
+                        "device %s: a trial holds %d MiB, %d of them in its framework's pool: "
+                        "its CUDA context is %d MiB",
+                        device.key,
+                        held,
+                        pool,
+                        context,
+                    )
+
+    @staticmethod
+    def _reading(
+        device: DeviceSnapshot, pgid: int, on: ActiveTrials, group_of: Mapping[int, int]
+    ) -> Reading | None:
+        """What the trial of process group `pgid` holds on the device, in the one process NVML
+        lists of it, beside its framework's pool; None where either is unknown or it holds
+        less than its pool."""
+        pool = on.pools.get(pgid)
+        if pool is None:
+            return None
+        listed = [
+            p.used_memory_mb
+            for p in device.processes or ()
+            if group_of.get(p.pid) == pgid and p.used_memory_mb is not None
+        ]
+        if len(listed) != 1 or listed[0] < pool.pool_mb:
+            return None
+        return Reading(held=listed[0], pool=pool.pool_mb, told=pool.told)
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:
@@ -411,6 +433,22 @@ class SplitSearches:
         return min(MAX_SPLIT, bound)
 
 
+class Pool(NamedTuple):
+    """What a trial's framework said its memory pool holds (MiB), and when it last said so."""
+
+    pool_mb: int
+    told: datetime
+
+
+class Reading(NamedTuple):
+    """One trial's memory as one probe showed it: NVML's figure (MiB), its framework's pool,
+    and when that was last said."""
+
+    held: int
+    pool: int
+    told: datetime
+
+
 @dataclass
 class ActiveTrials:
     """The active trials on each device, per workload (None: a fixed-split sweep's)."""
@@ -428,7 +466,7 @@ class ActiveTrials:
         default_factory=lambda: defaultdict(list)
     )
     # What each trial's framework last said its memory pool holds, by its process group.
-    pools: dict[int, int] = field(default_factory=dict)
+    pools: dict[int, Pool] = field(default_factory=dict)
 
     @classmethod
     def now(cls, *, session: Session, node_id: int | None = None) -> ActiveTrials:
@@ -450,8 +488,8 @@ class ActiveTrials:
                 if trial.pid is not None:
                     # The trial's leader started its process group: its pid is the group's id.
                     on.groups[(*key, split)].append(trial.pid)
-                    if trial.pool_mb is not None:
-                        on.pools[trial.pid] = trial.pool_mb
+                    if trial.pool_mb is not None and trial.pool_at is not None:
+                        on.pools[trial.pid] = Pool(trial.pool_mb, told=trial.pool_at)
         return on
 
 

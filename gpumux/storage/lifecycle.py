@@ -83,6 +83,7 @@ def record_launch(
         pid=None,
         pid_started=None,
         pool_mb=None,
+        pool_at=None,
         started_at=utcnow(),
     )
 

@@ -229,8 +229,9 @@ class Trial(Base):
     # The framework that saw no GPU on the GPU the trial was placed on: its rates are the CPU's.
     no_gpu: Mapped[str | None] = mapped_column(String(16))
     # What the current attempt's framework last said it holds in its memory pool on the device
-    # (MiB): NVML's figure for the process less this is its CUDA context.
+    # (MiB), and when: NVML's figure for the process less this is its CUDA context.
     pool_mb: Mapped[int | None]
+    pool_at: Mapped[datetime | None]
     # The Optuna trial's system attributes (a sampler's or pruner's state), for rebuilding.
     optuna_attrs: Mapped[dict[str, Any] | None]
 

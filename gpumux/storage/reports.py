@@ -161,7 +161,7 @@ def _record(
         if report.step is not None:
             trial.step = report.step
         if report.pool_mb is not None:
-            trial.pool_mb = report.pool_mb
+            trial.pool_mb, trial.pool_at = report.pool_mb, now
         if metric is not None and metric in report.metrics:
             trial.objective = report.metrics[metric]
         verdict = budget.decide(allowance, report.step)

@@ -1,4 +1,4 @@
-"""trial pool: the device memory a trial's framework last said it holds in its pool
+"""trial pool: the device memory a trial's framework last said it holds in its pool, and when
 
 Revision ID: 0017
 Revises: 0016
@@ -9,6 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+import gpumux.storage.models
+
 revision = "0017"
 down_revision = "0016"
 branch_labels = None
@@ -18,9 +20,13 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("trials", schema=None) as batch_op:
         batch_op.add_column(sa.Column("pool_mb", sa.Integer(), nullable=True))
+        batch_op.add_column(
+            sa.Column("pool_at", gpumux.storage.models.UtcDateTime(), nullable=True)
+        )
 
 
 def downgrade() -> None:
     # An older gpumux assumes every trial's CUDA context is the measured H200's again.
     with op.batch_alter_table("trials", schema=None) as batch_op:
+        batch_op.drop_column("pool_at")
         batch_op.drop_column("pool_mb")

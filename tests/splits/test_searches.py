@@ -3,6 +3,7 @@ under, and the memory of the trials they measure."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from gpumux.scheduling.next_trials import next_trials
 from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.curve import SEQUENCE, Decision
 from gpumux.splits.online import SplitSearch
-from gpumux.splits.searches import CONTEXT_MB, SplitSearches
+from gpumux.splits.searches import CONTEXT_MB, MAX_CONTEXT_MB, SplitSearches
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
@@ -40,6 +41,8 @@ TOTAL_MB = 80_000
 # Room for one trial's smallest slice, its overhead and the reserve: a search there starts at N=1.
 ONE_TRIAL_MB = 2048
 HOG_MB = 64
+# A process of the first wave's trial beside its leader (its group's, not a real one).
+WORKER_PID = 2**22 + 1
 
 
 def device(
@@ -325,19 +328,26 @@ class FirstWave:
     trial: subprocess.Popen[str]
     group: dict[int, int]
 
-    def holding(self, mb: int) -> list[SplitSearch]:
-        """The searches look at the H100 with the trial holding `mb`: those that changed."""
+    def holding(self, mb: int, *, worker_mb: int | None = None) -> list[SplitSearch]:
+        """The searches look at a new probe of the H100 with the trial holding `mb` (and a
+        worker process of its group `worker_mb`): those that changed."""
         listed = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
-        gpu = device("GPU-a", "NVIDIA H100", "gpu", listed)
-        with self.sessions.read() as session:
-            return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=self.group)
+        if worker_mb is not None:
+            listed += (GpuProcess(pid=WORKER_PID, used_memory_mb=worker_mb),)
+        return self.looking(device("GPU-a", "NVIDIA H100", "gpu", listed))
 
-    def pooling(self, mb: int | None) -> None:
-        """The trial's framework says its pool holds `mb` (None: it never said)."""
+    def looking(self, gpu: DeviceSnapshot) -> list[SplitSearch]:
+        """The searches look at this probe of the H100: those that changed."""
+        group = self.group | {WORKER_PID: self.trial.pid}
+        with self.sessions.read() as session:
+            return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=group)
+
+    def pooling(self, mb: int) -> None:
+        """The trial's framework says (again) that its pool holds `mb`."""
         with self.sessions.write.begin() as session:
             trial = trial_store.get_trial(session=session, trial_id=self.trial_id)
             assert trial is not None
-            trial.pool_mb = mb
+            trial.pool_mb, trial.pool_at = mb, utcnow()
 
     @property
     def trial_id(self) -> int:
@@ -477,32 +487,86 @@ def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
     assert search.start == guess, search.decision.reason
 
 
-def test_the_context_is_measured_from_a_steady_pool_and_the_fit_divides_by_the_rest(
-    first_wave: FirstWave,
-) -> None:
-    search = first_wave.search
+def context_below(first_wave: FirstWave) -> tuple[int, int, int]:
+    """A context 428 MiB below the assumed one, what a trial holds, and the N that fits it:
+    one fewer than fit with the assumed context."""
     room = TOTAL_MB - first_wave.searches.settings.reserve_mb
     overhead = first_wave.searches.overheads.for_device("GPU-a")
     context = CONTEXT_MB - 428
-    # A trial that holds so much that, its context taken as assumed, one more N fits than
-    # with its true context: the fit of the first wave's reading is the assumed context's.
-    fit = search.split + 2
+    fit = first_wave.search.split + 2
     held = room // (fit + 1) + CONTEXT_MB - overhead
     assert room // (held - CONTEXT_MB + overhead) == fit + 1
     assert room // (held - context + overhead) == fit
+    return context, held, fit
+
+
+def test_the_context_is_measured_where_a_new_report_tells_the_same_pool_beside_the_same_reading(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    context, held, fit = context_below(first_wave)
+    # Until its framework says what its pool holds, the context is the assumed one.
     first_wave.holding(held)
     assert search.ceiling == fit + 1, search.decision.reason
 
-    # Its framework says what its pool holds; a reading that moves between two looks (still
-    # allocating, or the report behind NVML's figure) measures nothing.
+    # Still allocating: what NVML shows and the pool move between two probes.
     first_wave.pooling(held - context - 200)
     first_wave.holding(held - 200)
     first_wave.pooling(held - context)
     first_wave.holding(held)
+    # Both as before, but no new report: the pool may have been told before the reading.
+    first_wave.holding(held)
     assert search.ceiling == fit + 1, search.decision.reason
-    # The same at the next look: the rest of what NVML shows is its context.
+    # A newer report of the same pool, NVML's figure the same: the rest is its context.
+    first_wave.pooling(held - context)
     first_wave.holding(held)
     assert search.ceiling == fit, search.decision.reason
+
+
+def test_a_look_at_the_same_probe_again_measures_nothing(first_wave: FirstWave) -> None:
+    search = first_wave.search
+    context, held, fit = context_below(first_wave)
+    gpu = device("GPU-a", "NVIDIA H100", "gpu", (GpuProcess(first_wave.trial.pid, held),))
+    first_wave.pooling(held - context)
+    first_wave.looking(gpu)
+    # The scheduler looks again before the next probe: its reading may be older than the report.
+    first_wave.pooling(held - context)
+    first_wave.looking(gpu)
+    assert search.ceiling == fit + 1, search.decision.reason
+
+
+def test_a_trial_of_several_processes_on_the_gpu_measures_no_context(
+    first_wave: FirstWave, caplog: pytest.LogCaptureFixture
+) -> None:
+    context, held, _ = context_below(first_wave)
+    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
+    # Its leader and a worker that made a context of its own: the pool is one process's.
+    for _ in range(3):
+        first_wave.pooling(held - context)
+        first_wave.holding(held, worker_mb=900)
+    assert "CUDA context" not in caplog.text
+    # The worker gone, the leader alone measures it.
+    for _ in range(2):
+        first_wave.pooling(held - context)
+        first_wave.holding(held)
+    assert f"its CUDA context is {context} MiB" in caplog.text
+
+
+def test_the_least_context_measured_stands(first_wave: FirstWave) -> None:
+    search = first_wave.search
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+    overhead = first_wave.searches.overheads.for_device("GPU-a")
+    # Its context made and a little allocated, then more kernels loaded: a larger context.
+    for context in (200, 1000):
+        for _ in range(2):
+            first_wave.pooling(50)
+            first_wave.holding(50 + context)
+    # What it holds at last fits 12 by the least context, 13 by the later one.
+    held = room // 12 + 200 - overhead
+    assert room // (held - 1000 + overhead) == 13
+    first_wave.pooling(held - 1000)
+    first_wave.holding(held)
+    assert search.ceiling == 12, search.decision.reason
 
 
 def test_a_context_larger_than_assumed_is_measured_too(first_wave: FirstWave) -> None:
@@ -511,8 +575,8 @@ def test_a_context_larger_than_assumed_is_measured_too(first_wave: FirstWave) ->
     overhead = first_wave.searches.overheads.for_device("GPU-a")
     context = CONTEXT_MB + 300
     # Its CUDA context made, the trial has allocated nothing in its pool yet.
-    first_wave.pooling(0)
     for _ in range(2):
+        first_wave.pooling(0)
         first_wave.holding(context)
     # It allocates: the slices of one N fewer would hold it, had its context been the
     # assumed one.
@@ -522,6 +586,27 @@ def test_a_context_larger_than_assumed_is_measured_too(first_wave: FirstWave) ->
     first_wave.pooling(held - context)
     first_wave.holding(held)
     assert search.ceiling == fit, search.decision.reason
+
+
+def test_a_pool_told_before_an_allocation_measures_no_context_beyond_any(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
+    overhead = first_wave.searches.overheads.for_device("GPU-a")
+    fit = search.split + 2
+    held = room // fit + CONTEXT_MB - overhead
+    # Told empty at CUDA's start, then never again as it allocated (a script whose own
+    # reports carry no pool): what it holds beyond that is no context.
+    first_wave.pooling(0)
+    for _ in range(3):
+        first_wave.holding(held)
+        first_wave.pooling(0)
+    assert held > MAX_CONTEXT_MB
+    assert search.ceiling == fit, search.decision.reason
+    # It allocates more still: the ceiling drops again, by the assumed context.
+    first_wave.holding(room // (fit - 1) + CONTEXT_MB - overhead)
+    assert search.ceiling == fit - 1, search.decision.reason
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

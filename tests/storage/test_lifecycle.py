@@ -200,7 +200,8 @@ def test_a_launch_clears_what_the_last_attempt_left(sessions: Sessions, tmp_path
         lifecycle.record_started(session=session, trial=trial, pid=4321, pid_started=99)
         # What the first attempt reached before it was cut off, as its reports and end left it.
         trial.step, trial.objective, trial.log_scanned = 7, 0.25, 512
-        trial.exit_code, trial.signal, trial.pool_mb = 137, 9, 4096
+        trial.exit_code, trial.signal = 137, 9
+        trial.pool_mb, trial.pool_at = 4096, utcnow()
         trial.started_at = first_start = utcnow() - timedelta(hours=1)
         lifecycle.requeue(session=session, trial=trial, why="was cut off", then="requeued")
         launch(session, trial, tmp_path, token="second")
@@ -213,4 +214,5 @@ def test_a_launch_clears_what_the_last_attempt_left(sessions: Sessions, tmp_path
         assert stored.log_path == str(tmp_path / f"{stored.id}.2.log") and stored.log_scanned == 0
         left = (stored.step, stored.objective, stored.exit_code, stored.signal)
         assert left == (None, None, None, None)
-        assert (stored.pid, stored.pid_started, stored.pool_mb) == (None, None, None)
+        assert (stored.pid, stored.pid_started) == (None, None)
+        assert (stored.pool_mb, stored.pool_at) == (None, None)

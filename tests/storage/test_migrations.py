@@ -455,7 +455,7 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
         # 0012: trials from before it saw a GPU, as far as anyone knew.
         assert [t.no_gpu for t in trials] == [None, None]
         # 0017: their frameworks' pools were never told.
-        assert [t.pool_mb for t in trials] == [None, None]
+        assert [(t.pool_mb, t.pool_at) for t in trials] == [(None, None), (None, None)]
         assert sweep_store.best_trial(session=session, sweep=finished) == succeeded
         assert [t.id for t in trial_store.active_trials(session=session)] == [3]
         assert [t.id for t in next_trials(session=session, limit=10)] == [4]

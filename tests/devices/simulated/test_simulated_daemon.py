@@ -73,7 +73,7 @@ def test_simulated_trials_compute_at_the_models_rate_and_show_its_memory(
     # clock, in which it may not yet have seen a trial start or end. The epochs' ends are the
     # trial's own (its log), not the daemon's stamps on the reports, a poll late or more.
     rates = [model.per_trial(n) for n in (SPLIT - 2, SPLIT)]
-    middles = []
+    middles, slacks = [], []
     for trial in trials:
         reports = client.all_reports(trial.id)
         assert [r.step for r in reports] == [0, 1, 2]
@@ -83,12 +83,13 @@ def test_simulated_trials_compute_at_the_models_rate_and_show_its_memory(
         seconds = ends[1] - ends[0]
         slack = TICK_S / seconds
         middles.append(epoch / seconds * SCALE)
+        slacks.append(slack)
         assert min(rates) * (1 - slack) <= middles[-1] <= max(rates) * (1 + slack), (
             trial.id,
             seconds,
         )
     # Most computed their middle epoch beside all the others.
-    assert statistics.median(middles) == pytest.approx(model.per_trial(SPLIT), rel=slack)
+    assert statistics.median(middles) == pytest.approx(model.per_trial(SPLIT), rel=max(slacks))
 
 
 def epoch_ends(log: str) -> dict[int, float]:

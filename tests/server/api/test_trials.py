@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -124,19 +125,22 @@ def test_a_report_keeps_the_frameworks_pool_on_the_trial_until_another_tells_it(
     trial_id = running_trial(sessions, tmp_path)
     token = {"Authorization": "Bearer tok"}
 
-    def pool_mb() -> int | None:
+    def pool() -> tuple[int | None, datetime | None]:
         with sessions.read() as session:
             trial = trial_store.get_trial(session=session, trial_id=trial_id)
             assert trial is not None
-            return trial.pool_mb
+            return trial.pool_mb, trial.pool_at
 
     for refused in (-1, 1.5, "2048", 2**31):
         answer = api.post("/reports", json=report(trial_id) | {"pool_mb": refused}, headers=token)
         assert answer.status_code == 422 and "pool_mb" in answer.text, refused
-    assert pool_mb() is None
+    assert pool() == (None, None)
     assert api.post("/reports", json=report(trial_id) | {"pool_mb": 2048}, headers=token).is_success
-    assert pool_mb() == 2048
+    told, told_at = pool()
+    assert told == 2048 and told_at is not None
+    # A report without it leaves the pool, and when it was told, as they were.
     assert api.post("/reports", json=report(trial_id), headers=token).is_success
-    assert pool_mb() == 2048
-    assert api.post("/reports", json=report(trial_id) | {"pool_mb": 3072}, headers=token).is_success
-    assert pool_mb() == 3072
+    assert pool() == (2048, told_at)
+    assert api.post("/reports", json=report(trial_id) | {"pool_mb": 2048}, headers=token).is_success
+    again, again_at = pool()
+    assert again == 2048 and again_at is not None and again_at > told_at
