@@ -74,7 +74,7 @@ class SplitSearches:
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
         # Each search's CUDA context as its trials showed it (`_measure`); the last reading of
-        # each trial (its process group) that it is measured from, and the probe it was read in.
+        # each trial (its process group) that it is measured from, and the probes last looked at.
         self._contexts: dict[tuple[str, str], int] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
@@ -143,6 +143,9 @@ class SplitSearches:
             sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
         }
         by_key = {device.key: device for device in devices}
+        # The devices probed again since the last look: only their readings may have moved.
+        fresh = {key for key, device in by_key.items() if self._probes.get(key) is not device}
+        self._probes = by_key
         changed = []
         for (model, fingerprint), search in self._searches.items():
             if search.decision.settled:
@@ -172,7 +175,8 @@ class SplitSearches:
             )
             before = (search.decision, len(search.curve), search.ceiling)
             try:
-                self._measure((model, fingerprint), snapshot, on, group_of)
+                if device in fresh:
+                    self._measure((model, fingerprint), snapshot, on, group_of)
                 self._look(
                     search,
                     session=session,
@@ -197,9 +201,6 @@ class SplitSearches:
                 log.exception("device %s: the split search of %s failed", device, fingerprint)
                 search.phase_start = search.filling_since = None
                 continue
-            finally:
-                if snapshot is not None:
-                    self._probes[device] = snapshot
             over = not on.splits[here] and not queued[fingerprint]
             if over and self._sweep_over(session, search) and search.sweep_ended(session=session):
                 changed.append(search)
@@ -326,8 +327,9 @@ class SplitSearches:
         on: ActiveTrials,
         group_of: Mapping[int, int] | None,
     ) -> None:
-        """Measure the CUDA context of the search's trials on its device: what NVML says a
-        trial's one process holds less what its framework last said its pool holds.
+        """Measure the CUDA context of the search's trials on its device, probed again since the
+        last look: what NVML says a trial's one process holds less what its framework last said
+        its pool holds.
 
         Only from a reading that held still between two probes while a newer report told the
         same pool: the pool grows as the framework allocates, so a pool told before NVML's
@@ -337,9 +339,6 @@ class SplitSearches:
         counts as what the trial holds. A trial of several processes on the device (workers
         that made contexts of their own) measures nothing."""
         if device is None or group_of is None or not kind_of(device).lists_processes:
-            return
-        if self._probes.get(device.key) is device:
-            # The same probe as at the last look: nothing held still or moved since.
             return
         search_key, workload = device.key, key[1]
         for (device_key, fingerprint, _), pgids in on.groups.items():

@@ -331,7 +331,7 @@ class FirstWave:
     def holding(self, mb: int, *, worker_mb: int | None = None) -> list[SplitSearch]:
         """The searches look at a new probe of the H100 with the trial holding `mb` (and a
         worker process of its group `worker_mb`): those that changed."""
-        listed = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
+        listed: tuple[GpuProcess, ...] = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
         if worker_mb is not None:
             listed += (GpuProcess(pid=WORKER_PID, used_memory_mb=worker_mb),)
         return self.looking(device("GPU-a", "NVIDIA H100", "gpu", listed))
@@ -550,6 +550,37 @@ def test_a_trial_of_several_processes_on_the_gpu_measures_no_context(
         first_wave.pooling(held - context)
         first_wave.holding(held)
     assert f"its CUDA context is {context} MiB" in caplog.text
+
+
+def test_two_workloads_on_one_gpu_each_measure_their_own_context(
+    first_wave: FirstWave, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sessions = first_wave.sessions
+    with sessions.write.begin() as session:
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        plan = sweep_plan(tmp_path, "x=1..2", command=["python", "other.py"], seed=1)
+        other_id = sweep_store.create_sweep(session=session, plan=plan, owner=owner).id
+    other = search_for(
+        first_wave.searches, sessions, other_id, device("GPU-a", "NVIDIA H100", "gpu")
+    )
+    assert other is not first_wave.search
+    run_first_trial(sessions, other_id, device="GPU-a", pgid=WORKER_PID, split=other.split)
+    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
+    for _ in range(2):
+        with sessions.write.begin() as session:
+            for trial in trial_store.active_trials(session=session):
+                trial.pool_mb, trial.pool_at = 1000, utcnow()
+        listed = (GpuProcess(first_wave.trial.pid, 1300), GpuProcess(WORKER_PID, 1450))
+        with sessions.read() as session:
+            observe(
+                first_wave.searches,
+                session,
+                now=utcnow(),
+                devices=[device("GPU-a", "NVIDIA H100", "gpu", listed)],
+                group_of=first_wave.group | {WORKER_PID: WORKER_PID},
+            )
+    assert "its CUDA context is 300 MiB" in caplog.text
+    assert "its CUDA context is 450 MiB" in caplog.text
 
 
 def test_the_least_context_measured_stands(first_wave: FirstWave) -> None:
