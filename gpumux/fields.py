@@ -30,6 +30,7 @@ MAX_ENV_BYTES = 512 * 1024
 MAX_TIME_LIMIT_S = 366 * 86400.0
 MAX_SAMPLES = 1e12  # one report's samples
 MAX_REPORT_SECONDS = 1e7  # one report's interval (about 116 days)
+MAX_UNIX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last moment a datetime holds
 MAX_METRICS = 256  # metrics in one report
 
 # The schema's patterns; each is checked by a validator that says what is wrong in words.

@@ -155,10 +155,12 @@ class Reporter:
         # Whether the script's reports carried samples: they are then its throughput, and the
         # optimizer steps the runtime counts (torch_steps) are no longer sent.
         self.reports_samples = False
-        # What the framework holds in its device memory pool, in bytes (`pool_from`).
+        # What the framework holds in its device memory pool, in bytes (`pool_from`), as last
+        # read: on the monotonic clock for the interval, and as Unix time for the daemon.
         self._pool: Callable[[], int] | None = None
         self._pool_mb: float | None = None
         self._pool_read_at = -math.inf
+        self._pool_read_time = 0.0
 
     def pool_from(self, reader: Callable[[], int]) -> None:
         """Send with each report what `reader` says the framework's memory pool holds on the
@@ -169,7 +171,7 @@ class Reporter:
         """The pool in MiB, read again once POOL_READ_INTERVAL_S has passed; None unread."""
         now = time.monotonic()
         if self._pool is not None and now - self._pool_read_at >= POOL_READ_INTERVAL_S:
-            self._pool_read_at = now
+            self._pool_read_at, self._pool_read_time = now, time.time()
             try:
                 self._pool_mb = _bounded(self._pool() // MIB, MAX_POOL_MB)
             except Exception as err:
@@ -220,7 +222,8 @@ class Reporter:
             body["no_gpu"] = no_gpu
         pool_mb = self._pool_now()
         if pool_mb is not None:
-            body["pool_mb"] = pool_mb
+            # When it was read: a reading of a second ago is no figure of what is held now.
+            body["pool_mb"], body["pool_at"] = pool_mb, round(self._pool_read_time, 3)
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from gpumux.processes.logfiles import read_log
 from gpumux.processes.reportlines import LineReport, ReportLines
@@ -195,17 +195,19 @@ class LogReports:
                 report_store.add_line_reports(
                     session=session,
                     trial=trial,
-                    reports=_timed(batches, None if since is None else now - since),
+                    reports=_timed(batches, now, since),
                     budget=self.budget,
                     read_to=scanned,
                 )
 
 
-def _timed(batches: list[_Batch], elapsed: timedelta | None) -> list[Incoming]:
-    """The batches as reports, the read's interval shared by their samples: each report's
-    samples/s is the read's (lines read together say nothing of their own spacing)."""
+def _timed(batches: list[_Batch], now: datetime, since: datetime | None) -> list[Incoming]:
+    """The batches as reports, the interval since the read before (`since`) shared by their
+    samples: each report's samples/s is the read's (lines read together say nothing of their
+    own spacing). A pool a line told is taken as read when that read was: the earliest it can
+    have been, the side a measured context may rely on."""
     total = sum(b.samples or 0.0 for b in batches)
-    seconds = elapsed.total_seconds() if elapsed is not None else 0.0
+    seconds = (now - since).total_seconds() if since is not None else 0.0
     return [
         Incoming(
             step=b.step,
@@ -213,6 +215,7 @@ def _timed(batches: list[_Batch], elapsed: timedelta | None) -> list[Incoming]:
             metrics=b.metrics,
             count=b.lines,
             pool_mb=b.pool_mb,
+            pool_at=since if b.pool_mb is not None else None,
             seconds=seconds * b.samples / total if b.samples and total and seconds > 0 else None,
         )
         for b in batches

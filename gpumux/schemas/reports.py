@@ -14,6 +14,7 @@ from gpumux.fields import (
     MAX_METRICS,
     MAX_REPORT_SECONDS,
     MAX_SAMPLES,
+    MAX_UNIX_TIME,
     MetricName,
     json_integer,
     json_number,
@@ -73,6 +74,13 @@ class ReportIn(BaseModel):
         "PyTorch's memory_reserved(): what its slice must hold; the rest of what NVML shows "
         "of the process is its CUDA context",
     )
+    pool_at: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_UNIX_TIME,
+        allow_inf_nan=False,
+        description="when pool_mb was read, as Unix time (the report's arrival if absent or later)",
+    )
     metrics: dict[MetricName, float] = Field(
         default_factory=dict,
         max_length=MAX_METRICS,
@@ -83,7 +91,7 @@ class ReportIn(BaseModel):
     _integers = field_validator("trial_id", "attempt", "step", "pool_mb", mode="before")(
         json_integer
     )
-    _numbers = field_validator("samples", "seconds", "steps", mode="before")(json_number)
+    _numbers = field_validator("samples", "seconds", "steps", "pool_at", mode="before")(json_number)
 
     @field_validator("metrics", mode="before")
     @classmethod

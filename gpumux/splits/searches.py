@@ -176,7 +176,7 @@ class SplitSearches:
             before = (search.decision, len(search.curve), search.ceiling)
             try:
                 if device in fresh:
-                    self._measure((model, fingerprint), snapshot, on, group_of)
+                    self._measure((model, fingerprint), snapshot, on, group_of, now=now)
                 self._look(
                     search,
                     session=session,
@@ -326,32 +326,39 @@ class SplitSearches:
         device: DeviceSnapshot | None,
         on: ActiveTrials,
         group_of: Mapping[int, int] | None,
+        *,
+        now: datetime,
     ) -> None:
         """Measure the CUDA context of the search's trials on its device, probed again since the
         last look: what NVML says a trial's one process holds less what its framework last said
         its pool holds.
 
-        Only from a reading that held still between two probes while a newer report told the
-        same pool: the pool grows as the framework allocates, so a pool told before NVML's
-        reading, or a reading taken while the trial allocated, would measure the allocation as
-        context and fit too many trials. The least context so measured stands: the larger
-        slices it budgets are the safe side, and a context that grows as kernels load later
-        counts as what the trial holds. A trial of several processes on the device (workers
-        that made contexts of their own) measures nothing."""
+        Only where NVML's figure held still between two probes, and the pool, read after the
+        look that saw the earlier probe (`Pool.told`: when the runtime read it), is the same
+        as then: it is then what the framework held at the later probe, or more. The pool grows
+        as the framework allocates, so a pool read before NVML's reading would count the
+        allocation since as context and fit too many trials. The least context so measured
+        stands: the larger slices it budgets are the safe side, and a context that grows as
+        kernels load later counts as what the trial holds. A trial of several processes on
+        the device (workers that made contexts of their own) measures nothing, nor does a
+        device whose probe failed (its processes are the last ones NVML listed)."""
         if device is None or group_of is None or not kind_of(device).lists_processes:
+            return
+        if device.error is not None:
             return
         search_key, workload = device.key, key[1]
         for (device_key, fingerprint, _), pgids in on.groups.items():
             if (device_key, fingerprint) != (search_key, workload):
                 continue
             for pgid in pgids:
-                reading = self._reading(device, pgid, on, group_of)
+                told = on.pools.get(pgid)
+                reading = self._reading(device, pgid, on, group_of, now=now)
                 last = self._readings.pop(pgid, None)
-                if reading is None:
+                if reading is None or told is None:
                     continue
                 self._readings[pgid] = reading
-                held, pool, told = reading
-                if last is None or (last.held, last.pool) != (held, pool) or told == last.told:
+                held, pool, _ = reading
+                if last is None or (last.held, last.pool) != (held, pool) or told.told <= last.seen:
                     continue
                 context = held - pool
                 if context > MAX_CONTEXT_MB:
@@ -369,7 +376,12 @@ class SplitSearches:
 
     @staticmethod
     def _reading(
-        device: DeviceSnapshot, pgid: int, on: ActiveTrials, group_of: Mapping[int, int]
+        device: DeviceSnapshot,
+        pgid: int,
+        on: ActiveTrials,
+        group_of: Mapping[int, int],
+        *,
+        now: datetime,
     ) -> Reading | None:
         """What the trial of process group `pgid` holds on the device, in the one process NVML
         lists of it, beside its framework's pool; None where either is unknown or it holds
@@ -384,7 +396,7 @@ class SplitSearches:
         ]
         if len(listed) != 1 or listed[0] < pool.pool_mb:
             return None
-        return Reading(held=listed[0], pool=pool.pool_mb, told=pool.told)
+        return Reading(held=listed[0], pool=pool.pool_mb, seen=now)
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:
@@ -433,19 +445,19 @@ class SplitSearches:
 
 
 class Pool(NamedTuple):
-    """What a trial's framework said its memory pool holds (MiB), and when it last said so."""
+    """What a trial's framework said its memory pool holds (MiB), and when it read that."""
 
     pool_mb: int
     told: datetime
 
 
 class Reading(NamedTuple):
-    """One trial's memory as one probe showed it: NVML's figure (MiB), its framework's pool,
-    and when that was last said."""
+    """One trial's memory as one probe showed it: NVML's figure (MiB) and its framework's
+    pool, at the look that first saw the probe (after it was taken)."""
 
     held: int
     pool: int
-    told: datetime
+    seen: datetime
 
 
 @dataclass

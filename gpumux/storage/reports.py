@@ -6,7 +6,7 @@ import logging
 import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from sqlalchemy import ColumnElement, case, func, or_, select, union
@@ -48,6 +48,8 @@ class Incoming:
     steps: float | None = None
     count: int = 1
     pool_mb: int | None = None
+    # When the pool was read, if known to be earlier than the report's arrival.
+    pool_at: datetime | None = None
 
 
 class Report(Protocol):
@@ -69,6 +71,8 @@ class Report(Protocol):
     def no_gpu(self) -> str | None: ...
     @property
     def pool_mb(self) -> int | None: ...
+    @property
+    def pool_at(self) -> float | None: ...
     @property
     def metrics(self) -> dict[str, float]: ...
 
@@ -103,6 +107,9 @@ def add_report(
         seconds=report_in.seconds,
         steps=report_in.steps,
         pool_mb=report_in.pool_mb,
+        pool_at=None
+        if report_in.pool_at is None
+        else datetime.fromtimestamp(report_in.pool_at, UTC),
     )
     return _record(
         session=session, trial=trial, kind=report_in.kind, reports=[report], budget=budget
@@ -161,7 +168,9 @@ def _record(
         if report.step is not None:
             trial.step = report.step
         if report.pool_mb is not None:
-            trial.pool_mb, trial.pool_at = report.pool_mb, now
+            # Never later than it arrived: a clock ahead of the daemon's tells nothing newer.
+            told = now if report.pool_at is None else min(now, report.pool_at)
+            trial.pool_mb, trial.pool_at = report.pool_mb, told
         if metric is not None and metric in report.metrics:
             trial.objective = report.metrics[metric]
         verdict = budget.decide(allowance, report.step)

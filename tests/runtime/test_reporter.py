@@ -137,6 +137,7 @@ def test_reports_carry_the_frameworks_pool_read_once_a_second_at_most(
     reporter = make_reporter(report_server.url)
     clock = [1000.0]
     monkeypatch.setattr(runtime_reporter.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runtime_reporter.time, "time", lambda: 1.8e9 + clock[0])
     # The framework's pool (bytes), as PyTorch's memory_reserved() tells it: read at each call.
     pool = iter([3 * 2**30 + 5, 5 * 2**30, 6 * 2**30])
     reporter.pool_from(lambda: next(pool))
@@ -146,8 +147,10 @@ def test_reports_carry_the_frameworks_pool_read_once_a_second_at_most(
         reporter.submit(kind="steps", step=None, samples=None, seconds=1.0, metrics={})
 
     assert reporter.flush(timeout=30)
-    # Read at the first report and again a second later, not at the report between.
-    assert [r["body"]["pool_mb"] for r in report_server.requests] == [3072, 3072, 5120]
+    # Read at the first report and again a second later, not at the report between; each
+    # says when it was read.
+    sent = [(r["body"]["pool_mb"], r["body"]["pool_at"]) for r in report_server.requests]
+    assert sent == [(3072, 1.8e9 + 1000), (3072, 1.8e9 + 1000), (5120, 1.8e9 + 1001.1)]
 
 
 def test_a_pool_that_cannot_be_read_is_one_warning_and_reports_go_on(

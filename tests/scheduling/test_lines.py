@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from builders import ample_budget, stored_running_trial
@@ -10,6 +11,7 @@ from gpumux.scheduling.lines import LogReports
 from gpumux.storage import reports as report_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
+from gpumux.storage.models import utcnow
 
 
 def test_a_restarted_daemon_reads_on_from_the_offset_stored_with_the_reports(
@@ -61,8 +63,11 @@ def test_the_last_pool_a_line_told_stays_on_the_trial_merged_lines_and_all(
         b'GPUMUX_REPORT {"step": 1, "samples": 10, "pool_mb": 2100}\n'
         b'GPUMUX_REPORT {"step": 2, "samples": 10}\n'
     )
+    started = utcnow() - timedelta(seconds=30)
     with sessions.write.begin() as session:
-        trial_id = stored_running_trial(session, tmp_path, log_path=str(log_path))
+        trial_id = stored_running_trial(
+            session, tmp_path, log_path=str(log_path), started_at=started
+        )
 
     LogReports(sessions=sessions, budget=ample_budget()).collect()
 
@@ -71,4 +76,5 @@ def test_the_last_pool_a_line_told_stays_on_the_trial_merged_lines_and_all(
         reports, _ = report_store.list_reports(session=session, trial_id=trial_id)
         assert trial is not None
         assert [(r.step, r.metrics) for r in reports] == [(0, {}), (1, {}), (2, {})]
-        assert trial.pool_mb == 2100
+        # Printed after the read before (the trial's start) at the earliest.
+        assert (trial.pool_mb, trial.pool_at) == (2100, started)

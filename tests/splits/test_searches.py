@@ -342,12 +342,12 @@ class FirstWave:
         with self.sessions.read() as session:
             return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=group)
 
-    def pooling(self, mb: int) -> None:
-        """The trial's framework says (again) that its pool holds `mb`."""
+    def pooling(self, mb: int, *, read_at: datetime | None = None) -> None:
+        """The trial's framework says (again) that its pool holds `mb`, read now or `read_at`."""
         with self.sessions.write.begin() as session:
             trial = trial_store.get_trial(session=session, trial_id=self.trial_id)
             assert trial is not None
-            trial.pool_mb, trial.pool_at = mb, utcnow()
+            trial.pool_mb, trial.pool_at = mb, read_at or utcnow()
 
     @property
     def trial_id(self) -> int:
@@ -512,12 +512,17 @@ def test_the_context_is_measured_where_a_new_report_tells_the_same_pool_beside_t
     # Still allocating: what NVML shows and the pool move between two probes.
     first_wave.pooling(held - context - 200)
     first_wave.holding(held - 200)
+    before = utcnow()
     first_wave.pooling(held - context)
     first_wave.holding(held)
-    # Both as before, but no new report: the pool may have been told before the reading.
+    # Both as before, but no new report: the pool may have been read before the reading.
+    first_wave.holding(held)
+    # A new report, but of a pool read before the last look (a reading the runtime kept, a
+    # line read late): the trial may have allocated since.
+    first_wave.pooling(held - context, read_at=before)
     first_wave.holding(held)
     assert search.ceiling == fit + 1, search.decision.reason
-    # A newer report of the same pool, NVML's figure the same: the rest is its context.
+    # The same pool read since the last look, NVML's figure the same: the rest is its context.
     first_wave.pooling(held - context)
     first_wave.holding(held)
     assert search.ceiling == fit, search.decision.reason

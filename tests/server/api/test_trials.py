@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -144,3 +145,14 @@ def test_a_report_keeps_the_frameworks_pool_on_the_trial_until_another_tells_it(
     assert api.post("/reports", json=report(trial_id) | {"pool_mb": 2048}, headers=token).is_success
     again, again_at = pool()
     assert again == 2048 and again_at is not None and again_at > told_at
+    # When the runtime read it, never later than the report came.
+    sent = report(trial_id) | {"pool_mb": 3072, "pool_at": again_at.timestamp() - 1.5}
+    assert api.post("/reports", json=sent, headers=token).is_success
+    read, read_at = pool()
+    assert read == 3072 and read_at is not None
+    assert abs(read_at - (again_at - timedelta(seconds=1.5))) < timedelta(milliseconds=1)
+    ahead = report(trial_id) | {"pool_mb": 3072, "pool_at": time.time() + 3600}
+    assert api.post("/reports", json=ahead, headers=token).is_success
+    assert (latest := pool()[1]) is not None and latest <= datetime.now(UTC)
+    negative = api.post("/reports", json=report(trial_id) | {"pool_at": -1}, headers=token)
+    assert negative.status_code == 422
