@@ -137,7 +137,8 @@ class SplitSearches:
         """
         on = ActiveTrials.now(session=session, node_id=self.here.id)
         # The readings of trials that ended go with them.
-        self._readings = {pgid: r for pgid, r in self._readings.items() if pgid in on.pools}
+        active = {pgid for pgids in on.groups.values() for pgid in pgids}
+        self._readings = {pgid: r for pgid, r in self._readings.items() if pgid in active}
         queued = Counter(sweep_fingerprint(sweep) for sweep in waiting if sweep.split is None)
         workload = {
             sweep.id: sweep_fingerprint(sweep) if sweep.split is None else None for sweep in waiting
@@ -333,11 +334,11 @@ class SplitSearches:
         last look: what NVML says a trial's one process holds less what its framework last said
         its pool holds.
 
-        Only where NVML's figure held still between two probes, and the pool, read after the
-        look that saw the earlier probe (`Pool.told`: when the runtime read it), is the same
-        as then: it is then what the framework held at the later probe, or more. The pool grows
-        as the framework allocates, so a pool read before NVML's reading would count the
-        allocation since as context and fit too many trials. The least context so measured
+        Only where NVML's figure held still over two probes or more, and the pool was read
+        (`Pool.told`) after the look at the first of them: it is then what the framework held
+        at the last probe, or more. The pool grows as the framework allocates, so a pool read
+        before NVML's reading would count the allocation since as context and fit too many
+        trials. The least context so measured
         stands: the larger slices it budgets are the safe side, and a context that grows as
         kernels load later counts as what the trial holds. A trial of several processes on
         the device (workers that made contexts of their own) measures nothing, nor does a
@@ -351,16 +352,17 @@ class SplitSearches:
             if (device_key, fingerprint) != (search_key, workload):
                 continue
             for pgid in pgids:
-                told = on.pools.get(pgid)
-                reading = self._reading(device, pgid, on, group_of, now=now)
+                held = self._held(device, pgid, group_of)
                 last = self._readings.pop(pgid, None)
-                if reading is None or told is None:
+                if held is None:
                     continue
-                self._readings[pgid] = reading
-                held, pool, _ = reading
-                if last is None or (last.held, last.pool) != (held, pool) or told.told <= last.seen:
+                # A new figure is steady from this look on: no pool was read since then yet.
+                since = last.since if last is not None and last.held == held else now
+                self._readings[pgid] = Reading(held, since)
+                pool = on.pools.get(pgid)
+                if pool is None or pool.told <= since or held < pool.pool_mb:
                     continue
-                context = held - pool
+                context = held - pool.pool_mb
                 if context > MAX_CONTEXT_MB:
                     continue
                 if key not in self._contexts or context < self._contexts[key]:
@@ -370,33 +372,21 @@ class SplitSearches:
                         "its CUDA context is %d MiB",
                         device.key,
                         held,
-                        pool,
+                        pool.pool_mb,
                         context,
                     )
 
     @staticmethod
-    def _reading(
-        device: DeviceSnapshot,
-        pgid: int,
-        on: ActiveTrials,
-        group_of: Mapping[int, int],
-        *,
-        now: datetime,
-    ) -> Reading | None:
-        """What the trial of process group `pgid` holds on the device, in the one process NVML
-        lists of it, beside its framework's pool; None where either is unknown or it holds
-        less than its pool."""
-        pool = on.pools.get(pgid)
-        if pool is None:
-            return None
+    def _held(device: DeviceSnapshot, pgid: int, group_of: Mapping[int, int]) -> int | None:
+        """What the trial of process group `pgid` holds on the device, where NVML lists one
+        process of it; None where it lists none, or several (workers with contexts of their
+        own: the pool is one process's)."""
         listed = [
             p.used_memory_mb
             for p in device.processes or ()
             if group_of.get(p.pid) == pgid and p.used_memory_mb is not None
         ]
-        if len(listed) != 1 or listed[0] < pool.pool_mb:
-            return None
-        return Reading(held=listed[0], pool=pool.pool_mb, seen=now)
+        return listed[0] if len(listed) == 1 else None
 
     @staticmethod
     def _sweep_over(session: Session, search: SplitSearch) -> bool:
@@ -452,12 +442,11 @@ class Pool(NamedTuple):
 
 
 class Reading(NamedTuple):
-    """One trial's memory as one probe showed it: NVML's figure (MiB) and its framework's
-    pool, at the look that first saw the probe (after it was taken)."""
+    """What NVML says a trial's one process holds (MiB), and since when: the first look (after
+    its probe) that saw it hold that."""
 
     held: int
-    pool: int
-    seen: datetime
+    since: datetime
 
 
 @dataclass
