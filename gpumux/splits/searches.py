@@ -35,10 +35,13 @@ log = logging.getLogger(__name__)
 
 # What NVML counts of a trial's process outside its memory slice: a CUDA context (728 MiB on the
 # measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit would run one N out
-# of memory and back off; too small, it would stay one N below what fits. Assumed until the
-# workload's trials tell their frameworks' pools (PyTorch's), which measure it (`_measure`).
+# of memory and back off; too small, it would stay one N below what fits. Where a workload's
+# trials tell their frameworks' pools (PyTorch's), their context is measured and said
+# (`_measure`), not yet fitted by: the fit divides by the overhead placement budgets per trial,
+# which a measured context would have to replace as well (docs/benchmarks.md, "The CUDA context,
+# measured").
 CONTEXT_MB = 728
-# A context measured above this is a pool not told yet, not a context: the assumed one stands.
+# A context measured above this is a pool not told yet, not a context.
 MAX_CONTEXT_MB = 2 * CONTEXT_MB
 
 
@@ -73,8 +76,9 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
-        # Each search's CUDA context as its trials showed it (`_measure`); the last reading of
-        # each trial (its process group) that it is measured from, and the probes last looked at.
+        # Each search's CUDA context as its trials showed it, the least (`_measure`); the last
+        # reading of each trial (its process group) it is measured from, and the probes last
+        # looked at.
         self._contexts: dict[tuple[str, str], int] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
@@ -190,7 +194,6 @@ class SplitSearches:
                     # phase, may hold more in their larger slices.
                     held=trial_memory(snapshot, on.groups[(*here, search.split)], group_of),
                     snapshot=snapshot,
-                    context=self._contexts.get((model, fingerprint), CONTEXT_MB),
                 )
             except SQLAlchemyError:
                 # The database failed, not the search: the session is spent, and the tick
@@ -221,10 +224,8 @@ class SplitSearches:
         held: list[int],
         snapshot: DeviceSnapshot | None,
         mix: Mix,
-        context: int,
     ) -> None:
-        """One search sees its device: the ceiling memory now allows, then its trials, whose
-        CUDA context is `context` (MiB)."""
+        """One search sees its device: the ceiling memory now allows, then its trials."""
         if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
             # The overhead measured since the search began leaves room for fewer trials.
             search.lower_ceiling(
@@ -233,10 +234,10 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
         learning = search.probe is not None or (search.probed is not None and not search.curve)
-        if snapshot is not None and learning and max(held, default=0) > context:
+        if snapshot is not None and learning and max(held, default=0) > CONTEXT_MB:
             # The first wave's trials hold more than a CUDA context: they allocated, and may
             # still be allocating.
-            self._learn(search, snapshot, held=max(held), context=context)
+            self._learn(search, snapshot, held=max(held))
         search.observe(
             session=session,
             now=now,
@@ -248,7 +249,7 @@ class SplitSearches:
         )
         if snapshot is None or search.decision.settled:
             return
-        fit = self.memory_fit(snapshot, search, context=context)
+        fit = self.memory_fit(snapshot, search)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
@@ -256,15 +257,13 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
 
-    def _learn(
-        self, search: SplitSearch, device: DeviceSnapshot, *, held: int, context: int
-    ) -> None:
+    def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
         it, and the search goes on from the N the device kind starts at where memory is known
         (`known_split`), if above its guess; until a point is measured, a larger reading lowers
         the ceiling (and that start) again."""
         wave = search.probe or search.probed or search.split
-        fit = self._fit(device, split=wave, held=held, context=context)
+        fit = self._fit(device, split=wave, held=held)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
@@ -283,14 +282,12 @@ class SplitSearches:
         else:
             search.known(start)
 
-    def memory_fit(
-        self, device: DeviceSnapshot, search: SplitSearch, *, context: int
-    ) -> int | None:
+    def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,
-        less their CUDA context (NVML's figure counts it; a slice caps the framework's
-        allocations), never below an N measured; None where the device lists no memory per
-        process or no measured trial held less than its slice (one that takes its whole slice,
-        as TensorFlow does, would take any).
+        less a CUDA context (NVML's figure counts it; a slice caps the framework's allocations),
+        never below an N measured; None where the device lists no memory per process or no
+        measured trial held less than its slice (one that takes its whole slice, as TensorFlow
+        does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
         then ends at the N that fits, not in N that run out of memory; it still measures the
@@ -300,26 +297,21 @@ class SplitSearches:
             fit
             for point in search.curve
             if point.memory_per_trial_mb is not None
-            and (
-                fit := self._fit(
-                    device, split=point.split, held=point.memory_per_trial_mb, context=context
-                )
-            )
+            and (fit := self._fit(device, split=point.split, held=point.memory_per_trial_mb))
             is not None
         ]
         return min(fits, default=None)
 
-    def _fit(self, device: DeviceSnapshot, *, split: int, held: float, context: int) -> int | None:
-        """The most trials whose slices hold what one trial held at N=`split` less its CUDA
-        context, never below it; None where the device lists no memory per process or the trial
-        took its whole slice."""
+    def _fit(self, device: DeviceSnapshot, *, split: int, held: float) -> int | None:
+        """The most trials whose slices hold what one trial held at N=`split`, never below it;
+        None where the device lists no memory per process or the trial took its whole slice."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
         overhead = self.overheads.for_device(device.key)
         if held >= room // split - overhead:
             return None
-        return max(split, int(room // (max(1.0, held - context) + overhead)))
+        return max(split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
 
     def _measure(
         self,
@@ -337,10 +329,9 @@ class SplitSearches:
         Only where NVML's figure held still over two probes or more, and the pool was read
         (`Pool.told`) after the look at the first of them: it is then what the framework held
         at the last probe, or more. The pool grows as the framework allocates, so a pool read
-        before NVML's reading would count the allocation since as context and fit too many
-        trials. The least context so measured
-        stands: the larger slices it budgets are the safe side, and a context that grows as
-        kernels load later counts as what the trial holds. A trial of several processes on
+        before NVML's reading would count the allocation since as context. The least so
+        measured is said in the daemon's log (the GPU check reports it): a context that grows
+        as kernels load later counts as what the trial holds. A trial of several processes on
         the device (workers that made contexts of their own) measures nothing, nor does a
         device whose probe failed (its processes are the last ones NVML listed)."""
         if device is None or group_of is None or not kind_of(device).lists_processes:

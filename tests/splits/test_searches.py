@@ -4,10 +4,11 @@ under, and the memory of the trials they measure."""
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -487,90 +488,83 @@ def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
     assert search.start == guess, search.decision.reason
 
 
-def context_below(first_wave: FirstWave) -> tuple[int, int, int]:
-    """A context 428 MiB below the assumed one, what a trial holds, and the N that fits it:
-    one fewer than fit with the assumed context."""
-    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
-    overhead = first_wave.searches.overheads.for_device("GPU-a")
-    context = CONTEXT_MB - 428
-    fit = first_wave.search.split + 2
-    held = room // (fit + 1) + CONTEXT_MB - overhead
-    assert room // (held - CONTEXT_MB + overhead) == fit + 1
-    assert room // (held - context + overhead) == fit
-    return context, held, fit
+CONTEXT = 300
 
 
-def test_the_context_is_measured_where_a_new_report_tells_the_same_pool_beside_the_same_reading(
-    first_wave: FirstWave,
+@pytest.fixture
+def said(caplog: pytest.LogCaptureFixture) -> Callable[[], list[int]]:
+    """The contexts the searches have said they measured, in order."""
+    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
+    return lambda: [int(mb) for mb in re.findall(r"its CUDA context is (\d+) MiB", caplog.text)]
+
+
+def test_the_context_is_measured_where_the_pool_was_read_since_the_figure_held_still(
+    first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
-    search = first_wave.search
-    context, held, fit = context_below(first_wave)
-    # Until its framework says what its pool holds, the context is the assumed one.
+    held = 8000
+    # Until its framework says what its pool holds, nothing is measured.
     first_wave.holding(held)
-    assert search.ceiling == fit + 1, search.decision.reason
-
-    # Still allocating: what NVML shows and the pool move between two probes.
-    first_wave.pooling(held - context - 200)
+    # Still allocating: what NVML shows moves between two probes.
+    first_wave.pooling(held - CONTEXT - 200)
     first_wave.holding(held - 200)
     before = utcnow()
-    first_wave.pooling(held - context)
+    first_wave.pooling(held - CONTEXT)
     first_wave.holding(held)
-    # Both as before, but no new report: the pool may have been read before the reading.
+    # The same figure again, but the pool was read before the look that first saw it: the
+    # trial may have allocated in between.
     first_wave.holding(held)
-    # A new report, but of a pool read before the last look (a reading the runtime kept, a
-    # line read late): the trial may have allocated since.
-    first_wave.pooling(held - context, read_at=before)
+    first_wave.pooling(held - CONTEXT, read_at=before)
     first_wave.holding(held)
-    assert search.ceiling == fit + 1, search.decision.reason
-    # The same pool read since the last look, NVML's figure the same: the rest is its context.
-    first_wave.pooling(held - context)
+    assert said() == []
+    # The pool read since: the rest of what NVML shows is its context.
+    first_wave.pooling(held - CONTEXT)
     first_wave.holding(held)
-    assert search.ceiling == fit, search.decision.reason
+    assert said() == [CONTEXT]
 
 
-def test_a_look_at_the_same_probe_again_measures_nothing(first_wave: FirstWave) -> None:
-    search = first_wave.search
-    context, held, fit = context_below(first_wave)
+def test_a_look_at_the_same_probe_again_measures_nothing(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    held = 8000
     gpu = device("GPU-a", "NVIDIA H100", "gpu", (GpuProcess(first_wave.trial.pid, held),))
-    first_wave.pooling(held - context)
     first_wave.looking(gpu)
-    # The scheduler looks again before the next probe: its reading may be older than the report.
-    first_wave.pooling(held - context)
+    # The scheduler looks again before the next probe: the figure did not hold still, it was
+    # read once.
+    first_wave.pooling(held - CONTEXT)
     first_wave.looking(gpu)
-    assert search.ceiling == fit + 1, search.decision.reason
+    assert said() == []
+    first_wave.holding(held)
+    assert said() == [CONTEXT]
 
 
 def test_a_trial_of_several_processes_on_the_gpu_measures_no_context(
-    first_wave: FirstWave, caplog: pytest.LogCaptureFixture
+    first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
-    context, held, _ = context_below(first_wave)
-    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
+    held = 8000
     # Its leader and a worker that made a context of its own: the pool is one process's.
     for _ in range(3):
-        first_wave.pooling(held - context)
+        first_wave.pooling(held - CONTEXT)
         first_wave.holding(held, worker_mb=900)
-    assert "CUDA context" not in caplog.text
+    assert said() == []
     # The worker gone, the leader alone measures it.
     for _ in range(2):
-        first_wave.pooling(held - context)
+        first_wave.pooling(held - CONTEXT)
         first_wave.holding(held)
-    assert f"its CUDA context is {context} MiB" in caplog.text
+    assert said() == [CONTEXT]
 
 
 def test_two_workloads_on_one_gpu_each_measure_their_own_context(
-    first_wave: FirstWave, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    first_wave: FirstWave, tmp_path: Path, said: Callable[[], list[int]]
 ) -> None:
     sessions = first_wave.sessions
     with sessions.write.begin() as session:
         owner = owner_store.get_or_create_owner(session=session, name="alice")
         plan = sweep_plan(tmp_path, "x=1..2", command=["python", "other.py"], seed=1)
         other_id = sweep_store.create_sweep(session=session, plan=plan, owner=owner).id
-    other = search_for(
-        first_wave.searches, sessions, other_id, device("GPU-a", "NVIDIA H100", "gpu")
-    )
+    gpu = device("GPU-a", "NVIDIA H100", "gpu")
+    other = search_for(first_wave.searches, sessions, other_id, gpu)
     assert other is not first_wave.search
     run_first_trial(sessions, other_id, device="GPU-a", pgid=WORKER_PID, split=other.split)
-    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
     for _ in range(2):
         with sessions.write.begin() as session:
             for trial in trial_store.active_trials(session=session):
@@ -584,65 +578,38 @@ def test_two_workloads_on_one_gpu_each_measure_their_own_context(
                 devices=[device("GPU-a", "NVIDIA H100", "gpu", listed)],
                 group_of=first_wave.group | {WORKER_PID: WORKER_PID},
             )
-    assert "its CUDA context is 300 MiB" in caplog.text
-    assert "its CUDA context is 450 MiB" in caplog.text
+    assert sorted(said()) == [300, 450]
 
 
-def test_the_least_context_measured_stands(first_wave: FirstWave) -> None:
-    search = first_wave.search
-    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
-    overhead = first_wave.searches.overheads.for_device("GPU-a")
-    # Its context made and a little allocated, then more kernels loaded: a larger context.
-    for context in (200, 1000):
+def test_the_least_context_measured_stands_and_a_larger_one_is_measured_too(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    # Its context made and nothing allocated in its pool yet: a context above the assumed
+    # one; then a smaller one (another attempt, less loaded); then a larger one (kernels
+    # loaded since), which is not the least.
+    for context in (CONTEXT_MB + 300, 200, 1000):
         for _ in range(2):
             first_wave.pooling(50)
             first_wave.holding(50 + context)
-    # What it holds at last fits 12 by the least context, 13 by the later one.
-    held = room // 12 + 200 - overhead
-    assert room // (held - 1000 + overhead) == 13
-    first_wave.pooling(held - 1000)
-    first_wave.holding(held)
-    assert search.ceiling == 12, search.decision.reason
-
-
-def test_a_context_larger_than_assumed_is_measured_too(first_wave: FirstWave) -> None:
-    search = first_wave.search
-    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
-    overhead = first_wave.searches.overheads.for_device("GPU-a")
-    context = CONTEXT_MB + 300
-    # Its CUDA context made, the trial has allocated nothing in its pool yet.
-    for _ in range(2):
-        first_wave.pooling(0)
-        first_wave.holding(context)
-    # It allocates: the slices of one N fewer would hold it, had its context been the
-    # assumed one.
-    fit = search.split + 2
-    held = room // fit + context - overhead
-    assert room // (held - CONTEXT_MB + overhead) < fit
-    first_wave.pooling(held - context)
-    first_wave.holding(held)
-    assert search.ceiling == fit, search.decision.reason
+    assert said() == [CONTEXT_MB + 300, 200]
 
 
 def test_a_pool_told_before_an_allocation_measures_no_context_beyond_any(
-    first_wave: FirstWave,
+    first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
-    search = first_wave.search
-    room = TOTAL_MB - first_wave.searches.settings.reserve_mb
-    overhead = first_wave.searches.overheads.for_device("GPU-a")
-    fit = search.split + 2
-    held = room // fit + CONTEXT_MB - overhead
+    held = MAX_CONTEXT_MB + 1
     # Told empty at CUDA's start, then never again as it allocated (a script whose own
     # reports carry no pool): what it holds beyond that is no context.
     first_wave.pooling(0)
     for _ in range(3):
         first_wave.holding(held)
         first_wave.pooling(0)
-    assert held > MAX_CONTEXT_MB
-    assert search.ceiling == fit, search.decision.reason
-    # It allocates more still: the ceiling drops again, by the assumed context.
-    first_wave.holding(room // (fit - 1) + CONTEXT_MB - overhead)
-    assert search.ceiling == fit - 1, search.decision.reason
+    assert said() == []
+    # A figure of no more than a context is one.
+    for _ in range(2):
+        first_wave.holding(MAX_CONTEXT_MB)
+        first_wave.pooling(0)
+    assert said() == [MAX_CONTEXT_MB]
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

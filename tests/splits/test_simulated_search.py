@@ -8,6 +8,8 @@ the steady knee; two workloads at auto share one device, each measured."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -145,6 +147,19 @@ def test_where_memory_bounds_n_the_climb_ends_at_what_fits_without_running_out(
     assert raised < first_ends, f"N=3 raised {raised - first_ends} after N=2's trials ended"
     above = min((t for t in trials if (t.split or 0) > 3), key=lambda t: t.started_at or first_ends)
     assert above.split in (5, top), f"the climb went from N=3 to N={above.split}"
+
+
+def test_the_trials_pools_measure_their_context_through_the_daemon(
+    daemon_of: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A CUDA context of 300 MiB, where 728 are assumed. Each simulated trial's report lines
+    # tell its pool, what it allocated in its slice, as PyTorch's runtime reports tell theirs.
+    caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
+    shape = {"memory_mb": 64_512, "per_process_mb": 7_500, "context_mb": 300}
+    auto_sweep(daemon_of, tmp_path, shape, fit=7, host_cores=2, trials=4, seconds=10)
+
+    said = re.findall(r"a trial holds (\d+) MiB, (\d+) of them in .* is (\d+) MiB", caplog.text)
+    assert said == [("7500", "7200", "300")]
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
