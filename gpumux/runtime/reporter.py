@@ -223,7 +223,9 @@ class Reporter:
         pool_mb = self._pool_now()
         if pool_mb is not None:
             # When it was read: a reading of a second ago is no figure of what is held now.
-            body["pool_mb"], body["pool_at"] = pool_mb, round(self._pool_read_time, 3)
+            # Rounded down: a read time a moment late would pass for a newer reading.
+            read_at = math.floor(self._pool_read_time * 1000) / 1000
+            body["pool_mb"], body["pool_at"] = pool_mb, read_at
         data = json.dumps(body, allow_nan=False).encode()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:

@@ -44,6 +44,8 @@ class _Batch:
     samples: float | None
     metrics: dict[str, float]
     pool_mb: int | None
+    # The earliest its lines can have been printed (None: the trial's start).
+    printed_after: datetime | None
     lines: int = 1
 
 
@@ -55,6 +57,9 @@ class _Reader:
     lines: ReportLines = field(default_factory=ReportLines)
     # When a read last found report lines: their samples were done since then.
     last_at: datetime | None = None
+    # When the last read that reached the log's end began: every line found later was printed
+    # after it (a line already there would have been read).
+    whole_at: datetime | None = None
 
 
 class LogReports:
@@ -145,7 +150,10 @@ class LogReports:
     ) -> tuple[list[_Batch], bool]:
         """The reports in one slice of what the log holds past the reader's offset, consecutive
         lines of one step merged; and whether the slice reached the log's end."""
+        printed_after, began = reader.whole_at, utcnow()
         data, start, _, skipped = read_log(path, reader.offset + reader.lines.pending, READ_LIMIT)
+        if len(data) < READ_LIMIT:
+            reader.whole_at = began
         if skipped:
             # Rotation dropped output nobody read: go on from the oldest piece kept.
             log.warning("trial %s: %d bytes of its log rotated away unread", trial_id, skipped)
@@ -168,7 +176,9 @@ class LogReports:
                         last.pool_mb = item.pool_mb
                 else:
                     batches.append(
-                        _Batch(item.step, item.samples, dict(item.metrics), item.pool_mb)
+                        _Batch(
+                            item.step, item.samples, dict(item.metrics), item.pool_mb, printed_after
+                        )
                     )
             elif (trial_id, attempt) not in self._warned:
                 self._warned.add((trial_id, attempt))
@@ -195,17 +205,19 @@ class LogReports:
                 report_store.add_line_reports(
                     session=session,
                     trial=trial,
-                    reports=_timed(batches, now, since),
+                    reports=_timed(batches, now, since, started=trial.started_at),
                     budget=self.budget,
                     read_to=scanned,
                 )
 
 
-def _timed(batches: list[_Batch], now: datetime, since: datetime | None) -> list[Incoming]:
+def _timed(
+    batches: list[_Batch], now: datetime, since: datetime | None, *, started: datetime | None
+) -> list[Incoming]:
     """The batches as reports, the interval since the read before (`since`) shared by their
     samples: each report's samples/s is the read's (lines read together say nothing of their
-    own spacing). A pool a line told is taken as read when that read was: the earliest it can
-    have been, the side a measured context may rely on."""
+    own spacing). A pool a line told is taken as read at the earliest its line can have been
+    printed (else at the trial's start), the side a measured context may rely on."""
     total = sum(b.samples or 0.0 for b in batches)
     seconds = (now - since).total_seconds() if since is not None else 0.0
     return [
@@ -215,7 +227,7 @@ def _timed(batches: list[_Batch], now: datetime, since: datetime | None) -> list
             metrics=b.metrics,
             count=b.lines,
             pool_mb=b.pool_mb,
-            pool_at=since if b.pool_mb is not None else None,
+            pool_at=(b.printed_after or started) if b.pool_mb is not None else None,
             seconds=seconds * b.samples / total if b.samples and total and seconds > 0 else None,
         )
         for b in batches

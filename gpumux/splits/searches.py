@@ -76,9 +76,9 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
-        # Each search's CUDA context as its trials showed it, the least (`_measure`); the last
-        # reading of each trial (its process group) it is measured from, and the probes last
-        # looked at.
+        # The least CUDA context each search's trials showed, kept to say each new least once
+        # in the log (`_measure`); the last reading of each trial (its process group) it is
+        # measured from, and the probes last looked at.
         self._contexts: dict[tuple[str, str], int] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
@@ -359,9 +359,10 @@ class SplitSearches:
                 if key not in self._contexts or context < self._contexts[key]:
                     self._contexts[key] = context
                     log.info(
-                        "device %s: a trial holds %d MiB, %d of them in its framework's pool: "
-                        "its CUDA context is %d MiB",
+                        "device %s: a trial of workload %s holds %d MiB, %d of them in its "
+                        "framework's pool: its CUDA context is %d MiB",
                         device.key,
+                        workload,
                         held,
                         pool.pool_mb,
                         context,

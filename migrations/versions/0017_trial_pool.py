@@ -26,7 +26,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # An older gpumux assumes every trial's CUDA context is the measured H200's again.
+    # An older gpumux drops the pool its trials tell, and measures no CUDA context.
     with op.batch_alter_table("trials", schema=None) as batch_op:
         batch_op.drop_column("pool_at")
         batch_op.drop_column("pool_mb")

@@ -581,7 +581,7 @@ def test_two_workloads_on_one_gpu_each_measure_their_own_context(
     assert sorted(said()) == [300, 450]
 
 
-def test_the_least_context_measured_stands_and_a_larger_one_is_measured_too(
+def test_each_new_least_context_is_said_a_larger_one_later_is_not(
     first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
     # Its context made and nothing allocated in its pool yet: a context above the assumed

@@ -158,7 +158,7 @@ def test_the_trials_pools_measure_their_context_through_the_daemon(
     shape = {"memory_mb": 64_512, "per_process_mb": 7_500, "context_mb": 300}
     auto_sweep(daemon_of, tmp_path, shape, fit=7, host_cores=2, trials=4, seconds=10)
 
-    said = re.findall(r"a trial holds (\d+) MiB, (\d+) of them in .* is (\d+) MiB", caplog.text)
+    said = re.findall(r"holds (\d+) MiB, (\d+) of them in .* is (\d+) MiB", caplog.text)
     assert said == [("7500", "7200", "300")]
 
 
