@@ -33,13 +33,13 @@ from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
 
-# What NVML counts of a trial's process outside its memory slice: a CUDA context (728 MiB on the
-# measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit would run one N out
-# of memory and back off; too small, it would stay one N below what fits. Where a workload's
-# trials tell their frameworks' pools (PyTorch's), their context is measured and said
-# (`_measure`), not yet fitted by: the fit divides by the overhead placement budgets per trial,
-# which a measured context would have to replace as well (docs/benchmarks.md, "The CUDA context,
-# measured").
+# What NVML counts of a trial's process outside its memory slice, until measured: a CUDA context
+# (728 MiB on the measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit
+# would run one N out of memory and back off; too small, it would stay one N below what fits.
+# Where a workload's trials tell their frameworks' pools (PyTorch's), their context is measured
+# (`_measure`): the fit subtracts the least measured, and placement budgets the largest per
+# trial (`Overheads.context`), by which the fit divides too (docs/benchmarks.md, "The CUDA
+# context, measured").
 CONTEXT_MB = 728
 # A context measured above this is a pool not told yet, not a context.
 MAX_CONTEXT_MB = 2 * CONTEXT_MB
@@ -76,10 +76,12 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
-        # The least CUDA context each search's trials showed, kept to say each new least once
-        # in the log (`_measure`); the last reading of each trial (its process group) it is
-        # measured from, and the probes last looked at.
+        # The least CUDA context each search's trials showed (`_measure`), what its fit
+        # subtracts from what a trial holds; the last reading of each trial (its process group)
+        # it is measured from, and the probes last looked at.
         self._contexts: dict[tuple[str, str], int] = {}
+        # Since when each search's first fit has waited for its trials' context (`_awaiting`).
+        self._awaited: dict[tuple[str, str], datetime] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
         # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
@@ -179,6 +181,7 @@ class SplitSearches:
                 and raised(splits, split=search.split, shares=on.shares[device]),
             )
             before = (search.decision, len(search.curve), search.ceiling)
+            measured = on.groups[(*here, search.split)]
             try:
                 if device in fresh:
                     self._measure((model, fingerprint), snapshot, on, group_of, now=now)
@@ -192,8 +195,9 @@ class SplitSearches:
                     sweep_id=on.sweep_of.get(here, search.sweep_id or 0),
                     # What the trials under N hold: a lower N's, beside them in a raised
                     # phase, may hold more in their larger slices.
-                    held=trial_memory(snapshot, on.groups[(*here, search.split)], group_of),
+                    held=trial_memory(snapshot, measured, group_of),
                     snapshot=snapshot,
+                    awaiting=self._awaiting((model, fingerprint), measured, on.pools, now=now),
                 )
             except SQLAlchemyError:
                 # The database failed, not the search: the session is spent, and the tick
@@ -224,8 +228,10 @@ class SplitSearches:
         held: list[int],
         snapshot: DeviceSnapshot | None,
         mix: Mix,
+        awaiting: bool,
     ) -> None:
-        """One search sees its device: the ceiling memory now allows, then its trials."""
+        """One search sees its device: the ceiling memory now allows, then its trials (what
+        they hold fits no N while `awaiting` their CUDA context)."""
         if snapshot is not None and (bound := self.ceiling(snapshot)) < search.ceiling:
             # The overhead measured since the search began leaves room for fewer trials.
             search.lower_ceiling(
@@ -234,9 +240,10 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
         learning = search.probe is not None or (search.probed is not None and not search.curve)
-        if snapshot is not None and learning and max(held, default=0) > CONTEXT_MB:
-            # The first wave's trials hold more than a CUDA context: they allocated, and may
-            # still be allocating.
+        allocated = max(held, default=0) > self._context(search)
+        if snapshot is not None and learning and allocated and not awaiting:
+            # The first wave's trials hold more than their CUDA context: they allocated, and
+            # may still be allocating.
             self._learn(search, snapshot, held=max(held))
         search.observe(
             session=session,
@@ -257,13 +264,35 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
 
+    def _context(self, search: SplitSearch) -> int:
+        """The CUDA context of a trial of the search: the least measured, else `CONTEXT_MB`."""
+        return self._contexts.get((search.device_name, search.fingerprint), CONTEXT_MB)
+
+    def _awaiting(
+        self,
+        key: tuple[str, str],
+        pgids: Sequence[int],
+        pools: Mapping[int, Pool],
+        *,
+        now: datetime,
+    ) -> bool:
+        """Whether the first wave's fit waits for the CUDA context of the search's trials: they
+        told their frameworks' pools, none is measured yet, and it has waited less than a
+        settle and a window. A ceiling once lowered stays, so a fit by the assumed context and
+        the configured overhead, larger than most measured, would keep N below what fits; a
+        context is measured within a probe or two of the pool told."""
+        if key in self._contexts or not any(pgid in pools for pgid in pgids):
+            return False
+        since = self._awaited.setdefault(key, now)
+        return now - since < self.timing.settle + self.timing.window
+
     def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
         it, and the search goes on from the N the device kind starts at where memory is known
         (`known_split`), if above its guess; until a point is measured, a larger reading lowers
         the ceiling (and that start) again."""
         wave = search.probe or search.probed or search.split
-        fit = self._fit(device, split=wave, held=held)
+        fit = self._fit(device, search, split=wave, held=held)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(
                 fit,
@@ -284,10 +313,10 @@ class SplitSearches:
 
     def memory_fit(self, device: DeviceSnapshot, search: SplitSearch) -> int | None:
         """The most trials whose slices would hold what the search's trials were seen holding,
-        less a CUDA context (NVML's figure counts it; a slice caps the framework's allocations),
-        never below an N measured; None where the device lists no memory per process or no
-        measured trial held less than its slice (one that takes its whole slice, as TensorFlow
-        does, would take any).
+        less their CUDA context (NVML's figure counts it; a slice caps the framework's
+        allocations), never below an N measured; None where the device lists no memory per
+        process or no measured trial held less than its slice (one that takes its whole slice,
+        as TensorFlow does, would take any).
 
         Where memory, not the rate, bounds N (an 80 GB card and trials of 8 GiB), the climb
         then ends at the N that fits, not in N that run out of memory; it still measures the
@@ -297,21 +326,27 @@ class SplitSearches:
             fit
             for point in search.curve
             if point.memory_per_trial_mb is not None
-            and (fit := self._fit(device, split=point.split, held=point.memory_per_trial_mb))
+            and (
+                fit := self._fit(device, search, split=point.split, held=point.memory_per_trial_mb)
+            )
             is not None
         ]
         return min(fits, default=None)
 
-    def _fit(self, device: DeviceSnapshot, *, split: int, held: float) -> int | None:
-        """The most trials whose slices hold what one trial held at N=`split`, never below it;
-        None where the device lists no memory per process or the trial took its whole slice."""
+    def _fit(
+        self, device: DeviceSnapshot, search: SplitSearch, *, split: int, held: float
+    ) -> int | None:
+        """The most trials whose slices hold what one of the search's trials held at N=`split`
+        less its CUDA context (the least its trials showed, else `CONTEXT_MB`), each budgeted
+        the overhead placement budgets beside its slice; never below `split`. None where the
+        device lists no memory per process or the trial took its whole slice."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
         overhead = self.overheads.for_device(device.key)
         if held >= room // split - overhead:
             return None
-        return max(split, int(room // (max(1.0, held - CONTEXT_MB) + overhead)))
+        return max(split, int(room // (max(1.0, held - self._context(search)) + overhead)))
 
     def _measure(
         self,
@@ -324,14 +359,15 @@ class SplitSearches:
     ) -> None:
         """Measure the CUDA context of the search's trials on its device, probed again since the
         last look: what NVML says a trial's one process holds less what its framework last said
-        its pool holds.
+        its pool holds. The search's fit subtracts the least so measured; placement budgets the
+        largest beside each trial's slice (`Overheads.context`).
 
         Only where NVML's figure held still over two probes or more, and the pool was read
         (`Pool.told`) after the look at the first of them: it is then what the framework held
         at the last probe, or more. The pool grows as the framework allocates, so a pool read
-        before NVML's reading would count the allocation since as context. The least so
-        measured is said in the daemon's log (the GPU check reports it): a context that grows
-        as kernels load later counts as what the trial holds. A trial of several processes on
+        before NVML's reading would count the allocation since as context. Each new least is
+        said in the daemon's log (the GPU check reports it): a context that grows as kernels
+        load later counts in the fit as what the trial holds. A trial of several processes on
         the device (workers that made contexts of their own) measures nothing, nor does a
         device whose probe failed (its processes are the last ones NVML listed)."""
         if device is None or group_of is None or not kind_of(device).lists_processes:
@@ -356,6 +392,7 @@ class SplitSearches:
                 context = held - pool.pool_mb
                 if context > MAX_CONTEXT_MB:
                     continue
+                self.overheads.context(device.key, context)
                 if key not in self._contexts or context < self._contexts[key]:
                     self._contexts[key] = context
                     log.info(

@@ -329,19 +329,22 @@ class FirstWave:
     trial: subprocess.Popen[str]
     group: dict[int, int]
 
-    def holding(self, mb: int, *, worker_mb: int | None = None) -> list[SplitSearch]:
+    def holding(
+        self, mb: int, *, worker_mb: int | None = None, at: datetime | None = None
+    ) -> list[SplitSearch]:
         """The searches look at a new probe of the H100 with the trial holding `mb` (and a
-        worker process of its group `worker_mb`): those that changed."""
+        worker process of its group `worker_mb`), now or `at`: those that changed."""
         listed: tuple[GpuProcess, ...] = (GpuProcess(pid=self.trial.pid, used_memory_mb=mb),)
         if worker_mb is not None:
             listed += (GpuProcess(pid=WORKER_PID, used_memory_mb=worker_mb),)
-        return self.looking(device("GPU-a", "NVIDIA H100", "gpu", listed))
+        return self.looking(device("GPU-a", "NVIDIA H100", "gpu", listed), at=at)
 
-    def looking(self, gpu: DeviceSnapshot) -> list[SplitSearch]:
-        """The searches look at this probe of the H100: those that changed."""
+    def looking(self, gpu: DeviceSnapshot, *, at: datetime | None = None) -> list[SplitSearch]:
+        """The searches look at this probe of the H100, now or `at`: those that changed."""
         group = self.group | {WORKER_PID: self.trial.pid}
+        now = at or utcnow()
         with self.sessions.read() as session:
-            return observe(self.searches, session, now=utcnow(), devices=[gpu], group_of=group)
+            return observe(self.searches, session, now=now, devices=[gpu], group_of=group)
 
     def pooling(self, mb: int, *, read_at: datetime | None = None) -> None:
         """The trial's framework says (again) that its pool holds `mb`, read now or `read_at`."""
@@ -610,6 +613,65 @@ def test_a_pool_told_before_an_allocation_measures_no_context_beyond_any(
         first_wave.holding(MAX_CONTEXT_MB)
         first_wave.pooling(0)
     assert said() == [MAX_CONTEXT_MB]
+
+
+def test_the_first_wave_is_fitted_by_its_measured_context_once_measured(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    search, searches = first_wave.search, first_wave.searches
+    guess, wave = search.start, search.split
+    room = TOTAL_MB - searches.settings.reserve_mb
+    # A trial that holds more than slices of the guess fit with its measured context beside
+    # them, and less than with the assumed context and the configured overhead.
+    held = room // (guess - 2) - 200
+    configured = searches.overheads.for_device("GPU-a")
+    measured_fit = room // held
+    assumed_fit = room // (held - CONTEXT_MB + configured)
+    assert wave < assumed_fit < measured_fit < guess <= search.ceiling
+    assert room // (held - CONTEXT_MB + CONTEXT) > measured_fit, "the context subtracted counts"
+    # Its framework told its pool: what it holds fits no N until its context is measured.
+    first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held)
+    assert search.probe == wave and search.ceiling >= guess, search.decision.reason
+    first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held)
+    assert said() == [CONTEXT]
+    # Measured, each trial is budgeted its context beside its slice, and the fit is by both.
+    assert searches.overheads.for_device("GPU-a") == CONTEXT
+    assert search.probe is None and search.ceiling == measured_fit, search.decision.reason
+
+
+def test_a_first_wave_holding_less_than_the_assumed_context_allocated_beyond_its_measured_one(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    search = first_wave.search
+    assert CONTEXT + 100 < CONTEXT_MB
+    for _ in range(2):
+        first_wave.pooling(100)
+        first_wave.holding(CONTEXT + 100)
+    assert said() == [CONTEXT]
+    assert search.probe is None and search.start > search.split, search.decision.reason
+
+
+def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    search, timing = first_wave.search, first_wave.searches.timing
+    wave = search.split
+    held, fit = first_wave.fit_below(search.start)
+    # The trial tells its pool, but what NVML shows of it never holds still: no context is
+    # measured, and the fit waits no longer than a settle and a window for one.
+    first_wave.pooling(held - CONTEXT)
+    start = utcnow()
+    first_wave.holding(held, at=start)
+    first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held + 1, at=start + timing.settle + timing.window - timedelta(seconds=1))
+    assert search.probe == wave and search.ceiling > fit, search.decision.reason
+    first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held, at=start + timing.settle + timing.window)
+    assert said() == []
+    # Fitted by the assumed context and the configured overhead.
+    assert search.probe is None and search.ceiling == fit, search.decision.reason
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(
