@@ -98,6 +98,7 @@ def profile_summary(profile: ProfilePublic) -> Table:
         ("fingerprint", profile.fingerprint),
         ("best N", _best(profile)),
         ("limits", _limits(profile)),
+        ("CUDA context", NONE if profile.context_mb is None else f"{profile.context_mb} MiB"),
         ("search", visible(profile.reason or NONE)),
         ("last sweep", NONE if profile.sweep_id is None else str(profile.sweep_id)),
         ("updated", local_time(profile.updated_at)),

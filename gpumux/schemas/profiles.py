@@ -46,6 +46,10 @@ class ProfilePublic(BaseModel):
     ceiling: int | None = Field(
         default=None, description="the most trials memory was seen to allow: never exceeded"
     )
+    context_mb: int | None = Field(
+        default=None,
+        description="the CUDA context its trials showed (MiB): budgeted beside each slice",
+    )
     settled: bool = Field(description="the split search has stopped")
     reason: str | None = Field(description="why the split search made its last decision")
     sweep_id: int | None = Field(description="the sweep that measured it last")

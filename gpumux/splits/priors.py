@@ -45,6 +45,8 @@ class Prior:
     curve: list[CurvePoint] = field(default_factory=list)
     unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
+    # The CUDA context the workload's trials showed on the device model.
+    context_mb: int | None = None
     # A ceiling memory was seen to impose, lower than the device's: the profile keeps it.
     lowered: int | None = None
     # The guess's smaller first wave, which learns what a trial holds (FirstSplit.probe).
@@ -95,6 +97,7 @@ def resume_search(
         curve=prior.curve,
         unit=prior.unit,
         oom_at=prior.oom_at,
+        context_mb=prior.context_mb,
         start=prior.start,
         origin=prior.origin,
         lowered=prior.lowered,
@@ -155,6 +158,7 @@ def _own_profile(
         curve=stored if comparable(stored, unit) else [],
         unit=unit,
         oom_at=profile.oom_at,
+        context_mb=profile.context_mb,
         lowered=lowered,
     )
     top = split_curve.effective_ceiling(ceiling=ceiling, oom_at=profile.oom_at)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fractions import Fraction
+from functools import partial
 from typing import NamedTuple
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -76,11 +77,9 @@ class SplitSearches:
         )
         self._searches: dict[tuple[str, str], SplitSearch] = {}
         self._model_of: dict[str, str] = {}
-        # The least CUDA context each search's trials showed (`_measure`), what its fit
-        # subtracts from what a trial holds; the last reading of each trial (its process group)
-        # it is measured from, and the probes last looked at.
-        self._contexts: dict[tuple[str, str], int] = {}
-        # Since when each search's first fit has waited for its trials' context (`_awaiting`).
+        # Since when each search's first fit has waited for its trials' context (`_awaiting`);
+        # the last reading of each trial (its process group) a context is measured from
+        # (`_measure`), and the probes last looked at.
         self._awaited: dict[tuple[str, str], datetime] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
@@ -123,7 +122,12 @@ class SplitSearches:
                 cores=kind.work_cores(device),
                 here=self.here,
             )
-        return self._searches[key]
+        search = self._searches[key]
+        if search.context_mb is not None:
+            # Measured before (its profile keeps it): budgeted beside each slice from the
+            # first trial on, on every device of the model the search serves.
+            self.overheads.context(device.key, search.context_mb)
+        return search
 
     def observe(
         self,
@@ -180,11 +184,11 @@ class SplitSearches:
                 and kind_of(snapshot).raised_beside
                 and raised(splits, split=search.split, shares=on.shares[device]),
             )
-            before = (search.decision, len(search.curve), search.ceiling)
+            before = (search.decision, len(search.curve), search.ceiling, search.context_mb)
             measured = on.groups[(*here, search.split)]
             try:
                 if device in fresh:
-                    self._measure((model, fingerprint), snapshot, on, group_of, now=now)
+                    self._measure(search, snapshot, on, group_of, now=now)
                 self._look(
                     search,
                     session=session,
@@ -197,7 +201,7 @@ class SplitSearches:
                     # phase, may hold more in their larger slices.
                     held=trial_memory(snapshot, measured, group_of),
                     snapshot=snapshot,
-                    awaiting=self._awaiting((model, fingerprint), measured, on.pools, now=now),
+                    awaiting=partial(self._awaiting, search, measured, on, now=now),
                 )
             except SQLAlchemyError:
                 # The database failed, not the search: the session is spent, and the tick
@@ -212,7 +216,7 @@ class SplitSearches:
             over = not on.splits[here] and not queued[fingerprint]
             if over and self._sweep_over(session, search) and search.sweep_ended(session=session):
                 changed.append(search)
-            elif (search.decision, len(search.curve), search.ceiling) != before:
+            elif (search.decision, len(search.curve), search.ceiling, search.context_mb) != before:
                 changed.append(search)
         return changed
 
@@ -228,7 +232,7 @@ class SplitSearches:
         held: list[int],
         snapshot: DeviceSnapshot | None,
         mix: Mix,
-        awaiting: bool,
+        awaiting: Callable[[], bool],
     ) -> None:
         """One search sees its device: the ceiling memory now allows, then its trials (what
         they hold fits no N while `awaiting` their CUDA context)."""
@@ -241,7 +245,7 @@ class SplitSearches:
             )
         learning = search.probe is not None or (search.probed is not None and not search.curve)
         allocated = max(held, default=0) > self._context(search)
-        if snapshot is not None and learning and allocated and not awaiting:
+        if snapshot is not None and learning and allocated and not awaiting():
             # The first wave's trials hold more than their CUDA context: they allocated, and
             # may still be allocating.
             self._learn(search, snapshot, held=max(held))
@@ -264,26 +268,27 @@ class SplitSearches:
                 keep=kind_of(snapshot).stable_ceiling,
             )
 
-    def _context(self, search: SplitSearch) -> int:
+    @staticmethod
+    def _context(search: SplitSearch) -> int:
         """The CUDA context of a trial of the search: the least measured, else `CONTEXT_MB`."""
-        return self._contexts.get((search.device_name, search.fingerprint), CONTEXT_MB)
+        return CONTEXT_MB if search.context_mb is None else search.context_mb
 
     def _awaiting(
-        self,
-        key: tuple[str, str],
-        pgids: Sequence[int],
-        pools: Mapping[int, Pool],
-        *,
-        now: datetime,
+        self, search: SplitSearch, pgids: Sequence[int], on: ActiveTrials, *, now: datetime
     ) -> bool:
-        """Whether the first wave's fit waits for the CUDA context of the search's trials: they
-        told their frameworks' pools, none is measured yet, and it has waited less than a
-        settle and a window. A ceiling once lowered stays, so a fit by the assumed context and
-        the configured overhead, larger than most measured, would keep N below what fits; a
-        context is measured within a probe or two of the pool told."""
-        if key in self._contexts or not any(pgid in pools for pgid in pgids):
+        """Whether the first wave's fit, its trials allocating, waits for their CUDA context:
+        none is measured yet; they told their frameworks' pools, or none has reported yet (it
+        may tell one); and it has waited less than a settle and a window. A ceiling once
+        lowered stays, so a fit by the assumed context and the configured overhead, larger than
+        most measured, would keep N below what fits; a context is measured within a probe or
+        two of a pool told."""
+        if search.context_mb is not None:
             return False
-        since = self._awaited.setdefault(key, now)
+        told = any(pgid in on.pools for pgid in pgids)
+        if not told and any(pgid in on.reported for pgid in pgids):
+            # Their framework tells no pool (TensorFlow's, JAX's): none will be measured.
+            return False
+        since = self._awaited.setdefault((search.device_name, search.fingerprint), now)
         return now - since < self.timing.settle + self.timing.window
 
     def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
@@ -350,7 +355,7 @@ class SplitSearches:
 
     def _measure(
         self,
-        key: tuple[str, str],
+        search: SplitSearch,
         device: DeviceSnapshot | None,
         on: ActiveTrials,
         group_of: Mapping[int, int] | None,
@@ -359,8 +364,9 @@ class SplitSearches:
     ) -> None:
         """Measure the CUDA context of the search's trials on its device, probed again since the
         last look: what NVML says a trial's one process holds less what its framework last said
-        its pool holds. The search's fit subtracts the least so measured; placement budgets the
-        largest beside each trial's slice (`Overheads.context`).
+        its pool holds. The search's fit subtracts the least so measured (its profile keeps
+        it); placement budgets the largest beside each trial's slice (`Overheads.context`), on
+        every device of the model the search serves.
 
         Only where NVML's figure held still over two probes or more, and the pool was read
         (`Pool.told`) after the look at the first of them: it is then what the framework held
@@ -374,7 +380,7 @@ class SplitSearches:
             return
         if device.error is not None:
             return
-        search_key, workload = device.key, key[1]
+        search_key, workload = device.key, search.fingerprint
         for (device_key, fingerprint, _), pgids in on.groups.items():
             if (device_key, fingerprint) != (search_key, workload):
                 continue
@@ -392,9 +398,11 @@ class SplitSearches:
                 context = held - pool.pool_mb
                 if context > MAX_CONTEXT_MB:
                     continue
-                self.overheads.context(device.key, context)
-                if key not in self._contexts or context < self._contexts[key]:
-                    self._contexts[key] = context
+                for twin, model in self._model_of.items():
+                    if model == search.device_name:
+                        self.overheads.context(twin, context)
+                if search.context_mb is None or context < search.context_mb:
+                    search.context_mb = context
                     log.info(
                         "device %s: a trial of workload %s holds %d MiB, %d of them in its "
                         "framework's pool: its CUDA context is %d MiB",
@@ -494,8 +502,10 @@ class ActiveTrials:
     groups: defaultdict[tuple[str, str | None, int], list[int]] = field(
         default_factory=lambda: defaultdict(list)
     )
-    # What each trial's framework last said its memory pool holds, by its process group.
+    # What each trial's framework last said its memory pool holds, by its process group, and
+    # the process groups of the trials that have reported.
     pools: dict[int, Pool] = field(default_factory=dict)
+    reported: set[int] = field(default_factory=set)
 
     @classmethod
     def now(cls, *, session: Session, node_id: int | None = None) -> ActiveTrials:
@@ -519,6 +529,8 @@ class ActiveTrials:
                     on.groups[(*key, split)].append(trial.pid)
                     if trial.pool_mb is not None and trial.pool_at is not None:
                         on.pools[trial.pid] = Pool(trial.pool_mb, told=trial.pool_at)
+                    if trial.last_report_at is not None:
+                        on.reported.add(trial.pid)
         return on
 
 

@@ -282,6 +282,9 @@ class Profile(Base):
     # the next search of the workload never climbs into either.
     oom_at: Mapped[int | None]
     ceiling: Mapped[int | None]
+    # The least CUDA context its trials showed (MiB; None: not measured): the next search
+    # fits by it and placement budgets it beside each slice from the first trial on.
+    context_mb: Mapped[int | None]
     settled: Mapped[bool] = mapped_column(default=False)
     reason: Mapped[str | None] = mapped_column(Text)
     sweep_id: Mapped[int | None] = mapped_column(WIDE, ForeignKey("sweeps.id", ondelete="SET NULL"))

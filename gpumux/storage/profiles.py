@@ -74,6 +74,7 @@ def save_profile(
     oom_at: int | None = None,
     ceiling: int | None = None,
     workdir: str | None = None,
+    context_mb: int | None = None,
 ) -> Profile:
     """Store the profile of (device model, workload), replacing the one measured before."""
     unit = throughput_unit(unit)
@@ -92,6 +93,7 @@ def save_profile(
     profile.best_split = best_split
     profile.oom_at = oom_at
     profile.ceiling = ceiling
+    profile.context_mb = context_mb
     profile.settled = settled
     profile.reason = reason
     profile.sweep_id = sweep_id

@@ -270,6 +270,16 @@ def test_a_profile_says_the_limits_the_next_sweep_stays_under(server: Server) ->
     assert "out of memory at N=8" in shown and "at most N=6 fit" in shown
 
 
+def test_a_profile_says_the_cuda_context_its_trials_showed(server: Server) -> None:
+    plain = store_profile(server, device_name="NVIDIA T4")
+    measured = store_profile(server, device_name="NVIDIA L40S", context_mb=412)
+    assert row(gpumux(server, "profiles", str(plain)).stdout, "CUDA").split()[-1] == "-"
+    assert row(gpumux(server, "profiles", str(measured)).stdout, "CUDA").split()[-2:] == [
+        "412",
+        "MiB",
+    ]
+
+
 def test_a_profile_is_drawn_into_a_png(server: Server, tmp_path: Path) -> None:
     profile_id = store_profile(server, device_name="NVIDIA L4")
     path = tmp_path / "curve.png"

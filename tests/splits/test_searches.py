@@ -352,6 +352,14 @@ class FirstWave:
             trial = trial_store.get_trial(session=session, trial_id=self.trial_id)
             assert trial is not None
             trial.pool_mb, trial.pool_at = mb, read_at or utcnow()
+            trial.last_report_at = utcnow()
+
+    def reporting(self, *, ever: bool = True) -> None:
+        """The trial has reported, with no pool (`ever`), or has not reported yet."""
+        with self.sessions.write.begin() as session:
+            trial = trial_store.get_trial(session=session, trial_id=self.trial_id)
+            assert trial is not None
+            trial.last_report_at = utcnow() if ever else None
 
     @property
     def trial_id(self) -> int:
@@ -380,7 +388,11 @@ def first_wave(
     searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
     search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
     run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid, split=search.split)
-    return FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
+    wave = FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
+    # It has reported, with no pool: its framework tells none (TensorFlow's, JAX's), and what
+    # it holds is fitted by the assumed context at once.
+    wave.reporting()
+    return wave
 
 
 def test_a_guess_from_memory_first_runs_half_whose_trials_bound_the_ceiling_by_what_they_hold(
@@ -653,6 +665,21 @@ def test_a_first_wave_holding_less_than_the_assumed_context_allocated_beyond_its
     assert search.probe is None and search.start > search.split, search.decision.reason
 
 
+def test_a_first_wave_that_has_not_reported_waits_for_a_pool_it_may_tell(
+    first_wave: FirstWave,
+) -> None:
+    search = first_wave.search
+    wave = search.split
+    held, fit = first_wave.fit_below(search.start)
+    first_wave.reporting(ever=False)
+    first_wave.holding(held)
+    assert search.probe == wave and search.ceiling > fit, search.decision.reason
+    # Its first report tells no pool: none will be measured, and the fit waits no longer.
+    first_wave.reporting()
+    first_wave.holding(held)
+    assert search.probe is None and search.ceiling == fit, search.decision.reason
+
+
 def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
     first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
@@ -672,6 +699,43 @@ def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
     assert said() == []
     # Fitted by the assumed context and the configured overhead.
     assert search.probe is None and search.ceiling == fit, search.decision.reason
+
+
+def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in_the_profile(
+    first_wave: FirstWave,
+) -> None:
+    sessions, searches = first_wave.sessions, first_wave.searches
+    with sessions.read() as session:
+        sweep_id = trial_store.active_trials(session=session)[0].sweep_id
+    # The search serves its twin GPU too; another model's GPU is another search's.
+    assert search_for(searches, sessions, sweep_id, device("GPU-b", "NVIDIA H100", "gpu")) is (
+        first_wave.search
+    )
+    search_for(searches, sessions, sweep_id, device("GPU-c", "NVIDIA A100", "gpu"))
+    configured = searches.overheads.configured_mb
+    for _ in range(2):
+        first_wave.pooling(5000)
+        changed = first_wave.holding(5000 + CONTEXT)
+    assert changed == [first_wave.search] and first_wave.search.context_mb == CONTEXT
+    assert [searches.overheads.for_device(key) for key in ("GPU-a", "GPU-b", "GPU-c")] == [
+        CONTEXT,
+        CONTEXT,
+        configured,
+    ]
+    # A smaller one, changing nothing else, is the search's change too: its profile keeps it.
+    decision = first_wave.search.decision
+    first_wave.pooling(5100)
+    assert first_wave.holding(5000 + CONTEXT) == [first_wave.search]
+    assert first_wave.search.decision == decision and first_wave.search.context_mb == CONTEXT - 100
+    assert searches.overheads.for_device("GPU-a") == CONTEXT, "the largest is budgeted"
+    with sessions.write.begin() as session:
+        first_wave.search.save(session=session)
+    # A restarted daemon budgets it from its first trial on, wherever the search serves.
+    again = SplitSearches(searches.settings)
+    search = search_for(again, sessions, sweep_id, device("GPU-b", "NVIDIA H100", "gpu"))
+    assert search.context_mb == CONTEXT - 100
+    assert again.overheads.for_device("GPU-b") == CONTEXT - 100
+    assert again.overheads.for_device("GPU-a") == configured, "not asked about yet"
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

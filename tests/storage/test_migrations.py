@@ -38,7 +38,7 @@ from gpumux.storage.models import Base, token_hash
 
 EARLIER = [
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-    "0012", "0013", "0014", "0015", "0016",
+    "0012", "0013", "0014", "0015", "0016", "0017",
 ]  # fmt: skip
 HEAD = head_revision()
 # Before 0013 the split search stored a profile's directory as the first word of its command.
@@ -469,6 +469,8 @@ def test_a_populated_database_is_upgraded_to_head_and_reads_back_through_the_sto
             assert (profile.best_split, profile.oom_at, profile.ceiling) == (1, None, None)
             # 0013: the directory moves out of the command into a column of its own.
             assert (profile.workdir, profile.command) == (WORKDIR, ["python", "train.py"])
+            # 0018: no CUDA context was measured before it.
+            assert profile.context_mb is None
         owner = tokens.resolve_token(session=session, token=TOKEN)
         assert (owner.name if owner else None) == ("alice" if newer else None)
 
