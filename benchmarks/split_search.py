@@ -153,13 +153,16 @@ def run_sweep(
     return Run(makespan, splits, None, profile, settled)
 
 
-def memory_fits(model: DeviceModel) -> int:
-    """The most trials whose slices (at the daemon's default reserve and overhead) hold what
-    one trial allocates."""
+def memory_fits(model: DeviceModel, *, fixed: bool = False) -> int:
+    """The most trials whose slices (at the daemon's default reserve) hold what one trial
+    allocates, each with the overhead budgeted beside it: at `--split auto`, the model's CUDA
+    context, which the daemon measures of the trials (they tell their pools) and budgets for
+    their workload; at a fixed N (`fixed`), the configured overhead, as no search measures."""
     defaults = Settings()
     room = model.memory_mb - defaults.reserve_mb
+    overhead = defaults.overhead_mb if fixed else model.context_mb
     return max(
-        (n for n in range(1, room + 1) if room // n - defaults.overhead_mb >= model.slice_mb),
+        (n for n in range(1, room + 1) if room // n - overhead >= model.slice_mb),
         default=0,
     )
 
@@ -174,9 +177,10 @@ def sweep_rate(model: DeviceModel, split: int, trial_seconds: float) -> float:
     return split * work / life
 
 
-def best_sweep_split(model: DeviceModel, trial_seconds: float) -> int:
-    """The N of the best sweep rate memory allows (the smallest on a tie)."""
-    fits = max(1, memory_fits(model))
+def best_sweep_split(model: DeviceModel, trial_seconds: float, *, fixed: bool = False) -> int:
+    """The N of the best sweep rate memory allows (the smallest on a tie), at `--split auto` or
+    at a fixed N (`memory_fits`)."""
+    fits = max(1, memory_fits(model, fixed=fixed))
     return max(range(1, fits + 1), key=lambda n: (sweep_rate(model, n, trial_seconds), -n))
 
 
@@ -193,8 +197,8 @@ def default_splits(model: DeviceModel, trials: int, drawn: bool, trial_seconds: 
     fits, the N of its best sweep rate there and the given N just below the fit."""
     if not drawn:
         return [n for n, _ in model.throughput if n <= trials]
-    fits = max(1, memory_fits(model))
-    best = best_sweep_split(model, trial_seconds)
+    fits = max(1, memory_fits(model, fixed=True))
+    best = best_sweep_split(model, trial_seconds, fixed=True)
     below = max((n for n, _ in model.throughput if n < fits), default=fits)
     return sorted({min(n, trials) for n in (fits, best, below)})
 
@@ -306,7 +310,8 @@ def bench(name: str, args: argparse.Namespace, *, drawn: bool) -> Outcome:
         f"simulated {model.name} ({model.memory_mb:,} MiB, {model.cores} cores, start-up "
         f"{model.startup_s:g} s; its best steady rate at N={model.best_split}, its best "
         f"sweep rate at N={best_sweep_split(model, args.trial_seconds)}, its memory fits "
-        f"N<={memory_fits(model)}); {args.trials} trials of {args.trial_seconds:g} s "
+        f"N<={memory_fits(model)}, N<={memory_fits(model, fixed=True)} at a fixed N); "
+        f"{args.trials} trials of {args.trial_seconds:g} s "
         f"alone, time x{args.time_scale:g}, {args.repeats} repeats, variants interleaved"
     )
     variants: list[tuple[str, int | str]] = [("auto", "auto"), *((f"N={n}", n) for n in fixed)]

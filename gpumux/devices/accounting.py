@@ -15,40 +15,35 @@ log = logging.getLogger(__name__)
 OVERHEAD_BELIEVABLE = 4
 
 
-class Overheads:
-    """Per device, what a trial holds beyond its cap: the most measured, else the configured.
+def overhead_mb(*, configured: int, seen: int | None, context: int | None) -> int:
+    """What a trial holds beyond its cap: its workload's measured CUDA context (what NVML
+    shows beside the pool its framework tells), or what a trial on the device was seen to hold
+    beyond its cap where more; without a context, that seen, else the configured. A context is
+    one workload's: cuDNN's handles, TensorFlow's or JAX's own may hold more."""
+    if context is None:
+        return configured if seen is None else seen
+    return max(context, seen or 0)
 
-    Two measures: a trial seen holding more than its cap (TensorFlow and JAX take their whole
-    slice at once, so theirs shows at their first probe; a PyTorch trial's only once its pool
-    nears its cap), and the CUDA context of a trial whose framework tells its pool (NVML's
-    figure less the pool, measured by the split search), which is what a PyTorch trial holds
-    beyond its cap from its first steps on.
-    """
+
+class Overheads:
+    """Per device, what a trial holds beyond its cap: the most measured, else the configured."""
 
     def __init__(self, *, configured_mb: int) -> None:
         self.configured_mb = configured_mb
         self._measured: dict[str, int] = {}
-        self._contexts: dict[str, int] = {}
 
-    def for_device(self, device_key: str) -> int:
-        """The overhead to budget per trial on this device."""
-        seen = [m[device_key] for m in (self._measured, self._contexts) if device_key in m]
-        return max(seen, default=self.configured_mb)
+    def for_device(self, device_key: str, context_mb: int | None = None) -> int:
+        """The overhead to budget per trial on this device (of a workload whose CUDA context
+        was measured at `context_mb`)."""
+        return overhead_mb(
+            configured=self.configured_mb,
+            seen=self._measured.get(device_key),
+            context=context_mb,
+        )
 
     def measured(self) -> dict[str, int]:
-        """The overheads measured so far, by device key."""
-        return {key: self.for_device(key) for key in self._measured.keys() | self._contexts}
-
-    def context(self, device_key: str, context_mb: int) -> None:
-        """A trial on the device showed this CUDA context (NVML's figure less its framework's
-        pool): each trial there is budgeted at least the largest so measured."""
-        if context_mb > self._contexts.get(device_key, 0):
-            log.info(
-                "device %s: a trial's CUDA context holds %d MiB beyond its framework's pool",
-                device_key,
-                context_mb,
-            )
-            self._contexts[device_key] = context_mb
+        """The overheads measured so far, by device key (a copy)."""
+        return dict(self._measured)
 
     def measurable(self, devices: Sequence[DeviceSnapshot]) -> bool:
         """Whether any device lists per-process memory: only then are our processes worth

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -24,7 +24,7 @@ from gpumux.storage import lifecycle, nodes
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
-from gpumux.storage.models import Trial
+from gpumux.storage.models import Sweep, Trial
 from gpumux.storage.nodes import ThisNode
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class SlotFiller:
                 for t in active
                 if t.id in raised and t.device is not None
             }
-            policy = self.policy()
+            policy = self.policy(sweeps=[*(t.sweep for t in queued), *(t.sweep for t in active)])
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
         pending = self.set_aside(pending, devices, policy, sweep_of)
@@ -253,13 +253,15 @@ class SlotFiller:
         )
         return [by_id[candidate.trial_id] for candidate in order]
 
-    def policy(self) -> placement.PackingPolicy:
-        """How densely to pack now: the settings, with the overheads measured so far."""
+    def policy(self, sweeps: Iterable[Sweep] = ()) -> placement.PackingPolicy:
+        """How densely to pack now: the settings, with the overheads measured so far, and the
+        CUDA contexts measured of these sweeps' workloads."""
         return placement.PackingPolicy(
             default_split=self.settings.default_split,
             cpu_default_split=self.settings.cpu_split,
             overhead_mb=self.overheads.configured_mb,
             overhead_by_device=self.overheads.measured(),
+            context_by_sweep=self.searches.contexts(sweeps),
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )
@@ -311,6 +313,7 @@ def running_trials(
             split=t.split or 1,
             grown_split=raised.get(t.id),
             seen_mb=seen.get(t.id),
+            sweep_id=t.sweep_id,
             grows_mb=(
                 grows_mb(t, seen.get(t.id), (peaks or {}).get((t.device, t.sweep_id)))
                 if t.id in raised
@@ -396,7 +399,7 @@ def elsewhere(
     """Whether the trial's fixed split fits an idle device of another node, as that node's
     row describes its devices; each judged by its kind, as placement judges this node's."""
     # Measured overheads are this node's, by its device keys: other nodes' get the configured.
-    configured = replace(policy, overhead_by_device={})
+    configured = replace(policy, overhead_by_device={}, context_by_sweep={})
     reasons: list[str] = []
     unjudged: list[str] = []
     for node in others:

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from gpumux.devices import accounting
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import DeviceKind
 from gpumux.devices.snapshot import DeviceSnapshot
@@ -39,6 +40,8 @@ class RunningTrial:
     # workload was seen holding in its search's phases if more (None: not known, as for a
     # trial that has not reported yet: its cap).
     grows_mb: int | None = None
+    # Its sweep (None: unknown), whose workload's measured context may be its overhead.
+    sweep_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,11 @@ class PackingPolicy:
     cpu_default_split: int | None = None
     # CUDA context and cuDNN/cuBLAS workspaces live outside the TensorFlow slice: configured,
     # and by device as measured (gpumux.devices.accounting.Overheads, which the split search's
-    # ceiling reads too).
+    # ceiling reads too); by device and sweep, the CUDA context its workload's split search
+    # measured there (SplitSearches.contexts).
     overhead_mb: int = 1024
     overhead_by_device: Mapping[str, int] = field(default_factory=dict)
+    context_by_sweep: Mapping[tuple[str, int], int] = field(default_factory=dict)
     reserve_mb: int = 512
     min_memory_mb: int = 256
 
@@ -79,9 +84,14 @@ class PackingPolicy:
         if self.cpu_default_split is not None and self.cpu_default_split < 1:
             raise ValueError(f"cpu_default_split must be at least 1, got {self.cpu_default_split}")
 
-    def overhead_for(self, device_key: str) -> int:
-        """Memory a trial needs beyond its cap on this device: measured, else the default."""
-        return self.overhead_by_device.get(device_key, self.overhead_mb)
+    def overhead_for(self, device_key: str, sweep_id: int | None = None) -> int:
+        """Memory a trial (of `sweep_id`) needs beyond its cap on this device (see
+        `accounting.overhead_mb`)."""
+        return accounting.overhead_mb(
+            configured=self.overhead_mb,
+            seen=self.overhead_by_device.get(device_key),
+            context=None if sweep_id is None else self.context_by_sweep.get((device_key, sweep_id)),
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,10 @@ def never_fits(
         if device.error is not None:
             continue
         reason = kind_of(device).never_fits(
-            device, split=trial.split, overhead_mb=policy.overhead_for(device.key), rules=policy
+            device,
+            split=trial.split,
+            overhead_mb=policy.overhead_for(device.key, trial.sweep_id),
+            rules=policy,
         )
         if reason is None:
             return None
@@ -135,7 +148,6 @@ class _Device:
 
     snapshot: DeviceSnapshot
     kind: DeviceKind
-    overhead_mb: int
     usable_mb: int
     held_mb: int
     shares: Fraction
@@ -172,18 +184,19 @@ class _Device:
         split = self.split_for(trial, policy)
         if self.short_by(trial, policy) > 0:
             return None
+        overhead = policy.overhead_for(self.snapshot.key, trial.sweep_id)
         cap = self.kind.cap(
             self.snapshot,
             split=split,
             room_mb=self.usable_mb,
             held_mb=self.held_mb,
-            overhead_mb=self.overhead_mb,
+            overhead_mb=overhead,
             rules=policy,
         )
         if cap is None:
             return None
         spare = self.spare_mb
-        if spare is not None and (cap.memory_limit_mb or 0) + self.overhead_mb > spare:
+        if spare is not None and (cap.memory_limit_mb or 0) + overhead > spare:
             return None
         return Placement(
             trial_id=trial.trial_id,
@@ -194,14 +207,15 @@ class _Device:
             cpu_threads=cap.cpu_threads,
         )
 
-    def take(self, placement: Placement) -> None:
-        """Count a placement made in this call as running here."""
+    def take(self, placement: Placement, *, overhead_mb: int) -> None:
+        """Count a placement made in this call as running here, with the overhead its trial
+        was budgeted."""
         self.shares += Fraction(1, placement.split)
         self.slots.add(placement.slot)
         if placement.memory_limit_mb is not None:
-            self.held_mb += placement.memory_limit_mb + self.overhead_mb
+            self.held_mb += placement.memory_limit_mb + overhead_mb
             if self.spare_mb is not None:
-                self.spare_mb -= placement.memory_limit_mb + self.overhead_mb
+                self.spare_mb -= placement.memory_limit_mb + overhead_mb
 
     def free_slots(self, split: int) -> Fraction:
         """How many more trials of this split the free share holds: the device's rank."""
@@ -221,17 +235,19 @@ def _usable_devices(
         if not kind.usable(device):
             continue
         on_device = [t for t in running if t.device_key == device.key]
-        overhead = policy.overhead_for(device.key)
         room = kind.room_mb(
             device,
             reserve_mb=policy.reserve_mb,
             our_pids=our_pids,
             our_caps=[t.memory_limit_mb for t in on_device],
-            overhead_mb=overhead,
+            overhead_mb=policy.overhead_for(device.key),
         )
         budgets = {t.trial_id: _budget_mb(t, device, kind, room, policy) for t in on_device}
         spare = None
-        caps = sum((t.memory_limit_mb or 0) + overhead for t in on_device)
+        caps = sum(
+            (t.memory_limit_mb or 0) + policy.overhead_for(device.key, t.sweep_id)
+            for t in on_device
+        )
         if device.memory_free_mb is not None and sum(budgets.values()) < caps:
             # What they hold is in NVML's used memory already; what they may still take is not.
             growth = sum(max(0, budgets[t.trial_id] - (t.seen_mb or 0)) for t in on_device)
@@ -240,7 +256,6 @@ def _usable_devices(
             _Device(
                 snapshot=device,
                 kind=kind,
-                overhead_mb=overhead,
                 usable_mb=room,
                 held_mb=sum(budgets.values()),
                 shares=sum((Fraction(1, t.split) for t in on_device), Fraction(0)),
@@ -269,7 +284,7 @@ def _budget_mb(
     slice and overhead. A trial that takes its whole slice (TensorFlow) shows its cap and keeps
     it; one not known yet keeps it too. One that grows past what was seen may still run a trial
     out of memory: the search backs off from that as from any."""
-    overhead = policy.overhead_for(device.key)
+    overhead = policy.overhead_for(device.key, trial.sweep_id)
     own = (trial.memory_limit_mb or 0) + overhead
     if trial.memory_limit_mb is None or trial.grown_split is None or trial.grows_mb is None:
         return own
@@ -329,6 +344,6 @@ def plan(
         device, placement = min(
             fits, key=lambda f: (-f[0].free_slots(f[1].split), f[0].snapshot.index)
         )
-        device.take(placement)
+        device.take(placement, overhead_mb=policy.overhead_for(device.snapshot.key, trial.sweep_id))
         placements.append(placement)
     return Plan(placements=placements, reserved=reserved)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -38,9 +38,8 @@ log = logging.getLogger(__name__)
 # (728 MiB on the measured H200: 8,920 MiB shown for 8,192 allocated). Taken too large, a fit
 # would run one N out of memory and back off; too small, it would stay one N below what fits.
 # Where a workload's trials tell their frameworks' pools (PyTorch's), their context is measured
-# (`_measure`): the fit subtracts the least measured, and placement budgets the largest per
-# trial (`Overheads.context`), by which the fit divides too (docs/benchmarks.md, "The CUDA
-# context, measured").
+# (`_measure`): the fit subtracts it, and placement budgets it beside each of the workload's
+# slices (`contexts`), as the fit does (docs/benchmarks.md, "The CUDA context, fitted by").
 CONTEXT_MB = 728
 # A context measured above this is a pool not told yet, not a context.
 MAX_CONTEXT_MB = 2 * CONTEXT_MB
@@ -122,12 +121,22 @@ class SplitSearches:
                 cores=kind.work_cores(device),
                 here=self.here,
             )
-        search = self._searches[key]
-        if search.context_mb is not None:
-            # Measured before (its profile keeps it): budgeted beside each slice from the
-            # first trial on, on every device of the model the search serves.
-            self.overheads.context(device.key, search.context_mb)
-        return search
+        return self._searches[key]
+
+    def contexts(self, sweeps: Iterable[Sweep]) -> dict[tuple[str, int], int]:
+        """By device and sweep, the CUDA context an auto sweep's search measured of the sweep's
+        workload on the device's model (the search serves every device of it; a fixed sweep of
+        the workload runs the same processes); placement budgets it beside each of the sweep's
+        trials' slices. A profile keeps it, so a restarted daemon budgets it from the first
+        trial of the workload it searches on."""
+        contexts = {}
+        for sweep in sweeps:
+            fingerprint = sweep_fingerprint(sweep)
+            for device_key, model in self._model_of.items():
+                search = self._searches.get((model, fingerprint))
+                if search is not None and search.context_mb is not None:
+                    contexts[(device_key, sweep.id)] = search.context_mb
+        return contexts
 
     def observe(
         self,
@@ -245,10 +254,14 @@ class SplitSearches:
             )
         learning = search.probe is not None or (search.probed is not None and not search.curve)
         allocated = max(held, default=0) > self._context(search)
-        if snapshot is not None and learning and allocated and not awaiting():
+        deferred = False
+        if snapshot is not None and learning and allocated:
             # The first wave's trials hold more than their CUDA context: they allocated, and
             # may still be allocating.
-            self._learn(search, snapshot, held=max(held))
+            deferred = awaiting()
+            if not deferred:
+                self._learn(search, snapshot, held=max(held))
+        wave = search.probe
         search.observe(
             session=session,
             now=now,
@@ -258,6 +271,10 @@ class SplitSearches:
             held=held,
             mix=mix,
         )
+        if snapshot is not None and deferred and wave is not None and search.probe is None:
+            # The wave's window closed while its fit waited for the context: it fits by what
+            # is known, as it would have had the wait ended.
+            self._learn(search, snapshot, held=max(held))
         if snapshot is None or search.decision.settled:
             return
         fit = self.memory_fit(snapshot, search)
@@ -270,7 +287,7 @@ class SplitSearches:
 
     @staticmethod
     def _context(search: SplitSearch) -> int:
-        """The CUDA context of a trial of the search: the least measured, else `CONTEXT_MB`."""
+        """The CUDA context of a trial of the search: measured, else `CONTEXT_MB`."""
         return CONTEXT_MB if search.context_mb is None else search.context_mb
 
     def _awaiting(
@@ -342,13 +359,13 @@ class SplitSearches:
         self, device: DeviceSnapshot, search: SplitSearch, *, split: int, held: float
     ) -> int | None:
         """The most trials whose slices hold what one of the search's trials held at N=`split`
-        less its CUDA context (the least its trials showed, else `CONTEXT_MB`), each budgeted
-        the overhead placement budgets beside its slice; never below `split`. None where the
-        device lists no memory per process or the trial took its whole slice."""
+        less its CUDA context (measured, else `CONTEXT_MB`), each with the overhead placement
+        budgets beside its slice; never below `split`. None where the device lists no memory
+        per process or the trial took its whole slice."""
         if not kind_of(device).lists_processes or device.memory_total_mb is None:
             return None
         room = device.memory_total_mb - self.settings.reserve_mb
-        overhead = self.overheads.for_device(device.key)
+        overhead = self.overheads.for_device(device.key, search.context_mb)
         if held >= room // split - overhead:
             return None
         return max(split, int(room // (max(1.0, held - self._context(search)) + overhead)))
@@ -364,18 +381,19 @@ class SplitSearches:
     ) -> None:
         """Measure the CUDA context of the search's trials on its device, probed again since the
         last look: what NVML says a trial's one process holds less what its framework last said
-        its pool holds. The search's fit subtracts the least so measured (its profile keeps
-        it); placement budgets the largest beside each trial's slice (`Overheads.context`), on
-        every device of the model the search serves.
+        its pool holds: the largest so measured is the workload's (`SplitSearch.context_mb`,
+        kept in its profile), which the fit subtracts and placement budgets beside each of its
+        trials' slices (`contexts`).
 
         Only where NVML's figure held still over two probes or more, and the pool was read
         (`Pool.told`) after the look at the first of them: it is then what the framework held
         at the last probe, or more. The pool grows as the framework allocates, so a pool read
-        before NVML's reading would count the allocation since as context. Each new least is
-        said in the daemon's log (the GPU check reports it): a context that grows as kernels
-        load later counts in the fit as what the trial holds. A trial of several processes on
-        the device (workers that made contexts of their own) measures nothing, nor does a
-        device whose probe failed (its processes are the last ones NVML listed)."""
+        before NVML's reading would count the allocation since as context, and a pool read
+        later than the figure can only make it smaller; a context also grows as kernels load.
+        Each new largest is said in the daemon's log (the GPU check reports it). A trial of
+        several processes on the device (workers that made contexts of their own) measures
+        nothing, nor does a device whose probe failed (its processes are the last ones NVML
+        listed)."""
         if device is None or group_of is None or not kind_of(device).lists_processes:
             return
         if device.error is not None:
@@ -398,10 +416,7 @@ class SplitSearches:
                 context = held - pool.pool_mb
                 if context > MAX_CONTEXT_MB:
                     continue
-                for twin, model in self._model_of.items():
-                    if model == search.device_name:
-                        self.overheads.context(twin, context)
-                if search.context_mb is None or context < search.context_mb:
+                if search.context_mb is None or context > search.context_mb:
                     search.context_mb = context
                     log.info(
                         "device %s: a trial of workload %s holds %d MiB, %d of them in its "

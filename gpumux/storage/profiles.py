@@ -93,7 +93,9 @@ def save_profile(
     profile.best_split = best_split
     profile.oom_at = oom_at
     profile.ceiling = ceiling
-    profile.context_mb = context_mb
+    if context_mb is not None:
+        # A context measured before holds until measured again (`gpumux tune` measures none).
+        profile.context_mb = context_mb
     profile.settled = settled
     profile.reason = reason
     profile.sweep_id = sweep_id

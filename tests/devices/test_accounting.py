@@ -92,21 +92,19 @@ def test_what_is_measured_is_handed_out_as_a_copy() -> None:
     assert overheads.for_device("GPU-a") == CONFIGURED_MB
 
 
-def test_a_measured_context_is_budgeted_the_largest_and_at_least_what_passed_a_cap() -> None:
+def test_a_workloads_measured_context_is_its_overhead_unless_a_trial_passed_its_cap_by_more() -> (
+    None
+):
     overheads = Overheads(configured_mb=CONFIGURED_MB)
-    # A PyTorch trial's context, measured from its pool: far below the configured overhead,
-    # which it replaces on that device alone.
-    overheads.context("GPU-a", 300)
-    assert overheads.for_device("GPU-a") == 300 and overheads.measured() == {"GPU-a": 300}
-    assert overheads.for_device("GPU-b") == CONFIGURED_MB
-    # A larger one (another workload, its kernels loaded since) is budgeted; a smaller not.
-    overheads.context("GPU-a", 450)
-    overheads.context("GPU-a", 200)
-    assert overheads.for_device("GPU-a") == 450
-    # A trial seen beyond its cap by more (a TensorFlow trial's context) raises it further;
-    # one beyond by less does not lower it.
+    # A PyTorch workload's context, measured from its pool: far below the configured overhead,
+    # which it replaces for that workload alone.
+    assert overheads.for_device("GPU-a", 300) == 300
+    assert overheads.for_device("GPU-a") == CONFIGURED_MB
+    # A trial seen beyond its cap by less (a pool short of its cap) leaves it; by more (a
+    # TensorFlow trial's context) raises it. A workload with no context takes what was seen.
     overheads.observe([gpu("GPU-a", CAP_MB + 100)], group_of=GROUPS, caps=CAPS)
-    assert overheads.measured() == {"GPU-a": 450}
+    assert overheads.for_device("GPU-a", 300) == 300
+    assert overheads.for_device("GPU-a") == 100
     overheads.observe([gpu("GPU-a", CAP_MB + 600)], group_of=GROUPS, caps=CAPS)
-    overheads.context("GPU-b", 350)
-    assert overheads.measured() == {"GPU-a": 600, "GPU-b": 350}
+    assert overheads.for_device("GPU-a", 300) == 600
+    assert overheads.for_device("GPU-b", 300) == 300

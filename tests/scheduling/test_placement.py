@@ -26,6 +26,8 @@ H100_MB = 81559
 POLICY = PackingPolicy()
 USABLE = H100_MB - POLICY.reserve_mb
 FOREIGN_PID = 424242
+# The sweeps of drawn trials (None: a trial placed before sweeps were known).
+SWEEPS = st.none() | st.integers(1, 3)
 
 
 def place(**request: Any) -> list[Placement]:
@@ -306,14 +308,26 @@ def scenarios(
         for slot in draw(st.sets(st.integers(0, 9), max_size=5)):
             cap = draw(st.none() | st.integers(0, 40_000))
             split = draw(st.integers(1, 12))
-            running.append(RunningTrial(len(running) + 1, device.key, slot, cap, split))
+            sweep_id = draw(SWEEPS)
+            running.append(
+                RunningTrial(len(running) + 1, device.key, slot, cap, split, sweep_id=sweep_id)
+            )
     splits = st.none() | st.integers(1, 12)
-    pending = [PendingTrial(1000 + i, draw(splits)) for i in range(draw(st.integers(0, 30)))]
+    pending = [
+        PendingTrial(1000 + i, draw(splits), sweep_id=draw(SWEEPS))
+        for i in range(draw(st.integers(0, 30)))
+    ]
     policy = PackingPolicy(
         default_split=draw(st.integers(1, 8)),
         cpu_default_split=draw(st.none() | st.integers(1, 8)),
         overhead_mb=draw(st.integers(0, 4000)),
         overhead_by_device=draw(st.dictionaries(st.just("GPU-0"), st.integers(0, 4000))),
+        context_by_sweep=draw(
+            st.dictionaries(
+                st.tuples(st.sampled_from(["GPU-0", "GPU-1"]), st.integers(1, 3)),
+                st.integers(0, 1500),
+            )
+        ),
         reserve_mb=draw(st.integers(0, 2000)),
         min_memory_mb=draw(st.integers(1, 4000)),
     )
@@ -367,17 +381,22 @@ def test_placement_invariants(
         new = [p for p in placed if p.device_key == device.key]
         if device.kind != "gpu" or not new:
             continue
-        overhead = policy.overhead_for(device.key)
         mine = [t for t in running if t.device_key == device.key]
         assert device.memory_total_mb is not None
         caps = [t.memory_limit_mb for t in mine]
         usable = (
             device.memory_total_mb
             - policy.reserve_mb
-            - foreign_memory_mb(device, our_pids, caps, overhead)
+            - foreign_memory_mb(device, our_pids, caps, policy.overhead_for(device.key))
         )
-        held = sum((t.memory_limit_mb or 0) + overhead for t in mine)
-        held += sum((p.memory_limit_mb or 0) + overhead for p in new)
+        # Each trial with the overhead of its own sweep's workload beside its cap.
+        held = sum(
+            (t.memory_limit_mb or 0) + policy.overhead_for(device.key, t.sweep_id) for t in mine
+        )
+        held += sum(
+            (p.memory_limit_mb or 0) + policy.overhead_for(device.key, by_id[p.trial_id].sweep_id)
+            for p in new
+        )
         assert held <= usable
 
 
@@ -392,6 +411,21 @@ def test_a_measured_overhead_replaces_the_configured_one_in_the_budget() -> None
     )
     assert configured[0].memory_limit_mb == USABLE // 8 - POLICY.overhead_mb
     assert measured[0].memory_limit_mb == USABLE // 8 - 600
+
+
+def test_a_sweeps_measured_context_is_the_overhead_of_its_own_trials_alone() -> None:
+    policy = PackingPolicy(context_by_sweep={("GPU-0", 1): 300})
+    pending = [PendingTrial(1, split=4, sweep_id=1), PendingTrial(2, split=4, sweep_id=2)]
+    placed = place(devices=[gpu()], running=[], pending=pending, policy=policy)
+    assert [p.memory_limit_mb for p in placed] == [USABLE // 4 - 300, USABLE // 4 - 1024]
+    # Three of its trials running, the fourth fits beside them: each holds its context.
+    running = [RunningTrial(n, "GPU-0", n, USABLE // 4 - 300, 4, sweep_id=1) for n in range(3)]
+    fourth = [PendingTrial(9, split=4, sweep_id=1)]
+    placed = place(devices=[gpu()], running=running, pending=fourth, policy=policy)
+    assert [p.memory_limit_mb for p in placed] == [USABLE // 4 - 300]
+    # The same trials of a sweep whose context is not known hold the configured overhead.
+    others = [replace(t, sweep_id=2) for t in running]
+    assert place(devices=[gpu()], running=others, pending=fourth, policy=policy) == []
 
 
 def test_a_split_that_fits_no_device_even_empty_says_why_and_what_would() -> None:

@@ -596,17 +596,17 @@ def test_two_workloads_on_one_gpu_each_measure_their_own_context(
     assert sorted(said()) == [300, 450]
 
 
-def test_each_new_least_context_is_said_a_larger_one_later_is_not(
+def test_each_new_largest_context_is_said_a_smaller_one_later_is_not(
     first_wave: FirstWave, said: Callable[[], list[int]]
 ) -> None:
-    # Its context made and nothing allocated in its pool yet: a context above the assumed
-    # one; then a smaller one (another attempt, less loaded); then a larger one (kernels
-    # loaded since), which is not the least.
-    for context in (CONTEXT_MB + 300, 200, 1000):
+    # Its context made and nothing allocated in its pool yet: a context; then a larger one
+    # (kernels loaded since); then a smaller one (a pool read after it grew), which is not.
+    for context in (200, CONTEXT_MB + 300, 250):
         for _ in range(2):
             first_wave.pooling(50)
             first_wave.holding(50 + context)
-    assert said() == [CONTEXT_MB + 300, 200]
+    assert said() == [200, CONTEXT_MB + 300]
+    assert first_wave.search.context_mb == CONTEXT_MB + 300
 
 
 def test_a_pool_told_before_an_allocation_measures_no_context_beyond_any(
@@ -647,9 +647,9 @@ def test_the_first_wave_is_fitted_by_its_measured_context_once_measured(
     assert search.probe == wave and search.ceiling >= guess, search.decision.reason
     first_wave.pooling(held - CONTEXT)
     first_wave.holding(held)
-    assert said() == [CONTEXT]
+    assert said() == [CONTEXT] and search.context_mb == CONTEXT
     # Measured, each trial is budgeted its context beside its slice, and the fit is by both.
-    assert searches.overheads.for_device("GPU-a") == CONTEXT
+    assert searches.overheads.for_device("GPU-a", search.context_mb) == CONTEXT
     assert search.probe is None and search.ceiling == measured_fit, search.decision.reason
 
 
@@ -701,41 +701,47 @@ def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
     assert search.probe is None and search.ceiling == fit, search.decision.reason
 
 
+def contexts_of(searches: SplitSearches, sessions: Sessions) -> dict[tuple[str, int], int]:
+    """The contexts the searches give placement for every sweep stored."""
+    with sessions.read() as session:
+        sweeps, _ = sweep_store.list_sweeps(session=session)
+        return searches.contexts(sweeps)
+
+
 def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in_the_profile(
     first_wave: FirstWave,
 ) -> None:
     sessions, searches = first_wave.sessions, first_wave.searches
     with sessions.read() as session:
-        sweep_id = trial_store.active_trials(session=session)[0].sweep_id
+        auto_id = trial_store.active_trials(session=session)[0].sweep_id
     # The search serves its twin GPU too; another model's GPU is another search's.
-    assert search_for(searches, sessions, sweep_id, device("GPU-b", "NVIDIA H100", "gpu")) is (
+    assert search_for(searches, sessions, auto_id, device("GPU-b", "NVIDIA H100", "gpu")) is (
         first_wave.search
     )
-    search_for(searches, sessions, sweep_id, device("GPU-c", "NVIDIA A100", "gpu"))
-    configured = searches.overheads.configured_mb
+    search_for(searches, sessions, auto_id, device("GPU-c", "NVIDIA A100", "gpu"))
+    assert contexts_of(searches, sessions) == {}
     for _ in range(2):
         first_wave.pooling(5000)
         changed = first_wave.holding(5000 + CONTEXT)
     assert changed == [first_wave.search] and first_wave.search.context_mb == CONTEXT
-    assert [searches.overheads.for_device(key) for key in ("GPU-a", "GPU-b", "GPU-c")] == [
-        CONTEXT,
-        CONTEXT,
-        configured,
-    ]
-    # A smaller one, changing nothing else, is the search's change too: its profile keeps it.
+    # The auto sweep's trials, on either H100; not the other sweep's (another workload's), nor
+    # on the A100.
+    assert contexts_of(searches, sessions) == {
+        ("GPU-a", auto_id): CONTEXT,
+        ("GPU-b", auto_id): CONTEXT,
+    }
+    # A larger one, changing nothing else, is the search's change too: its profile keeps it.
     decision = first_wave.search.decision
-    first_wave.pooling(5100)
+    first_wave.pooling(4900)
     assert first_wave.holding(5000 + CONTEXT) == [first_wave.search]
-    assert first_wave.search.decision == decision and first_wave.search.context_mb == CONTEXT - 100
-    assert searches.overheads.for_device("GPU-a") == CONTEXT, "the largest is budgeted"
+    assert first_wave.search.decision == decision and first_wave.search.context_mb == CONTEXT + 100
     with sessions.write.begin() as session:
         first_wave.search.save(session=session)
-    # A restarted daemon budgets it from its first trial on, wherever the search serves.
+    # A restarted daemon budgets it from the workload's first trial on, where it searches.
     again = SplitSearches(searches.settings)
-    search = search_for(again, sessions, sweep_id, device("GPU-b", "NVIDIA H100", "gpu"))
-    assert search.context_mb == CONTEXT - 100
-    assert again.overheads.for_device("GPU-b") == CONTEXT - 100
-    assert again.overheads.for_device("GPU-a") == configured, "not asked about yet"
+    search = search_for(again, sessions, auto_id, device("GPU-b", "NVIDIA H100", "gpu"))
+    assert search.context_mb == CONTEXT + 100
+    assert contexts_of(again, sessions) == {("GPU-b", auto_id): CONTEXT + 100}
 
 
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(

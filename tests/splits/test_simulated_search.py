@@ -156,10 +156,22 @@ def test_the_trials_pools_measure_their_context_through_the_daemon(
     # tell its pool, what it allocated in its slice, as PyTorch's runtime reports tell theirs.
     caplog.set_level(logging.INFO, logger="gpumux.splits.searches")
     shape = {"memory_mb": 64_512, "per_process_mb": 7_500, "context_mb": 300}
-    auto_sweep(daemon_of, tmp_path, shape, fit=7, host_cores=2, trials=4, seconds=10)
+    trials, profile = auto_sweep(
+        daemon_of, tmp_path, shape, fit=7, host_cores=2, trials=4, seconds=10
+    )
 
     said = re.findall(r"holds (\d+) MiB, (\d+) of them in .* is (\d+) MiB", caplog.text)
     assert said == [("7500", "7200", "300")]
+    # The profile keeps it, and the trials placed once it was measured have it beside their
+    # slices, not the configured overhead; the first wave's were cut before.
+    assert profile.context_mb == 300
+    room = shape["memory_mb"] - RESERVE_MB
+    beside = {
+        t.memory_limit_mb: room // (t.split or 1) - t.memory_limit_mb
+        for t in trials
+        if t.memory_limit_mb
+    }
+    assert set(beside.values()) == {OVERHEAD_MB, 300}, beside
 
 
 def test_a_first_wave_that_runs_out_of_memory_backs_off_and_every_trial_succeeds(
