@@ -188,10 +188,11 @@ def sweep_seconds(check: Check, name: str, split: str, trials: int) -> tuple[int
 
 
 def measured_context(check: Check) -> str | None:
-    """The least CUDA context the daemon measured of the trials so far, from its log; None
-    where it measured none (a settled search measures nothing, nor a framework with no pool)."""
+    """The CUDA context the daemon measured of the trials so far, from its log: the largest,
+    which it budgets beside each of the workload's slices; None where it measured none (a
+    framework with no pool)."""
     said = re.findall(r"its CUDA context is (\d+) MiB", (check.logs / "serve.log").read_text())
-    return f"{min(int(mb) for mb in said):,} MiB, the least a trial showed" if said else None
+    return f"{max(int(mb) for mb in said):,} MiB, the largest a trial showed" if said else None
 
 
 def bare_processes(check: Check) -> tuple[int, float]:

@@ -274,7 +274,10 @@ class Scheduler:
         if self.overheads.measurable(devices):
             group_of = self.probed.ours_since_probe()
         self.filler.fill(devices, group_of=group_of or {})
-        if any(not search.decision.settled for search in self.searches):
+        # Searches measure their workloads' CUDA contexts, settled ones too, where the devices
+        # list their processes.
+        measuring = group_of is not None and any(True for _ in self.searches)
+        if measuring or any(not search.decision.settled for search in self.searches):
             if group_of is None:
                 group_of = self.probed.trial_processes()
             with self.sessions.read() as session:

@@ -75,7 +75,7 @@ class SplitSearch:
     curve: list[CurvePoint] = field(default_factory=list)
     unit: ThroughputUnit = SAMPLES_PER_S
     oom_at: int | None = None
-    # The least CUDA context its trials showed on the device (MiB; None: not measured).
+    # The largest CUDA context its trials showed on the device (MiB; None: not measured).
     context_mb: int | None = None
     decision: split_curve.Decision = field(
         default_factory=lambda: split_curve.Decision(split=1, settled=False, reason="measuring N=1")

@@ -130,7 +130,7 @@ class SplitSearches:
         trials' slices. A profile keeps it, so a restarted daemon budgets it from the first
         trial of the workload it searches on."""
         contexts = {}
-        for sweep in sweeps:
+        for sweep in {sweep.id: sweep for sweep in sweeps}.values():
             fingerprint = sweep_fingerprint(sweep)
             for device_key, model in self._model_of.items():
                 search = self._searches.get((model, fingerprint))
@@ -147,7 +147,8 @@ class SplitSearches:
         devices: Sequence[DeviceSnapshot],
         group_of: Mapping[int, int],
     ) -> list[SplitSearch]:
-        """After a tick's placements, let every unsettled search see its device.
+        """After a tick's placements, let every unsettled search see its device, and every
+        search measure its workload's CUDA context there (`_measure`).
 
         `waiting` are the sweeps of the trials next in line for slots, in their order;
         `devices` as last probed and `group_of` (our pids to their trial's process group) tell
@@ -168,12 +169,22 @@ class SplitSearches:
         self._probes = by_key
         changed = []
         for (model, fingerprint), search in self._searches.items():
+            device, context = search.device_key, search.context_mb
+            if device in fresh:
+                # Settled too: a newer framework or driver may hold more than its profile says.
+                try:
+                    self._measure(search, by_key.get(device), on, group_of, now=now)
+                except Exception:
+                    log.exception(
+                        "device %s: the CUDA context of %s was not measured", device, fingerprint
+                    )
             if search.decision.settled:
                 timing = search.untimed and self._sweep_over(session, search)
-                if timing and search.time_trials(session=session):
+                timed = timing and search.time_trials(session=session)
+                if timed or search.context_mb != context:
                     changed.append(search)
                 continue
-            device, here = search.device_key, (search.device_key, fingerprint)
+            here = (search.device_key, fingerprint)
             free = 1 - on.shares[device]
             splits, snapshot = on.splits[here], by_key.get(device)
             stale = sum(n for split, n in splits.items() if split != search.split)
@@ -193,11 +204,9 @@ class SplitSearches:
                 and kind_of(snapshot).raised_beside
                 and raised(splits, split=search.split, shares=on.shares[device]),
             )
-            before = (search.decision, len(search.curve), search.ceiling, search.context_mb)
+            before = (search.decision, len(search.curve), search.ceiling, context)
             measured = on.groups[(*here, search.split)]
             try:
-                if device in fresh:
-                    self._measure(search, snapshot, on, group_of, now=now)
                 self._look(
                     search,
                     session=session,
@@ -261,7 +270,7 @@ class SplitSearches:
             deferred = awaiting()
             if not deferred:
                 self._learn(search, snapshot, held=max(held))
-        wave = search.probe
+        probe = search.probe
         search.observe(
             session=session,
             now=now,
@@ -271,10 +280,10 @@ class SplitSearches:
             held=held,
             mix=mix,
         )
-        if snapshot is not None and deferred and wave is not None and search.probe is None:
+        if snapshot is not None and deferred and probe is not None and search.probe is None:
             # The wave's window closed while its fit waited for the context: it fits by what
             # is known, as it would have had the wait ended.
-            self._learn(search, snapshot, held=max(held))
+            self._learn(search, snapshot, held=max(held), wave=probe)
         if snapshot is None or search.decision.settled:
             return
         fit = self.memory_fit(snapshot, search)
@@ -308,12 +317,14 @@ class SplitSearches:
         since = self._awaited.setdefault((search.device_name, search.fingerprint), now)
         return now - since < self.timing.settle + self.timing.window
 
-    def _learn(self, search: SplitSearch, device: DeviceSnapshot, *, held: int) -> None:
+    def _learn(
+        self, search: SplitSearch, device: DeviceSnapshot, *, held: int, wave: int | None = None
+    ) -> None:
         """The first wave showed what a trial holds: the ceiling drops to what memory fits of
         it, and the search goes on from the N the device kind starts at where memory is known
         (`known_split`), if above its guess; until a point is measured, a larger reading lowers
         the ceiling (and that start) again."""
-        wave = search.probe or search.probed or search.split
+        wave = wave or search.probe or search.probed or search.split
         fit = self._fit(device, search, split=wave, held=held)
         if fit is not None and fit < search.ceiling:
             search.lower_ceiling(

@@ -282,7 +282,7 @@ class Profile(Base):
     # the next search of the workload never climbs into either.
     oom_at: Mapped[int | None]
     ceiling: Mapped[int | None]
-    # The least CUDA context its trials showed (MiB; None: not measured): the next search
+    # The largest CUDA context its trials showed (MiB; None: not measured): the next search
     # fits by it and placement budgets it beside each slice from the first trial on.
     context_mb: Mapped[int | None]
     settled: Mapped[bool] = mapped_column(default=False)

@@ -94,8 +94,9 @@ def save_profile(
     profile.oom_at = oom_at
     profile.ceiling = ceiling
     if context_mb is not None:
-        # A context measured before holds until measured again (`gpumux tune` measures none).
-        profile.context_mb = context_mb
+        # The largest measured holds (`gpumux tune` measures none; another node's daemon may
+        # have measured more).
+        profile.context_mb = max(context_mb, profile.context_mb or 0)
     profile.settled = settled
     profile.reason = reason
     profile.sweep_id = sweep_id

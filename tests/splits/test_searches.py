@@ -744,6 +744,19 @@ def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in
     assert contexts_of(again, sessions) == {("GPU-b", auto_id): CONTEXT + 100}
 
 
+def test_a_settled_search_still_measures_its_workloads_context(first_wave: FirstWave) -> None:
+    search = first_wave.search
+    for _ in range(2):
+        first_wave.pooling(5000)
+        first_wave.holding(5000 + CONTEXT)
+    # Settled (as a profile from before a framework's upgrade resumes), its trials now show a
+    # larger context: the search takes it, and its profile is saved with it.
+    search.decision = Decision(split=search.split, settled=True, reason="settled before")
+    first_wave.pooling(4800)
+    assert first_wave.holding(5000 + CONTEXT) == [search]
+    assert search.context_mb == CONTEXT + 200 and search.decision.reason == "settled before"
+
+
 def test_a_first_wave_that_ran_out_of_memory_is_not_run_again_by_the_next_search(
     sessions: Sessions, settings: Settings, tmp_path: Path
 ) -> None:
