@@ -190,7 +190,7 @@ def sweep_seconds(check: Check, name: str, split: str, trials: int) -> tuple[int
 def measured_context(check: Check) -> str | None:
     """The CUDA context the daemon measured of the trials so far, from its log: the largest,
     which it budgets beside each of the workload's slices; None where it measured none (a
-    framework with no pool)."""
+    framework with no pool, a trial of several processes on the GPU, no figure held still)."""
     said = re.findall(r"its CUDA context is (\d+) MiB", (check.logs / "serve.log").read_text())
     return f"{max(int(mb) for mb in said):,} MiB, the largest a trial showed" if said else None
 

@@ -7,22 +7,13 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from gpumux.devices.kinds import kind_of
+from gpumux.devices.overhead import trial_overhead_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 
 log = logging.getLogger(__name__)
 
 # A measured per-process overhead above this multiple of the configured one is not believed.
 OVERHEAD_BELIEVABLE = 4
-
-
-def overhead_mb(*, configured: int, seen: int | None, context: int | None) -> int:
-    """What a trial holds beyond its cap: its workload's measured CUDA context (what NVML
-    shows beside the pool its framework tells), or what a trial on the device was seen to hold
-    beyond its cap where more; without a context, that seen, else the configured. A context is
-    one workload's: cuDNN's handles, TensorFlow's or JAX's own may hold more."""
-    if context is None:
-        return configured if seen is None else seen
-    return max(context, seen or 0)
 
 
 class Overheads:
@@ -35,7 +26,7 @@ class Overheads:
     def for_device(self, device_key: str, context_mb: int | None = None) -> int:
         """The overhead to budget per trial on this device (of a workload whose CUDA context
         was measured at `context_mb`)."""
-        return overhead_mb(
+        return trial_overhead_mb(
             configured=self.configured_mb,
             seen=self._measured.get(device_key),
             context=context_mb,

@@ -16,9 +16,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from gpumux.devices import accounting
 from gpumux.devices.kinds import kind_of
 from gpumux.devices.kinds.base import DeviceKind
+from gpumux.devices.overhead import trial_overhead_mb
 from gpumux.devices.snapshot import DeviceSnapshot
 
 
@@ -86,8 +86,8 @@ class PackingPolicy:
 
     def overhead_for(self, device_key: str, sweep_id: int | None = None) -> int:
         """Memory a trial (of `sweep_id`) needs beyond its cap on this device (see
-        `accounting.overhead_mb`)."""
-        return accounting.overhead_mb(
+        `devices.overhead.trial_overhead_mb`)."""
+        return trial_overhead_mb(
             configured=self.overhead_mb,
             seen=self.overhead_by_device.get(device_key),
             context=None if sweep_id is None else self.context_by_sweep.get((device_key, sweep_id)),

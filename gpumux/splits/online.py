@@ -122,6 +122,10 @@ class SplitSearch:
     mixed: bool = False
     # What one trial of the sweep does (samples or steps): the points are read at it.
     work: float | None = None
+    # The settled decision its profile gave (None: none). While it stands, a save keeps the
+    # profile as stored but for the CUDA context measured since: the curve and limits here
+    # were read through this daemon's ceiling, and would lose what `gpumux tune` stored.
+    resumed: split_curve.Decision | None = None
 
     @property
     def split(self) -> int:
@@ -415,6 +419,15 @@ class SplitSearch:
     def save(self, *, session: Session) -> None:
         """Store the curve, the decision and the limits memory set as this workload's profile
         on this device model."""
+        if self.resumed is not None and self.decision is self.resumed:
+            if self.context_mb is not None:
+                profile_store.save_context(
+                    session=session,
+                    device_name=self.device_name,
+                    fingerprint=self.fingerprint,
+                    context_mb=self.context_mb,
+                )
+            return
         best = self.decision.split if self.decision.settled else None
         profile_store.save_profile(
             session=session,

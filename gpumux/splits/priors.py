@@ -104,7 +104,7 @@ def resume_search(
         probe=prior.probe,
     )
     if prior.settled is not None:
-        search.decision = prior.settled
+        search.decision = search.resumed = prior.settled
     else:
         search.decision = search.decide()
     log.info("device %s: %s", device_key, search.decision.reason)

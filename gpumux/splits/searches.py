@@ -152,8 +152,8 @@ class SplitSearches:
 
         `waiting` are the sweeps of the trials next in line for slots, in their order;
         `devices` as last probed and `group_of` (our pids to their trial's process group) tell
-        the memory each measured trial holds. Returns the searches whose curve or decision
-        changed: their profiles need saving.
+        the memory each measured trial holds. Returns the searches whose curve, decision or
+        context changed: their profiles need saving.
         """
         on = ActiveTrials.now(session=session, node_id=self.here.id)
         # The readings of trials that ended go with them.

@@ -104,6 +104,16 @@ def save_profile(
     return profile
 
 
+def save_context(*, session: Session, device_name: str, fingerprint: str, context_mb: int) -> None:
+    """Keep a CUDA context measured of a workload whose profile is otherwise as stored: the
+    largest measured holds."""
+    profile = get_profile(session=session, device_name=device_name, fingerprint=fingerprint)
+    if profile is not None:
+        profile.context_mb = max(context_mb, profile.context_mb or 0)
+        profile.updated_at = utcnow()
+        session.flush()
+
+
 def workload_profiles(*, session: Session, fingerprint: str) -> list[Profile]:
     """A workload's profiles, one per device model it was measured on."""
     return list(

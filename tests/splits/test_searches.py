@@ -28,9 +28,11 @@ from gpumux.scheduling.placement import PackingPolicy, PendingTrial, plan
 from gpumux.splits.curve import SEQUENCE, Decision
 from gpumux.splits.online import SplitSearch
 from gpumux.splits.searches import CONTEXT_MB, MAX_CONTEXT_MB, SplitSearches
+from gpumux.splits.window import sweep_fingerprint
 from gpumux.status import SweepStatus, TrialStatus
 from gpumux.storage import lifecycle
 from gpumux.storage import owners as owner_store
+from gpumux.storage import profiles as profile_store
 from gpumux.storage import sweeps as sweep_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.engine import Sessions
@@ -742,6 +744,54 @@ def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in
     search = search_for(again, sessions, auto_id, device("GPU-b", "NVIDIA H100", "gpu"))
     assert search.context_mb == CONTEXT + 100
     assert contexts_of(again, sessions) == {("GPU-b", auto_id): CONTEXT + 100}
+
+
+def test_a_search_settled_by_its_profile_saves_the_context_it_measures_and_nothing_else(
+    sessions: Sessions, settings: Settings, tmp_path: Path, hog: subprocess.Popen[str]
+) -> None:
+    auto_id, _ = two_sweeps(sessions, tmp_path)
+    # As `gpumux tune` stores it: its points without steady rates (a search does not read
+    # them: its curve here is empty), its own reason.
+    tuned = [CurvePoint(split=n, throughput=1000.0 * n) for n in (1, 13, 40)]
+    with sessions.write.begin() as session:
+        sweep = sweep_store.get_sweep(session=session, sweep_id=auto_id)
+        assert sweep is not None
+        profile_store.save_profile(
+            session=session,
+            device_name="NVIDIA H100",
+            fingerprint=sweep_fingerprint(sweep),
+            workdir=sweep.workdir,
+            command=list(sweep.command),
+            param_tokens=sweep.param_tokens,
+            unit="samples/s",
+            curve=[p.to_json() for p in tuned],
+            best_split=40,
+            settled=True,
+            reason="tuned: N=40",
+            sweep_id=None,
+        )
+    searches = SplitSearches(settings.model_copy(update={"host_cores": MAX_SPLIT}))
+    search = search_for(searches, sessions, auto_id, device("GPU-a", "NVIDIA H100", "gpu"))
+    assert search.decision.settled and search.split == 40 and search.curve == []
+    run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid, split=search.split)
+    wave = FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
+    for _ in range(2):
+        wave.pooling(5000)
+        changed = wave.holding(5000 + CONTEXT)
+    assert changed == [search] and search.context_mb == CONTEXT
+    with sessions.write.begin() as session:
+        search.save(session=session)
+    with sessions.read() as session:
+        profile = profile_store.get_profile(
+            session=session, device_name="NVIDIA H100", fingerprint=search.fingerprint
+        )
+        assert profile is not None
+        assert (profile.best_split, profile.reason, profile.context_mb) == (
+            40,
+            "tuned: N=40",
+            CONTEXT,
+        )
+        assert [CurvePoint.from_json(p) for p in profile.curve] == tuned
 
 
 def test_a_settled_search_still_measures_its_workloads_context(first_wave: FirstWave) -> None:
