@@ -38,7 +38,7 @@ from gpumux.devices.kinds.base import FirstSplit
 from gpumux.splits import curve as split_curve
 from gpumux.splits import window as split_window
 from gpumux.splits.mix import Mix
-from gpumux.splits.tail import settle_short
+from gpumux.splits.tail import climb_short, settle_short
 from gpumux.splits.window import Timing
 from gpumux.storage import profiles as profile_store
 from gpumux.storage import reports as report_store
@@ -199,7 +199,7 @@ class SplitSearch:
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
-        self._close(session=session, now=now)
+        self._close(session=session, now=now, waiting=queued if mix.counted else None)
 
     def _dip(self, now: datetime) -> bool:
         """Whether the phase has been short of N no longer than `Timing.dip`."""
@@ -207,8 +207,10 @@ class SplitSearch:
             self.dipped_since = now
         return now - self.dipped_since <= self.timing.dip
 
-    def _close(self, *, session: Session, now: datetime) -> None:
-        """Measure the phase's window if it can close now: a point on the curve, the next N."""
+    def _close(self, *, session: Session, now: datetime, waiting: int | None = None) -> None:
+        """Measure the phase's window if it can close now: a point on the curve, the next N;
+        `waiting`: the sweep's trials queued, where all are counted (a climb they cannot fill
+        measures them all at once: `climb_short`)."""
         assert self.phase_start is not None
         window, self.unit = split_window.phase_window(
             session=session,
@@ -266,6 +268,8 @@ class SplitSearch:
         # Measured, the first wave is a point like any other: the search climbs from its start.
         self.probed = None
         self.decision = self.decide()
+        if waiting is not None and not self.mixed:
+            self.decision = climb_short(self.curve, self.decision, waiting=waiting) or self.decision
         self.phase_start = None
         log.info(
             "device %s: N=%d gives %.4g %s; %s",

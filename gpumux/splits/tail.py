@@ -2,9 +2,10 @@
 fill the N it would measure next.
 
 On a big GPU a first sweep has a few waves: the N above the last is rarely reachable, nor,
-after a few waves, an N below the start. Rather than end unsettled, the search measures an N
-below that the trials left fill (a step the climb strode over), or settles on what it
-measured, saying so.
+after a few waves, an N below the start. A climb the trials not yet started cannot fill
+measures all of them at once instead, where that is above every N measured (`climb_short`);
+else, rather than end unsettled, the search measures an N below that the trials left fill (a
+step the climb strode over), or settles on what it measured, saying so (`settle_short`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,25 @@ from dataclasses import replace
 
 from gpumux.splits import curve as split_curve
 from gpumux.throughput import CurvePoint
+
+
+def climb_short(
+    curve: Sequence[CurvePoint], decision: split_curve.Decision, *, waiting: int
+) -> split_curve.Decision | None:
+    """Where `decision` climbs above every N measured to an N more than the `waiting` trials
+    (queued, none started under it yet) can fill, the decision to measure N=`waiting`: the
+    trials running under the last N end before the new N's phase is steady, and the wave the
+    sweep has left is the largest N it can still measure. None: the climb can be filled, the
+    decision does not climb, or no more trials wait than an N measured."""
+    measured = max((point.split for point in curve), default=0)
+    if decision.settled or not measured < waiting < decision.split:
+        return None
+    return replace(
+        decision,
+        split=waiting,
+        reason=f"{waiting} trial(s) of the sweep waiting cannot fill N={decision.split}: "
+        f"measuring N={waiting}, all of them at once",
+    )
 
 
 def settle_short(
