@@ -99,13 +99,18 @@ def report(trial: Trial, at: datetime, samples: float) -> TrialReport:
 
 
 def run_phase(
-    sessions: Sessions, search: SplitSearch, trial_id: int, start: datetime, rate: float
+    sessions: Sessions,
+    search: SplitSearch,
+    trial_id: int,
+    start: datetime,
+    rate: float,
+    queued: int = 9,
 ) -> datetime:
     """N trials run for settle + window, reporting `rate` samples/s in all from their start
-    (no start-up); returns the end."""
+    (no start-up), `queued` waiting; returns the end."""
     split = search.split
     with sessions.write.begin() as session:
-        search.observe(session=session, now=start, running=split, queued=9, sweep_id=1)
+        search.observe(session=session, now=start, running=split, queued=queued, sweep_id=1)
         trials = [running_trial(start, split) for _ in range(split)]
         session.add_all(trials)
         session.flush()
@@ -115,7 +120,7 @@ def run_phase(
                 session.add(report(trial, at, rate / split))
         session.flush()
         end = start + TIMING.settle + TIMING.window
-        search.observe(session=session, now=end, running=split, queued=9, sweep_id=1)
+        search.observe(session=session, now=end, running=split, queued=queued, sweep_id=1)
         search.save(session=session)  # as the scheduler does for a search that changed
         for trial in trials:
             trial.status, trial.ended_at = TrialStatus.succeeded, end
@@ -942,6 +947,31 @@ def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
         settled=True,
         reason="2 trial(s) of the sweep left cannot fill N=3: using N=2, the best of 2 point(s) "
         "measured",
+    )
+
+
+def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on_the_best(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 200.0)
+    assert search.split == 5
+    # N=5 closes with 6 trials waiting: N=8, the climb's next, they cannot fill; all 6 at once.
+    now = run_phase(sessions, search, trial_id, now, 450.0, queued=6)
+    assert (search.split, search.decision.settled) == (6, False)
+    assert search.decision.reason == (
+        "6 trial(s) of the sweep waiting cannot fill N=8: measuring N=6, all of them at once"
+    )
+
+    # The 6 are the sweep's last: measured, they settle the search on the best N, the largest.
+    now = run_phase(sessions, search, trial_id, now, 530.0, queued=0)
+    with sessions.write.begin() as session:
+        search.observe(session=session, now=now, running=6, queued=0, sweep_id=1)
+    assert (search.split, search.decision.settled) == (6, True)
+    assert [p.split for p in sorted(search.curve, key=lambda p: p.split)] == [1, 2, 5, 6]
+    assert search.decision.reason.startswith(
+        "6 trial(s) of the sweep left cannot fill N=8: using N=6, the best of 4 point(s)"
     )
 
 

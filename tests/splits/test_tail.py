@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpumux.splits.curve import next_split
-from gpumux.splits.tail import settle_short
+from gpumux.splits.curve import Decision, next_split
+from gpumux.splits.tail import climb_short, settle_short
 from gpumux.throughput import CurvePoint
 
 
@@ -46,3 +46,23 @@ def test_the_trials_left_measure_a_step_gone_over_below_the_largest_n_measured()
 
     assert short(curve, left=12) == (8, False)
     assert short(curve, left=6) is None
+
+
+def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_at_once() -> None:
+    # The climb from N=21 goes to the 31 trials memory allows; 27 wait, all the sweep has left
+    # once the 21 running end.
+    curve = linear(2, 21)
+    climb = next_split(curve, ceiling=31)
+    assert climb.split == 31 and not climb.settled
+
+    decision = climb_short(curve, climb, waiting=27)
+    assert decision is not None and (decision.split, decision.settled) == (27, False)
+    assert decision.reason == (
+        "27 trial(s) of the sweep waiting cannot fill N=31: measuring N=27, all of them at once"
+    )
+    # Enough wait for the climb; no more than an N measured: the tail decides (settle_short).
+    assert climb_short(curve, climb, waiting=31) is None
+    assert climb_short(curve, climb, waiting=21) is None
+    # A descent, or a settled decision, is no climb.
+    assert climb_short(curve, Decision(split=13, settled=False, reason=""), waiting=14) is None
+    assert climb_short(curve, Decision(split=31, settled=True, reason=""), waiting=27) is None
