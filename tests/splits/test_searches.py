@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import launched, sweep_plan
@@ -679,6 +680,32 @@ def test_a_first_wave_that_has_not_reported_waits_for_a_pool_it_may_tell(
     # Its first report tells no pool: none will be measured, and the fit waits no longer.
     first_wave.reporting()
     first_wave.holding(held)
+    assert search.probe is None and search.ceiling == fit, search.decision.reason
+
+
+def test_a_first_wave_whose_window_closes_while_its_fit_waits_is_fitted_at_its_own_n(
+    first_wave: FirstWave, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    search = first_wave.search
+    wave = search.split
+    held, fit = first_wave.fit_below(search.start)
+    # The wave's window closes in the tick its fit waits for a context (a pool told, NVML's
+    # figure not yet held still), as `SplitSearch._close` closes one: the learning ends, the
+    # wave is a point, and the search goes on at its start.
+    observe_search = search.observe
+
+    def window_closing(**kwargs: Any) -> None:
+        observe_search(**kwargs)
+        search.learned(why=f"the window of N={wave} closed")
+        search.curve, search.probed = [CurvePoint(split=wave, throughput=100.0 * wave)], None
+        search.decision = search.decide()
+
+    monkeypatch.setattr(search, "observe", window_closing)
+    first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held)
+    # Fitted in that tick by what is known (the assumed context), at the wave's N, not at the
+    # start's the search went on to.
+    assert search.split > wave
     assert search.probe is None and search.ceiling == fit, search.decision.reason
 
 
