@@ -19,8 +19,9 @@ stops for its sweep, saying why. A point that cannot be beside the others (curve
 each trial faster at a larger N, or more than the cores that do the work allow) is not stored:
 it and the points it conflicts with are measured again; after `MAX_REJECTED` such points the
 search stops for the sweep, unsettled and saying why. A sweep that ends before its search
-settled leaves a profile that says so, which the next sweep of the workload goes on from; one
-too short for the next N settles on what it measured (splits.tail).
+settled leaves a profile that says so, which the next sweep of the workload goes on from; a
+climb its waiting trials cannot fill measures them all at once, and a sweep too short for the
+next N settles on what it measured (splits.tail).
 """
 
 from __future__ import annotations
