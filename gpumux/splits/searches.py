@@ -396,15 +396,17 @@ class SplitSearches:
         kept in its profile), which the fit subtracts and placement budgets beside each of its
         trials' slices (`contexts`).
 
-        Only where NVML's figure held still over two probes or more, and the pool was read
-        (`Pool.told`) after the look at the first of them: it is then what the framework held
-        at the last probe, or more. The pool grows as the framework allocates, so a pool read
-        before NVML's reading would count the allocation since as context, and a pool read
-        later than the figure can only make it smaller; a context also grows as kernels load.
-        Each new largest is said in the daemon's log (the GPU check reports it). A trial of
-        several processes on the device (workers that made contexts of their own) measures
-        nothing, nor does a device whose probe failed (its processes are the last ones NVML
-        listed)."""
+        Only by the pool the look before this one saw, where it was read (`Pool.told`) after
+        the first look at NVML's figure and the figure held still from that look's probe to
+        this one's (three probes or more): the pool is then what the framework held while NVML
+        showed the figure. The pool moves as the framework allocates or frees (PyTorch's
+        `empty_cache`), and NVML's figure with it: a pool read before the figure's first probe
+        would count the allocation since as context, one read after its last probe what was
+        freed since (a context only rises, so that one too large would stay). A context also
+        grows as kernels load. Each new largest is said in the daemon's log (the GPU check
+        reports it). A trial of several processes on the device (workers that made contexts of
+        their own) measures nothing, nor does a device whose probe failed (its processes are
+        the last ones NVML listed)."""
         if device is None or group_of is None or not kind_of(device).lists_processes:
             return
         if device.error is not None:
@@ -419,9 +421,11 @@ class SplitSearches:
                 if held is None:
                     continue
                 # A new figure is steady from this look on: no pool was read since then yet.
-                since = last.since if last is not None and last.held == held else now
-                self._readings[pgid] = Reading(held, since)
-                pool = on.pools.get(pgid)
+                steady = last if last is not None and last.held == held else None
+                since = now if steady is None else steady.since
+                self._readings[pgid] = Reading(held, since, on.pools.get(pgid))
+                # The pool the last look saw was read before this probe.
+                pool = None if steady is None else steady.pool
                 if pool is None or pool.told <= since or held < pool.pool_mb:
                     continue
                 context = held - pool.pool_mb
@@ -506,10 +510,12 @@ class Pool(NamedTuple):
 
 class Reading(NamedTuple):
     """What NVML says a trial's one process holds (MiB), and since when: the first look (after
-    its probe) that saw it hold that."""
+    its probe) that saw it hold that; and the pool its framework last told at the latest look
+    (None: none told)."""
 
     held: int
     since: datetime
+    pool: Pool | None
 
 
 @dataclass

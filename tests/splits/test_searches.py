@@ -507,6 +507,9 @@ def test_a_first_wave_still_allocating_lowers_the_ceiling_again_before_a_point(
 
 
 CONTEXT = 300
+# The probes of one figure a context is measured over: the pool the second look saw, read
+# between the first two (`SplitSearches._measure`).
+PROBES = 3
 
 
 @pytest.fixture
@@ -534,8 +537,25 @@ def test_the_context_is_measured_where_the_pool_was_read_since_the_figure_held_s
     first_wave.pooling(held - CONTEXT, read_at=before)
     first_wave.holding(held)
     assert said() == []
-    # The pool read since: the rest of what NVML shows is its context.
+    # The pool read since, and the figure the same at the next probe: the rest of what NVML
+    # shows is its context.
     first_wave.pooling(held - CONTEXT)
+    first_wave.holding(held)
+    assert said() == []
+    first_wave.holding(held)
+    assert said() == [CONTEXT]
+
+
+def test_a_pool_freed_after_the_probe_measures_no_context_from_it(
+    first_wave: FirstWave, said: Callable[[], list[int]]
+) -> None:
+    held = 8000
+    for _ in range(PROBES - 1):
+        first_wave.pooling(held - CONTEXT)
+        first_wave.holding(held)
+    # Its framework frees 400 MiB of its pool (PyTorch's `empty_cache`) after the next probe
+    # and tells it before the look at that probe: NVML's figure is from before the free.
+    first_wave.pooling(held - CONTEXT - 400)
     first_wave.holding(held)
     assert said() == [CONTEXT]
 
@@ -551,7 +571,8 @@ def test_a_look_at_the_same_probe_again_measures_nothing(
     first_wave.pooling(held - CONTEXT)
     first_wave.looking(gpu)
     assert said() == []
-    first_wave.holding(held)
+    for _ in range(PROBES - 1):
+        first_wave.holding(held)
     assert said() == [CONTEXT]
 
 
@@ -565,7 +586,7 @@ def test_a_trial_of_several_processes_on_the_gpu_measures_no_context(
         first_wave.holding(held, worker_mb=900)
     assert said() == []
     # The worker gone, the leader alone measures it.
-    for _ in range(2):
+    for _ in range(PROBES):
         first_wave.pooling(held - CONTEXT)
         first_wave.holding(held)
     assert said() == [CONTEXT]
@@ -583,7 +604,7 @@ def test_two_workloads_on_one_gpu_each_measure_their_own_context(
     other = search_for(first_wave.searches, sessions, other_id, gpu)
     assert other is not first_wave.search
     run_first_trial(sessions, other_id, device="GPU-a", pgid=WORKER_PID, split=other.split)
-    for _ in range(2):
+    for _ in range(PROBES):
         with sessions.write.begin() as session:
             for trial in trial_store.active_trials(session=session):
                 trial.pool_mb, trial.pool_at = 1000, utcnow()
@@ -605,7 +626,7 @@ def test_each_new_largest_context_is_said_a_smaller_one_later_is_not(
     # Its context made and nothing allocated in its pool yet: a context; then a larger one
     # (kernels loaded since); then a smaller one (a pool read after it grew), which is not.
     for context in (200, CONTEXT_MB + 300, 250):
-        for _ in range(2):
+        for _ in range(PROBES):
             first_wave.pooling(50)
             first_wave.holding(50 + context)
     assert said() == [200, CONTEXT_MB + 300]
@@ -624,7 +645,7 @@ def test_a_pool_told_before_an_allocation_measures_no_context_beyond_any(
         first_wave.pooling(0)
     assert said() == []
     # A figure of no more than a context is one.
-    for _ in range(2):
+    for _ in range(PROBES):
         first_wave.holding(MAX_CONTEXT_MB)
         first_wave.pooling(0)
     assert said() == [MAX_CONTEXT_MB]
@@ -648,8 +669,9 @@ def test_the_first_wave_is_fitted_by_its_measured_context_once_measured(
     first_wave.pooling(held - CONTEXT)
     first_wave.holding(held)
     assert search.probe == wave and search.ceiling >= guess, search.decision.reason
-    first_wave.pooling(held - CONTEXT)
-    first_wave.holding(held)
+    for _ in range(PROBES - 1):
+        first_wave.pooling(held - CONTEXT)
+        first_wave.holding(held)
     assert said() == [CONTEXT] and search.context_mb == CONTEXT
     # Measured, each trial is budgeted its context beside its slice, and the fit is by both.
     assert searches.overheads.for_device("GPU-a", search.context_mb) == CONTEXT
@@ -661,7 +683,7 @@ def test_a_first_wave_holding_less_than_the_assumed_context_allocated_beyond_its
 ) -> None:
     search = first_wave.search
     assert CONTEXT + 100 < CONTEXT_MB
-    for _ in range(2):
+    for _ in range(PROBES):
         first_wave.pooling(100)
         first_wave.holding(CONTEXT + 100)
     assert said() == [CONTEXT]
@@ -749,7 +771,7 @@ def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in
     )
     search_for(searches, sessions, auto_id, device("GPU-c", "NVIDIA A100", "gpu"))
     assert contexts_of(searches, sessions) == {}
-    for _ in range(2):
+    for _ in range(PROBES):
         first_wave.pooling(5000)
         changed = first_wave.holding(5000 + CONTEXT)
     assert changed == [first_wave.search] and first_wave.search.context_mb == CONTEXT
@@ -762,6 +784,7 @@ def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in
     # A larger one, changing nothing else, is the search's change too: its profile keeps it.
     decision = first_wave.search.decision
     first_wave.pooling(4900)
+    assert first_wave.holding(5000 + CONTEXT) == []
     assert first_wave.holding(5000 + CONTEXT) == [first_wave.search]
     assert first_wave.search.decision == decision and first_wave.search.context_mb == CONTEXT + 100
     with sessions.write.begin() as session:
@@ -802,7 +825,7 @@ def test_a_search_settled_by_its_profile_saves_the_context_it_measures_and_nothi
     assert search.decision.settled and search.split == 40 and search.curve == []
     run_first_trial(sessions, auto_id, device="GPU-a", pgid=hog.pid, split=search.split)
     wave = FirstWave(sessions, searches, search, hog, group_members({hog.pid}))
-    for _ in range(2):
+    for _ in range(PROBES):
         wave.pooling(5000)
         changed = wave.holding(5000 + CONTEXT)
     assert changed == [search] and search.context_mb == CONTEXT
@@ -823,13 +846,14 @@ def test_a_search_settled_by_its_profile_saves_the_context_it_measures_and_nothi
 
 def test_a_settled_search_still_measures_its_workloads_context(first_wave: FirstWave) -> None:
     search = first_wave.search
-    for _ in range(2):
+    for _ in range(PROBES):
         first_wave.pooling(5000)
         first_wave.holding(5000 + CONTEXT)
     # Settled (as a profile from before a framework's upgrade resumes), its trials now show a
     # larger context: the search takes it, and its profile is saved with it.
     search.decision = Decision(split=search.split, settled=True, reason="settled before")
     first_wave.pooling(4800)
+    first_wave.holding(5000 + CONTEXT)
     assert first_wave.holding(5000 + CONTEXT) == [search]
     assert search.context_mb == CONTEXT + 200 and search.decision.reason == "settled before"
 
