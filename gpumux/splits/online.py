@@ -123,6 +123,10 @@ class SplitSearch:
     mixed: bool = False
     # What one trial of the sweep does (samples or steps): the points are read at it.
     work: float | None = None
+    # The sweep's trials waiting when the last point closed, where all were counted and the
+    # workload had the device to itself (None: not known): a climb they cannot fill measures
+    # them all at once (`climb_short`).
+    waiting: int | None = None
     # The settled decision its profile gave (None: none). While it stands, a save keeps the
     # profile as stored but for the CUDA context measured since: the curve and limits here
     # were read through this daemon's ceiling, and would lose what `gpumux tune` stored.
@@ -256,6 +260,7 @@ class SplitSearch:
         self.work = self._work(session)
         point = point.at_work(self.work)
         self.curve = [p.at_work(self.work) for p in self.curve]
+        self.waiting = None if self.mixed else waiting
         if self.probe is not None:
             # Its trials compute, yet none showed its memory (a device that does not list it):
             # the start's N is all there is to go by; the wave's point stands all the same.
@@ -269,8 +274,6 @@ class SplitSearch:
         # Measured, the first wave is a point like any other: the search climbs from its start.
         self.probed = None
         self.decision = self.decide()
-        if waiting is not None and not self.mixed:
-            self.decision = climb_short(self.curve, self.decision, waiting=waiting) or self.decision
         self.phase_start = None
         log.info(
             "device %s: N=%d gives %.4g %s; %s",
@@ -357,6 +360,7 @@ class SplitSearch:
         self.work = self._work(session)
         self.curve = [p.at_work(self.work) for p in self.curve]
         self.ended = True
+        self.waiting = None
         # Why the search stopped, if it did, stays in the profile: a curve without points
         # says nothing by itself.
         why = "" if self.halted is None else f" ({self.halted.removeprefix('unsettled: ')})"
@@ -481,6 +485,16 @@ class SplitSearch:
             start=self.start,
             cores=self.cores,
         )
+        if self.waiting is not None:
+            short = climb_short(
+                self.curve,
+                decision,
+                waiting=self.waiting,
+                ceiling=self.ceiling,
+                oom_at=self.oom_at,
+                start=self.start,
+            )
+            decision = short or decision
         if self.start == 1:
             return decision
         return replace(

@@ -18,15 +18,25 @@ from gpumux.throughput import CurvePoint
 
 
 def climb_short(
-    curve: Sequence[CurvePoint], decision: split_curve.Decision, *, waiting: int
+    curve: Sequence[CurvePoint],
+    decision: split_curve.Decision,
+    *,
+    waiting: int,
+    ceiling: int,
+    oom_at: int | None,
+    start: int,
 ) -> split_curve.Decision | None:
     """Where `decision` climbs above every N measured to an N more than the `waiting` trials
-    (queued, none started under it yet) can fill, the decision to measure N=`waiting`: the
-    trials running under the last N end before the new N's phase is steady, and the wave the
-    sweep has left is the largest N it can still measure. None: the climb can be filled, the
-    decision does not climb, or no more trials wait than an N measured."""
+    (the sweep's queued when the last point closed) can fill, the decision to measure
+    N=`waiting`: once the last N's trials end (a raised phase may begin beside them), the
+    waiting ones are all the sweep can run at the new N, the largest N it can still measure.
+    None: the climb can be filled, the decision does not climb, no more trials wait than an
+    N measured, or fewer than the N the climb starts at (a first wave's point lies below it,
+    and the search would not go by a point there). The count is the workload's whole queue,
+    which twin devices share: each may get fewer, and the tail then settles (`settle_short`)."""
     measured = max((point.split for point in curve), default=0)
-    if decision.settled or not measured < waiting < decision.split:
+    first = split_curve.first_split(ceiling=ceiling, oom_at=oom_at, start=start)
+    if decision.settled or waiting < first or not measured < waiting < decision.split:
         return None
     return replace(
         decision,

@@ -105,12 +105,20 @@ def run_phase(
     start: datetime,
     rate: float,
     queued: int = 9,
+    *,
+    counted: bool = True,
+    shared: Fraction = Fraction(0),
 ) -> datetime:
     """N trials run for settle + window, reporting `rate` samples/s in all from their start
-    (no start-up), `queued` waiting; returns the end."""
+    (no start-up), `queued` waiting (all of them seen: `counted`), and another workload's
+    trials holding `shared` of the device beside them; returns the end."""
     split = search.split
+    mix = Mix.alone(running=split, queued=queued, split=split)
+    mix = replace(mix, shares=mix.shares + shared, counted=counted)
     with sessions.write.begin() as session:
-        search.observe(session=session, now=start, running=split, queued=queued, sweep_id=1)
+        search.observe(
+            session=session, now=start, running=split, queued=queued, sweep_id=1, mix=mix
+        )
         trials = [running_trial(start, split) for _ in range(split)]
         session.add_all(trials)
         session.flush()
@@ -120,7 +128,7 @@ def run_phase(
                 session.add(report(trial, at, rate / split))
         session.flush()
         end = start + TIMING.settle + TIMING.window
-        search.observe(session=session, now=end, running=split, queued=queued, sweep_id=1)
+        search.observe(session=session, now=end, running=split, queued=queued, sweep_id=1, mix=mix)
         search.save(session=session)  # as the scheduler does for a search that changed
         for trial in trials:
             trial.status, trial.ended_at = TrialStatus.succeeded, end
@@ -963,6 +971,9 @@ def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on
     assert search.decision.reason == (
         "6 trial(s) of the sweep waiting cannot fill N=8: measuring N=6, all of them at once"
     )
+    # Decided again (memory's fit of the new point lowers the ceiling), it still stands.
+    search.lower_ceiling(7, why="memory fits 7", keep=False)
+    assert (search.split, search.decision.settled) == (6, False)
 
     # The 6 are the sweep's last: measured, they settle the search on the best N, the largest.
     now = run_phase(sessions, search, trial_id, now, 530.0, queued=0)
@@ -971,8 +982,40 @@ def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on
     assert (search.split, search.decision.settled) == (6, True)
     assert [p.split for p in sorted(search.curve, key=lambda p: p.split)] == [1, 2, 5, 6]
     assert search.decision.reason.startswith(
-        "6 trial(s) of the sweep left cannot fill N=8: using N=6, the best of 4 point(s)"
+        "6 trial(s) of the sweep left cannot fill N=7: using N=6, the best of 4 point(s)"
     )
+
+
+def test_the_next_sweep_climbs_past_the_trials_its_last_sweep_had_waiting(
+    sessions: Sessions, trial_id: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 200.0)
+    run_phase(sessions, search, trial_id, now, 450.0, queued=6)
+    assert search.split == 6
+    # The sweep ended (its last trials cancelled) before N=6 was measured: the next sweep
+    # goes on from the curve, and its own trials decide where it climbs.
+    with sessions.write.begin() as session:
+        assert search.sweep_ended(session=session)
+    assert search.split == 8, search.decision.reason
+
+
+@pytest.mark.parametrize(
+    ("counted", "shared", "measured"),
+    [(True, Fraction(0), 6), (False, Fraction(0), 8), (True, Fraction(1, 2), 8)],
+)
+def test_a_climb_is_measured_at_the_waiting_trials_only_where_all_are_seen_and_it_is_alone(
+    sessions: Sessions, trial_id: int, counted: bool, shared: Fraction, measured: int
+) -> None:
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    now = run_phase(sessions, search, trial_id, now, 200.0)
+    # Not all waiting trials were counted (a line too long to read whole), or another
+    # workload shares the device (its N is a share, not the trials running): the climb's N.
+    run_phase(sessions, search, trial_id, now, 450.0, queued=6, counted=counted, shared=shared)
+    assert [p.split for p in search.curve] == [1, 2, 5]
+    assert search.split == measured, search.decision.reason
 
 
 def test_a_descent_the_trials_left_cannot_fill_settles_on_the_smallest_n_that_does_as_well(

@@ -48,21 +48,37 @@ def test_the_trials_left_measure_a_step_gone_over_below_the_largest_n_measured()
     assert short(curve, left=6) is None
 
 
+def climbing(curve: list[CurvePoint], *, waiting: int, start: int = 1) -> tuple[int, bool] | None:
+    """What a climb decides with `waiting` trials queued, under a ceiling of 31."""
+    climb = next_split(curve, ceiling=31, start=start)
+    decision = climb_short(curve, climb, waiting=waiting, ceiling=31, oom_at=None, start=start)
+    return None if decision is None else (decision.split, decision.settled)
+
+
 def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_at_once() -> None:
     # The climb from N=21 goes to the 31 trials memory allows; 27 wait, all the sweep has left
     # once the 21 running end.
     curve = linear(2, 21)
     climb = next_split(curve, ceiling=31)
     assert climb.split == 31 and not climb.settled
-
-    decision = climb_short(curve, climb, waiting=27)
-    assert decision is not None and (decision.split, decision.settled) == (27, False)
-    assert decision.reason == (
+    decision = climb_short(curve, climb, waiting=27, ceiling=31, oom_at=None, start=1)
+    assert decision is not None and decision.reason == (
         "27 trial(s) of the sweep waiting cannot fill N=31: measuring N=27, all of them at once"
     )
+    assert climbing(curve, waiting=27) == (27, False)
     # Enough wait for the climb; no more than an N measured: the tail decides (settle_short).
-    assert climb_short(curve, climb, waiting=31) is None
-    assert climb_short(curve, climb, waiting=21) is None
-    # A descent, or a settled decision, is no climb.
-    assert climb_short(curve, Decision(split=13, settled=False, reason=""), waiting=14) is None
-    assert climb_short(curve, Decision(split=31, settled=True, reason=""), waiting=27) is None
+    assert climbing(curve, waiting=31) is None
+    assert climbing(curve, waiting=21) is None
+    # A settled decision is no climb.
+    settled = Decision(split=31, settled=True, reason="")
+    assert climb_short(curve, settled, waiting=27, ceiling=31, oom_at=None, start=1) is None
+
+
+def test_waiting_trials_below_the_start_after_a_first_wave_are_not_measured_apart() -> None:
+    # A first wave of 8 under a start of 16: a point at the 12 waiting would lie below the
+    # N the climb starts at, which the search does not go by; the start may still be measured
+    # raised, beside the wave's trials.
+    wave = linear(8)
+    assert next_split(wave, ceiling=31, start=16).split == 16
+    assert climbing(wave, waiting=12, start=16) is None
+    assert climbing(wave, waiting=15, start=16) is None
