@@ -306,8 +306,8 @@ class SplitSearches:
         none is measured yet; they told their frameworks' pools, or none has reported yet (it
         may tell one); and it has waited less than a settle and a window. A ceiling once
         lowered stays, so a fit by the assumed context and the configured overhead, larger than
-        most measured, would keep N below what fits; a context is measured within a probe or
-        two of a pool told."""
+        most measured, would keep N below what fits; a context is measured two probes after
+        a pool told (`_measure`)."""
         if search.context_mb is not None:
             return False
         told = any(pgid in on.pools for pgid in pgids)
