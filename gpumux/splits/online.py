@@ -123,9 +123,9 @@ class SplitSearch:
     mixed: bool = False
     # What one trial of the sweep does (samples or steps): the points are read at it.
     work: float | None = None
-    # The sweep's trials waiting when the last point closed, where all were counted and the
-    # workload had the device to itself (None: not known): a climb they cannot fill measures
-    # them all at once (`climb_short`).
+    # The workload's trials waiting (of any of its auto sweeps) when the last point closed,
+    # where all were counted and it had the device to itself (None: not known, or the tail
+    # decides since): a climb they cannot fill measures them all at once (`climb_short`).
     waiting: int | None = None
     # The settled decision its profile gave (None: none). While it stands, a save keeps the
     # profile as stored but for the CUDA context measured since: the curve and limits here
@@ -168,7 +168,9 @@ class SplitSearch:
             origin=self.origin,
         )
         if short:
+            # The tail decides from here: the trials waiting at the last point no longer count.
             self.phase_start = self.filling_since = None
+            self.waiting = None
             self.decision = short
             log.info("device %s: %s", self.device_key, self.decision.reason)
             return
@@ -180,7 +182,7 @@ class SplitSearch:
             # Only other workloads hold the device: a phase pauses (its rates were taken while
             # the device was full, and its window may close), none begins.
             if self.phase_start is not None:
-                self._close(session=session, now=now)
+                self._close(session=session, now=now, waiting=queued if mix.counted else None)
             return
         if running == 0 or (mix.stale and not mix.raised) or not mix.full:
             # Trials of the last N still run beside others than the new N's (or of a higher N),
@@ -214,8 +216,8 @@ class SplitSearch:
 
     def _close(self, *, session: Session, now: datetime, waiting: int | None = None) -> None:
         """Measure the phase's window if it can close now: a point on the curve, the next N;
-        `waiting`: the sweep's trials queued, where all are counted (a climb they cannot fill
-        measures them all at once: `climb_short`)."""
+        `waiting`: the workload's trials queued, where all are counted (a climb they cannot
+        fill measures them all at once: `climb_short`)."""
         assert self.phase_start is not None
         window, self.unit = split_window.phase_window(
             session=session,

@@ -27,7 +27,7 @@ def climb_short(
     start: int,
 ) -> split_curve.Decision | None:
     """Where `decision` climbs above every N measured to an N more than the `waiting` trials
-    (the sweep's queued when the last point closed) can fill, the decision to measure
+    (the workload's queued when the last point closed) can fill, the decision to measure
     N=`waiting`: once the last N's trials end (a raised phase may begin beside them), the
     waiting ones are all the sweep can run at the new N, the largest N it can still measure.
     None: the climb can be filled, the decision does not climb, no more trials wait than an

@@ -984,6 +984,8 @@ def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on
     assert search.decision.reason.startswith(
         "6 trial(s) of the sweep left cannot fill N=7: using N=6, the best of 4 point(s)"
     )
+    # The tail decides from here: no count of trials waiting is gone by again.
+    assert search.waiting is None
 
 
 def test_the_next_sweep_climbs_past_the_trials_its_last_sweep_had_waiting(
