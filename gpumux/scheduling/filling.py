@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from gpumux.config import Settings
 from gpumux.devices.accounting import Overheads
 from gpumux.devices.kinds import KINDS
@@ -111,7 +113,9 @@ class SlotFiller:
                 for t in active
                 if t.id in raised and t.device is not None
             }
-            policy = self.policy(sweeps=[*(t.sweep for t in queued), *(t.sweep for t in active)])
+            policy = self.policy(
+                session, [*(t.sweep for t in queued), *(t.sweep for t in active)], devices
+            )
             pending = self.fair_order(queued, everywhere, pending, devices, policy)
         sweep_of = {trial.id: trial.sweep_id for trial in queued}
         pending = self.set_aside(pending, devices, policy, sweep_of)
@@ -253,15 +257,17 @@ class SlotFiller:
         )
         return [by_id[candidate.trial_id] for candidate in order]
 
-    def policy(self, sweeps: Iterable[Sweep] = ()) -> placement.PackingPolicy:
+    def policy(
+        self, session: Session, sweeps: Iterable[Sweep], devices: Sequence[DeviceSnapshot]
+    ) -> placement.PackingPolicy:
         """How densely to pack now: the settings, with the overheads measured so far, and the
-        CUDA contexts measured of these sweeps' workloads."""
+        CUDA contexts measured of these sweeps' workloads on the devices."""
         return placement.PackingPolicy(
             default_split=self.settings.default_split,
             cpu_default_split=self.settings.cpu_split,
             overhead_mb=self.overheads.configured_mb,
             overhead_by_device=self.overheads.measured(),
-            context_by_sweep=self.searches.contexts(sweeps),
+            context_by_sweep=self.searches.contexts(sweeps, session=session, devices=devices),
             reserve_mb=self.settings.reserve_mb,
             min_memory_mb=self.settings.min_memory_mb,
         )

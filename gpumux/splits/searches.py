@@ -28,6 +28,7 @@ from gpumux.splits.online import SplitSearch
 from gpumux.splits.priors import resume_search
 from gpumux.splits.window import Timing, sweep_fingerprint
 from gpumux.status import SweepStatus
+from gpumux.storage import profiles as profile_store
 from gpumux.storage import trials as trial_store
 from gpumux.storage.models import Sweep, Trial
 from gpumux.storage.nodes import ThisNode
@@ -82,6 +83,9 @@ class SplitSearches:
         self._awaited: dict[tuple[str, str], datetime] = {}
         self._readings: dict[int, Reading] = {}
         self._probes: dict[str, DeviceSnapshot] = {}
+        # The context each workload's profile kept on each device model, read once
+        # (`_stored_context`).
+        self._stored: dict[tuple[str, str], int | None] = {}
         # The cores this daemon's trials run on: each GPU trial dispatches its kernels from one.
         self.host_cores = settings.host_cores or len(os.sched_getaffinity(0))
 
@@ -123,20 +127,40 @@ class SplitSearches:
             )
         return self._searches[key]
 
-    def contexts(self, sweeps: Iterable[Sweep]) -> dict[tuple[str, int], int]:
-        """By device and sweep, the CUDA context an auto sweep's search measured of the sweep's
-        workload on the device's model (the search serves every device of it; a fixed sweep of
-        the workload runs the same processes); placement budgets it beside each of the sweep's
-        trials' slices. A profile keeps it, so a restarted daemon budgets it from the first
-        trial of the workload it searches on."""
+    def contexts(
+        self, sweeps: Iterable[Sweep], *, session: Session, devices: Sequence[DeviceSnapshot]
+    ) -> dict[tuple[str, int], int]:
+        """By device and sweep, the CUDA context measured of the sweep's workload on the
+        device's model; placement budgets it beside each of the sweep's trials' slices. Its
+        auto sweep's search measures it (the search serves every device of the model; a fixed
+        sweep of the workload runs the same processes); where none has been made since the
+        daemon started (a fixed sweep, the running trials of a restarted daemon), the
+        workload's profile there keeps what one measured (`_stored_context`)."""
         contexts = {}
         for sweep in {sweep.id: sweep for sweep in sweeps}.values():
             fingerprint = sweep_fingerprint(sweep)
-            for device_key, model in self._model_of.items():
+            for device in devices:
+                model = kind_of(device).model_name(device)
                 search = self._searches.get((model, fingerprint))
-                if search is not None and search.context_mb is not None:
-                    contexts[(device_key, sweep.id)] = search.context_mb
+                context = (
+                    self._stored_context(session, model, fingerprint)
+                    if search is None
+                    else search.context_mb
+                )
+                if context is not None:
+                    contexts[(device.key, sweep.id)] = context
         return contexts
+
+    def _stored_context(self, session: Session, model: str, fingerprint: str) -> int | None:
+        """The CUDA context the workload's profile on the device model keeps (None: no
+        profile, or none measured), read once: this daemon's own search measures any since."""
+        key = (model, fingerprint)
+        if key not in self._stored:
+            profile = profile_store.get_profile(
+                session=session, device_name=model, fingerprint=fingerprint
+            )
+            self._stored[key] = None if profile is None else profile.context_mb
+        return self._stored[key]
 
     def observe(
         self,

@@ -41,7 +41,9 @@ class Searches:
         self.asked.append((sweep.id, device_key))
         return self.peak
 
-    def contexts(self, sweeps: Iterable[Sweep]) -> dict[tuple[str, int], int]:
+    def contexts(
+        self, sweeps: Iterable[Sweep], *, session: Any, devices: Any
+    ) -> dict[tuple[str, int], int]:
         """No CUDA context measured: every trial holds the configured overhead."""
         return {}
 

@@ -753,14 +753,19 @@ def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
 
 
 def contexts_of(searches: SplitSearches, sessions: Sessions) -> dict[tuple[str, int], int]:
-    """The contexts the searches give placement for every sweep stored."""
+    """The contexts the searches give placement for every sweep stored, on twin H100s and an
+    A100."""
+    gpus = [device(key, name, "gpu") for key, name in GPUS]
     with sessions.read() as session:
         sweeps, _ = sweep_store.list_sweeps(session=session)
-        return searches.contexts(sweeps)
+        return searches.contexts(sweeps, session=session, devices=gpus)
+
+
+GPUS = (("GPU-a", "NVIDIA H100"), ("GPU-b", "NVIDIA H100"), ("GPU-c", "NVIDIA A100"))
 
 
 def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in_the_profile(
-    first_wave: FirstWave,
+    first_wave: FirstWave, tmp_path: Path
 ) -> None:
     sessions, searches = first_wave.sessions, first_wave.searches
     with sessions.read() as session:
@@ -789,11 +794,23 @@ def test_a_measured_context_is_budgeted_on_every_device_of_the_model_and_kept_in
     assert first_wave.search.decision == decision and first_wave.search.context_mb == CONTEXT + 100
     with sessions.write.begin() as session:
         first_wave.search.save(session=session)
-    # A restarted daemon budgets it from the workload's first trial on, where it searches.
+    # A restarted daemon budgets it from the profile, before any search of the workload is
+    # made (its trials running, none waiting), for a fixed sweep of the workload too, on
+    # every H100; then from the search, which resumes with it.
+    with sessions.write.begin() as session:
+        owner = owner_store.get_or_create_owner(session=session, name="alice")
+        plan = sweep_plan(tmp_path, split=4, command=COMMAND, seed=1, trial_params=[{}])
+        fixed_id = sweep_store.create_sweep(session=session, plan=plan, owner=owner).id
     again = SplitSearches(searches.settings)
+    stored = {
+        (key, sweep_id): CONTEXT + 100
+        for key in ("GPU-a", "GPU-b")
+        for sweep_id in (auto_id, fixed_id)
+    }
+    assert contexts_of(again, sessions) == stored
     search = search_for(again, sessions, auto_id, device("GPU-b", "NVIDIA H100", "gpu"))
     assert search.context_mb == CONTEXT + 100
-    assert contexts_of(again, sessions) == {("GPU-b", auto_id): CONTEXT + 100}
+    assert contexts_of(again, sessions) == stored
 
 
 def test_a_search_settled_by_its_profile_saves_the_context_it_measures_and_nothing_else(
