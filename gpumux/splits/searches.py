@@ -139,7 +139,7 @@ class SplitSearches:
         contexts = {}
         for sweep in {sweep.id: sweep for sweep in sweeps}.values():
             fingerprint = sweep_fingerprint(sweep)
-            for device in devices:
+            for device in (device for device in devices if device.error is None):
                 model = kind_of(device).model_name(device)
                 search = self._searches.get((model, fingerprint))
                 context = (
@@ -153,7 +153,8 @@ class SplitSearches:
 
     def _stored_context(self, session: Session, model: str, fingerprint: str) -> int | None:
         """The CUDA context the workload's profile on the device model keeps (None: no
-        profile, or none measured), read once: this daemon's own search measures any since."""
+        profile, or none measured), read once: this daemon's own search of the workload
+        measures any since; another node's raise of it is seen at the next restart."""
         key = (model, fingerprint)
         if key not in self._stored:
             profile = profile_store.get_profile(

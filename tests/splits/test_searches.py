@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -753,9 +753,10 @@ def test_the_first_wave_waits_for_its_context_a_settle_and_a_window_at_most(
 
 
 def contexts_of(searches: SplitSearches, sessions: Sessions) -> dict[tuple[str, int], int]:
-    """The contexts the searches give placement for every sweep stored, on twin H100s and an
-    A100."""
-    gpus = [device(key, name, "gpu") for key, name in GPUS]
+    """The contexts the searches give placement for every sweep stored, on twin H100s, an
+    A100, and an H100 whose probe failed (none: nothing is placed there)."""
+    failed = replace(device("GPU-d", "NVIDIA H100", "gpu"), error="NVML failed")
+    gpus = [*(device(key, name, "gpu") for key, name in GPUS), failed]
     with sessions.read() as session:
         sweeps, _ = sweep_store.list_sweeps(session=session)
         return searches.contexts(sweeps, session=session, devices=gpus)
