@@ -70,7 +70,11 @@ def settle_short(
     decision = split_curve.next_split(
         curve, ceiling=measured, threshold=threshold, oom_at=oom_at, start=start
     )
-    cannot = f"{left} trial(s) of the sweep left cannot fill N={split}"
+    cannot = (
+        f"{left} trial(s) of the sweep left cannot fill N={split}"
+        if left
+        else f"no trial of the sweep is left to measure N={split}"
+    )
     if split > measured:
         candidates = split_curve.candidate_splits(ceiling=ceiling, oom_at=oom_at, start=start)
         step = min((n for n in candidates if n > measured), default=split)

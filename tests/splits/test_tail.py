@@ -82,3 +82,14 @@ def test_waiting_trials_below_the_start_after_a_first_wave_are_not_measured_apar
     assert next_split(wave, ceiling=31, start=16).split == 16
     assert climbing(wave, waiting=12, start=16) is None
     assert climbing(wave, waiting=15, start=16) is None
+
+
+def test_a_sweep_with_no_trial_left_says_so() -> None:
+    # N=2 measured from a start of 2; the search goes below, to N=1, as the sweep's last
+    # trial ends (the README's first sweep on two cores).
+    curve = [CurvePoint(2, 200.0)]
+    decision = settle_short(
+        curve, split=1, left=0, threshold=0.05, oom_at=None, ceiling=4, start=2, origin="a guess"
+    )
+    assert decision is not None and (decision.split, decision.settled) == (2, True)
+    assert decision.reason.startswith("no trial of the sweep is left to measure N=1: using N=2")
