@@ -174,6 +174,8 @@ class SplitSearch:
             self.decision = short
             log.info("device %s: %s", self.device_key, self.decision.reason)
             return
+        # What a point closed now would count as the trials waiting (`climb_short`).
+        waiting = queued if mix.counted else None
         if mix.stale or not mix.full:
             self._filling(now=now, queued=queued, mix=mix)
         else:
@@ -182,7 +184,7 @@ class SplitSearch:
             # Only other workloads hold the device: a phase pauses (its rates were taken while
             # the device was full, and its window may close), none begins.
             if self.phase_start is not None:
-                self._close(session=session, now=now, waiting=queued if mix.counted else None)
+                self._close(session=session, now=now, waiting=waiting)
             return
         if running == 0 or (mix.stale and not mix.raised) or not mix.full:
             # Trials of the last N still run beside others than the new N's (or of a higher N),
@@ -206,7 +208,7 @@ class SplitSearch:
         if held:
             # What has to fit is the most one trial holds: the peak over the phase.
             self.peak_mb = max(self.peak_mb or 0, *held)
-        self._close(session=session, now=now, waiting=queued if mix.counted else None)
+        self._close(session=session, now=now, waiting=waiting)
 
     def _dip(self, now: datetime) -> bool:
         """Whether the phase has been short of N no longer than `Timing.dip`."""
@@ -214,7 +216,7 @@ class SplitSearch:
             self.dipped_since = now
         return now - self.dipped_since <= self.timing.dip
 
-    def _close(self, *, session: Session, now: datetime, waiting: int | None = None) -> None:
+    def _close(self, *, session: Session, now: datetime, waiting: int | None) -> None:
         """Measure the phase's window if it can close now: a point on the curve, the next N;
         `waiting`: the workload's trials queued, where all are counted (a climb they cannot
         fill measures them all at once: `climb_short`)."""
