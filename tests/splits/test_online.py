@@ -958,12 +958,18 @@ def test_a_sweep_too_short_for_the_next_n_settles_on_the_best_it_measured(
     )
 
 
+def climbing_to_five(sessions: Sessions, trial_id: int) -> tuple[SplitSearch, datetime]:
+    """A search that measured N=1 and N=2 scaling linearly, and the end of N=2's phase: it
+    strides to N=5."""
+    search = search_of(sessions)
+    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
+    return search, run_phase(sessions, search, trial_id, now, 200.0)
+
+
 def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on_the_best(
     sessions: Sessions, trial_id: int
 ) -> None:
-    search = search_of(sessions)
-    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
-    now = run_phase(sessions, search, trial_id, now, 200.0)
+    search, now = climbing_to_five(sessions, trial_id)
     assert search.split == 5
     # N=5 closes with 6 trials waiting: N=8, the climb's next, they cannot fill; all 6 at once.
     now = run_phase(sessions, search, trial_id, now, 450.0, queued=6)
@@ -991,9 +997,7 @@ def test_a_climb_the_waiting_trials_cannot_fill_measures_them_all_and_settles_on
 def test_the_next_sweep_climbs_past_the_trials_its_last_sweep_had_waiting(
     sessions: Sessions, trial_id: int
 ) -> None:
-    search = search_of(sessions)
-    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
-    now = run_phase(sessions, search, trial_id, now, 200.0)
+    search, now = climbing_to_five(sessions, trial_id)
     run_phase(sessions, search, trial_id, now, 450.0, queued=6)
     assert search.split == 6
     # The sweep ended (its last trials cancelled) before N=6 was measured: the next sweep
@@ -1010,9 +1014,7 @@ def test_the_next_sweep_climbs_past_the_trials_its_last_sweep_had_waiting(
 def test_a_climb_is_measured_at_the_waiting_trials_only_where_all_are_seen_and_it_is_alone(
     sessions: Sessions, trial_id: int, counted: bool, shared: Fraction, measured: int
 ) -> None:
-    search = search_of(sessions)
-    now = run_phase(sessions, search, trial_id, utcnow(), 100.0)
-    now = run_phase(sessions, search, trial_id, now, 200.0)
+    search, now = climbing_to_five(sessions, trial_id)
     # Not all waiting trials were counted (a line too long to read whole), or another
     # workload shares the device (its N is a share, not the trials running): the climb's N.
     run_phase(sessions, search, trial_id, now, 450.0, queued=6, counted=counted, shared=shared)
